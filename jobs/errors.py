@@ -1,0 +1,104 @@
+"""Every error postbox raises on purpose, and the handler control-flow signals.
+
+Producer errors share one base, :class:`EnqueueError`, with one subclass per
+case, so callers can catch all bad input at once or one case precisely.  Each
+is raised before anything is written.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PostboxError(Exception):
+    """Base of every error postbox raises on purpose."""
+
+
+class SettingsError(PostboxError):
+    """A setting is missing or invalid; the message names it."""
+
+
+# --- producer ------------------------------------------------------------------
+
+
+class EnqueueError(PostboxError, ValueError):
+    """Bad input to enqueue: nothing was written."""
+
+    code = "INVALID_JOB"
+
+    def __init__(self, message: str, *, field: str | None = None, details: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.field = field
+        self.details = details or {}
+
+
+class UnknownTaskError(EnqueueError):
+    code = "UNKNOWN_TASK"
+
+
+class InvalidQueueError(EnqueueError):
+    code = "INVALID_QUEUE"
+
+
+class InvalidPriorityError(EnqueueError):
+    code = "INVALID_PRIORITY"
+
+
+class InvalidArgsError(EnqueueError):
+    """Args are not a JSON object or do not fit the handler's signature."""
+
+    code = "INVALID_ARGS"
+
+
+class PayloadTooLargeError(EnqueueError):
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class ScheduleConflictError(EnqueueError):
+    """``delay`` and ``run_at`` given together, or an invalid schedule."""
+
+    code = "INVALID_SCHEDULE"
+
+
+class InvalidMaxAttemptsError(EnqueueError):
+    code = "INVALID_MAX_ATTEMPTS"
+
+
+class InvalidOptionError(EnqueueError):
+    """Any other invalid enqueue option (headers, dedup key, expiry...)."""
+
+    code = "INVALID_OPTION"
+
+
+class DuplicateTaskError(PostboxError):
+    """Two handlers registered under one task name."""
+
+
+# --- handler outcomes ------------------------------------------------------------
+
+
+class RetryLater(Exception):
+    """Raised by a handler: run this job again after ``seconds``. Counts as an attempt."""
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        if seconds < 0:
+            raise ValueError("RetryLater seconds must be >= 0")
+        super().__init__(reason or f"retry in {seconds}s")
+        self.seconds = float(seconds)
+
+
+class PermanentError(Exception):
+    """Raised by a handler: the job can never succeed; it goes to the dead letters at once."""
+
+
+class AlreadyProcessed(BaseException):
+    """Raised on entering ``ctx.transaction()`` when this job's effects already committed.
+
+    Not an :class:`Exception` subclass, so a handler's ``except Exception`` does
+    not swallow it by accident; the worker catches it and records the delivery
+    as a duplicate absorbed.
+    """
+
+
+class JobCancelled(BaseException):
+    """Raised inside a running handler whose job was cancelled (cooperative cancellation)."""

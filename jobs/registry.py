@@ -1,0 +1,221 @@
+"""The task registry: ``@task`` and the argument models built from handler signatures."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from jobs.errors import (
+    DuplicateTaskError,
+    InvalidArgsError,
+    InvalidMaxAttemptsError,
+    InvalidPriorityError,
+    InvalidQueueError,
+    UnknownTaskError,
+)
+from jobs.settings import QUEUE_NAME_RE
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Per-task override of the retry backoff; ``None`` fields fall back to settings."""
+
+    base_delay: float | None = None
+    max_delay: float | None = None
+    jitter: float | None = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    fn: Callable[..., Any]
+    queue: str
+    priority: int
+    max_attempts: int
+    timeout: float | None
+    retry: RetryPolicy
+    keep_result: bool
+    result_ttl: float
+    args_model: type[BaseModel] = field(repr=False)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def validate_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated args as JSON-ready values; raises :class:`InvalidArgsError`."""
+        try:
+            model = self.args_model.model_validate(dict(args))
+        except ValidationError as exc:
+            problems = [
+                {"field": ".".join(str(p) for p in err["loc"]) or "args", "message": err["msg"]}
+                for err in exc.errors(include_url=False, include_input=False)
+            ]
+            first = problems[0]
+            raise InvalidArgsError(
+                f"invalid args for task {self.name!r}: {first['field']}: {first['message']}",
+                field=f"args.{first['field']}",
+                details={"errors": problems},
+            ) from None
+        return model.model_dump(mode="json", exclude_unset=True)
+
+    def call_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Args as the handler receives them (validated, typed, defaults applied)."""
+        try:
+            model = self.args_model.model_validate(dict(args))
+        except ValidationError as exc:
+            raise InvalidArgsError(f"invalid args for task {self.name!r}: {exc.errors()[0]['msg']}") from None
+        return {name: getattr(model, name) for name in type(model).model_fields}
+
+
+class Registry:
+    """Maps task names to :class:`TaskSpec`. One process-wide default instance."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskSpec] = {}
+
+    def add(self, spec: TaskSpec) -> None:
+        existing = self._tasks.get(spec.name)
+        if existing is not None and existing.fn is not spec.fn:
+            if _qualname(existing.fn) != _qualname(spec.fn):
+                raise DuplicateTaskError(f"task {spec.name!r} is already registered by {_qualname(existing.fn)}")
+        self._tasks[spec.name] = spec
+
+    def get(self, name: str) -> TaskSpec:
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise UnknownTaskError(f"unknown task {name!r}", field="task") from None
+
+    def resolve(self, task: str | Callable[..., Any]) -> TaskSpec:
+        if isinstance(task, str):
+            return self.get(task)
+        name = getattr(task, "__postbox_task__", None)
+        if name is None:
+            raise UnknownTaskError(f"{task!r} is not a registered @task", field="task")
+        return self.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def queues(self) -> list[str]:
+        return sorted({spec.queue for spec in self._tasks.values()})
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+default_registry = Registry()
+
+
+def check_queue(queue: str) -> str:
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        raise InvalidQueueError(f"invalid queue name {queue!r}: must match {QUEUE_NAME_RE.pattern}", field="queue")
+    return queue
+
+
+def check_priority(priority: int) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidPriorityError(f"priority must be an integer 0-9, got {priority!r}", field="priority")
+    return priority
+
+
+def check_max_attempts(max_attempts: int) -> int:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise InvalidMaxAttemptsError(
+            f"max_attempts must be an integer >= 1, got {max_attempts!r}", field="max_attempts"
+        )
+    return max_attempts
+
+
+def build_args_model(fn: Callable[..., Any], name: str) -> type[BaseModel]:
+    """A pydantic model of the handler's keyword arguments (the first parameter is ``ctx``)."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params:
+        raise TypeError(f"task {name!r}: a handler takes ctx as its first parameter")
+    fields: dict[str, Any] = {}
+    extra = "forbid"
+    for param in params[1:]:
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            extra = "allow"
+            continue
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.POSITIONAL_ONLY):
+            raise TypeError(f"task {name!r}: handler arguments must be passable by keyword")
+        annotation = Any if param.annotation is inspect.Parameter.empty else param.annotation
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (annotation, default)
+    hints = inspect.get_annotations(fn, eval_str=True)
+    for key in fields:
+        if key in hints:
+            fields[key] = (hints[key], fields[key][1])
+    config = ConfigDict(extra=extra, arbitrary_types_allowed=False)  # type: ignore[typeddict-item]
+    return create_model(f"{name}_args", __config__=config, **fields)
+
+
+def task(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    queue: str = "default",
+    priority: int = 5,
+    max_attempts: int = 5,
+    timeout: float | None = None,
+    retry: RetryPolicy | None = None,
+    keep_result: bool = False,
+    result_ttl: float = 86_400.0,
+    registry: Registry | None = None,
+) -> Any:
+    """Register ``async def handler(ctx, **typed_args)`` (or a sync one) as a task.
+
+    Usable bare (``@task``) or with options (``@task(queue="mail", priority=7)``).
+    """
+
+    def register(func: F) -> F:
+        task_name = name or func.__name__
+        check_queue(queue)
+        check_priority(priority)
+        check_max_attempts(max_attempts)
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"task {task_name!r}: timeout must be > 0")
+        spec = TaskSpec(
+            name=task_name,
+            fn=func,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            retry=retry or RetryPolicy(),
+            keep_result=keep_result,
+            result_ttl=result_ttl,
+            args_model=build_args_model(func, task_name),
+        )
+        (registry or default_registry).add(spec)
+        func.__postbox_task__ = task_name  # type: ignore[attr-defined]
+        return func
+
+    if fn is not None:
+        return register(fn)
+    return register
+
+
+def load_task_modules(modules: Iterable[str]) -> list[str]:
+    """Import the modules that define ``@task`` handlers; returns their names."""
+    loaded = []
+    for module in modules:
+        importlib.import_module(module)
+        loaded.append(module)
+    return loaded
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

@@ -1,0 +1,200 @@
+"""Settings from the environment (prefix ``POSTBOX_``), validated at start.
+
+Every setting is a field of :class:`Settings`; ``docs/configuration.md`` is
+checked against this class by a test, so the two cannot drift.  Nothing here
+reads the environment at import time: call :func:`load_settings`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from jobs.errors import SettingsError
+
+QUEUE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+REDIS_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class Settings(BaseSettings):
+    """All of postbox's settings. Field docs are the reference documentation."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="POSTBOX_",
+        extra="ignore",
+        validate_default=True,
+        populate_by_name=True,
+    )
+
+    # --- connections -----------------------------------------------------------
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("POSTBOX_DATABASE_URL", "DATABASE_URL", "database_url"),
+        description="PostgreSQL URL (also read from DATABASE_URL). Unset: the demo starts an embedded server.",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("POSTBOX_REDIS_URL", "REDIS_URL", "redis_url"),
+        description="Redis URL (also read from REDIS_URL). Unset: the demo starts an embedded server.",
+    )
+    redis_prefix: str = Field(
+        default="postbox",
+        description="Prefix of every Redis key postbox writes (streams, epoch, heartbeats).",
+    )
+    state_dir: str = Field(
+        default="",
+        description="Folder for embedded servers' data and the local blob store; empty = ~/.local/state/postbox.",
+    )
+
+    # --- producer --------------------------------------------------------------
+    max_payload_bytes: int = Field(
+        default=262_144, ge=1, description="Largest accepted job payload (JSON-encoded args), in bytes."
+    )
+    max_queue_depth: int = Field(
+        default=0, ge=0, description="API refuses enqueues (429) when a queue's backlog reaches this; 0 = no limit."
+    )
+
+    # --- relay -----------------------------------------------------------------
+    poll_interval: float = Field(
+        default=0.5, gt=0, le=60, description="Relay poll interval in seconds (NOTIFY wakes it sooner)."
+    )
+    relay_batch_size: int = Field(default=1000, ge=1, le=50_000, description="Rows the relay publishes per batch.")
+    relay_lock_key: int = Field(
+        default=0x706F7374626F78, description="Advisory lock key that elects the leading relay."
+    )
+    relay_metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="Prometheus port of a relay process; 0 = off."
+    )
+    republish_rate: int = Field(
+        default=5000, ge=1, description="Most rows per second the relay republishes after Redis loss."
+    )
+    stream_maxlen: int = Field(
+        default=100_000,
+        ge=100,
+        description="Approximate length above which the relay trims acknowledged stream entries.",
+    )
+
+    # --- worker ----------------------------------------------------------------
+    tasks: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated modules whose @task handlers are loaded."
+    )
+    queues: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated queues a worker consumes; empty = the tasks' queues."
+    )
+    concurrency: int = Field(default=10, ge=1, le=10_000, description="Jobs a worker process runs at once.")
+    visibility_timeout: float = Field(
+        default=30.0, gt=0, description="Seconds before an unacknowledged entry may be reclaimed by another worker."
+    )
+    drain_timeout: float = Field(default=30.0, ge=0, description="Seconds a stopping worker waits for in-flight jobs.")
+    retry_base_delay: float = Field(default=1.0, ge=0, description="Base of the exponential retry backoff, seconds.")
+    retry_max_delay: float = Field(default=300.0, ge=0, description="Cap of the retry backoff, seconds.")
+    retry_jitter: float = Field(
+        default=0.2, ge=0, le=1, description="Relative jitter of the retry backoff (0.2 = ±20%)."
+    )
+    heartbeat_interval: float = Field(
+        default=5.0, gt=0, description="Seconds between worker heartbeats (and lease renewals)."
+    )
+    worker_metrics_port: int = Field(
+        default=0, ge=0, le=65535, description="Prometheus port of a worker process; 0 = off."
+    )
+
+    # --- api -------------------------------------------------------------------
+    api_host: str = Field(default="127.0.0.1", description="Address the API binds.")
+    api_port: int = Field(default=8000, ge=1, le=65535, description="Port the API binds.")
+    api_key: str | None = Field(
+        default=None, description="When set, destructive API operations need this value in X-API-Key."
+    )
+    api_key_for_all: bool = Field(default=False, description="When true, every API call needs X-API-Key.")
+
+    # --- stagedoor example -----------------------------------------------------
+    provider_url: str = Field(
+        default="http://127.0.0.1:8025", description="Base URL of the mail provider the Stagedoor jobs call."
+    )
+    provider_timeout: float = Field(default=5.0, gt=0, description="Seconds before a provider call times out.")
+    blob_dir: str = Field(default="", description="Folder of the local blob store; empty = <state_dir>/blobs.")
+
+    # --- retention -------------------------------------------------------------
+    retention_finished_days: float = Field(
+        default=7.0, ge=0, description="Days finished (succeeded, cancelled, expired) jobs are kept."
+    )
+    retention_processed_days: float = Field(default=7.0, ge=0, description="Days processed_jobs rows are kept.")
+    prune_batch_size: int = Field(default=1000, ge=1, description="Rows deleted per pruning batch.")
+
+    # --- logging ---------------------------------------------------------------
+    log_json: bool = Field(default=False, description="Write logs as JSON lines.")
+    log_level: str = Field(default="INFO", description="Log level: DEBUG, INFO, WARNING, ERROR.")
+
+    @field_validator("tasks", "queues", mode="before")
+    @classmethod
+    def _split_csv(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queues(cls, value: list[str]) -> list[str]:
+        for queue in value:
+            if not QUEUE_NAME_RE.match(queue):
+                raise ValueError(f"invalid queue name {queue!r}: must match {QUEUE_NAME_RE.pattern}")
+        return value
+
+    @field_validator("redis_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not REDIS_PREFIX_RE.match(value):
+            raise ValueError(f"must match {REDIS_PREFIX_RE.pattern}")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+            raise ValueError("must be a postgresql:// URL")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return level
+
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise SettingsError("POSTBOX_DATABASE_URL (or DATABASE_URL) is not set")
+        return libpq_url(self.database_url)
+
+    def require_redis_url(self) -> str:
+        if not self.redis_url:
+            raise SettingsError("POSTBOX_REDIS_URL (or REDIS_URL) is not set")
+        return self.redis_url
+
+
+def libpq_url(url: str) -> str:
+    """The URL as libpq (psycopg) accepts it: SQLAlchemy's driver suffix removed."""
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings from the environment; raise :class:`SettingsError` naming each bad setting."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            name = field if field.isupper() else f"POSTBOX_{field.upper()}"
+            problems.append(f"{name}: {error['msg']}")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None

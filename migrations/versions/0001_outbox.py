@@ -1,0 +1,201 @@
+"""The outbox and the tables of the job system.
+
+Revision ID: 0001_outbox
+Revises:
+Create Date: 2026-11-29
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0001_outbox"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+UPGRADE = r"""
+CREATE TABLE outbox (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue           text        NOT NULL CHECK (queue ~ '^[a-z0-9][a-z0-9_-]{0,63}$'),
+    task            text        NOT NULL CHECK (length(task) BETWEEN 1 AND 200),
+    args            jsonb       NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(args) = 'object'),
+    priority        smallint    NOT NULL DEFAULT 5 CHECK (priority BETWEEN 0 AND 9),
+    state           text        NOT NULL DEFAULT 'pending' CHECK (state IN
+                        ('pending','queued','running','retrying','succeeded','dead','cancelled','expired')),
+    attempts        integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    max_attempts    integer     NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
+    available_at    timestamptz NOT NULL DEFAULT now(),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    published_at    timestamptz,            -- NULL = not (or no longer) published: the relay's work list
+    publish_count   integer     NOT NULL DEFAULT 0,
+    stream_id       text,                   -- entry id of the latest publish (transport detail, never identity)
+    started_at      timestamptz,
+    finished_at     timestamptz,
+    expires_at      timestamptz,            -- not started by then: never runs (state expired)
+    dedup_key       text,
+    headers         jsonb       NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(headers) = 'object'),
+    timeout_seconds double precision CHECK (timeout_seconds IS NULL OR timeout_seconds > 0),
+    claimed_by      text,                   -- worker id holding the current attempt
+    lease_until     timestamptz,            -- the claim is live until then (renewed by heartbeats)
+    cancel_requested_at timestamptz,
+    keep_result     boolean     NOT NULL DEFAULT false,
+    result          jsonb,
+    result_expires_at timestamptz,
+    last_error      text,
+    last_error_class text,
+    discarded_at    timestamptz             -- dead letter discarded by an operator (kept until purged)
+);
+
+-- The relay's scan: unpublished rows, in id order / by due time.  Partial, so it
+-- holds only the (small) set of rows still waiting for a publish.
+CREATE INDEX outbox_unpublished_id ON outbox (id)
+    WHERE published_at IS NULL AND state IN ('pending', 'retrying');
+CREATE INDEX outbox_unpublished_due ON outbox (available_at)
+    WHERE published_at IS NULL AND state IN ('pending', 'retrying');
+-- Published and unfinished: what the relay republishes after Redis loss.
+CREATE INDEX outbox_inflight ON outbox (id) WHERE state IN ('queued', 'running');
+-- Dedup, scoped per queue; lives as long as the row does.
+CREATE UNIQUE INDEX outbox_dedup ON outbox (queue, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX outbox_queue_state ON outbox (queue, state);
+CREATE INDEX outbox_finished ON outbox (finished_at) WHERE finished_at IS NOT NULL;
+
+-- One row per attempt: the history the API and the dead letters show.
+CREATE TABLE job_attempts (
+    outbox_id   bigint      NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+    attempt     integer     NOT NULL,
+    worker_id   text,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz,
+    outcome     text,       -- succeeded, retry, dead, cancelled, lost (claim taken over), duplicate
+    error_class text,
+    error       text,
+    PRIMARY KEY (outbox_id, attempt)
+);
+
+-- Exactly-once database effects: the job id as the idempotency key.
+CREATE TABLE processed_jobs (
+    outbox_id    bigint      PRIMARY KEY,
+    processed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX processed_jobs_at ON processed_jobs (processed_at);
+
+-- Queue control (pause/resume). A queue with no row is active.
+CREATE TABLE queues (
+    name       text        PRIMARY KEY CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,63}$'),
+    paused     boolean     NOT NULL DEFAULT false,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Worker liveness registry; staleness is computed by the reader from last_seen.
+CREATE TABLE workers (
+    id          text        PRIMARY KEY,
+    host        text        NOT NULL,
+    pid         integer     NOT NULL,
+    queues      text[]      NOT NULL DEFAULT '{}',
+    concurrency integer     NOT NULL DEFAULT 0,
+    started_at  timestamptz NOT NULL DEFAULT now(),
+    last_seen   timestamptz NOT NULL DEFAULT now(),
+    in_flight   integer     NOT NULL DEFAULT 0,
+    processed   bigint      NOT NULL DEFAULT 0,
+    failed      bigint      NOT NULL DEFAULT 0,
+    stopped_at  timestamptz
+);
+
+-- Relay processes and who leads (for operators and the demo's display).
+CREATE TABLE relays (
+    id         text        PRIMARY KEY,
+    host       text        NOT NULL,
+    pid        integer     NOT NULL,
+    role       text        NOT NULL CHECK (role IN ('leader', 'standby', 'stopped')),
+    term       bigint      NOT NULL DEFAULT 0,
+    started_at timestamptz NOT NULL DEFAULT now(),
+    last_seen  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Every destructive operation, by whom and when.
+CREATE TABLE audit_log (
+    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at         timestamptz NOT NULL DEFAULT now(),
+    actor      text        NOT NULL,
+    action     text        NOT NULL,
+    target     text        NOT NULL,
+    request_id text,
+    details    jsonb       NOT NULL DEFAULT '{}'::jsonb
+);
+
+-- Wake the relay when rows are committed. Statement level: one NOTIFY per
+-- statement (and PostgreSQL folds identical ones per transaction), so bulk
+-- inserts cost one notification.
+CREATE FUNCTION postbox_notify_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('postbox_outbox', '');
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION postbox_notify_outbox();
+
+-- Enqueue from plain SQL (any language, or a trigger) in the caller's transaction.
+CREATE FUNCTION postbox_enqueue(
+    task text,
+    args jsonb,
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 5,
+    run_at timestamptz DEFAULT now(),
+    dedup_key text DEFAULT NULL,
+    max_attempts integer DEFAULT 5
+) RETURNS bigint LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+BEGIN
+    IF task IS NULL OR length(task) = 0 THEN
+        RAISE EXCEPTION 'postbox_enqueue: task must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF queue IS NULL OR queue !~ '^[a-z0-9][a-z0-9_-]{0,63}$' THEN
+        RAISE EXCEPTION 'postbox_enqueue: invalid queue name %', quote_nullable(queue) USING ERRCODE = '22023';
+    END IF;
+    IF priority IS NULL OR priority < 0 OR priority > 9 THEN
+        RAISE EXCEPTION 'postbox_enqueue: priority must be 0-9, got %', priority USING ERRCODE = '22023';
+    END IF;
+    IF args IS NULL OR jsonb_typeof(args) <> 'object' THEN
+        RAISE EXCEPTION 'postbox_enqueue: args must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF max_attempts IS NULL OR max_attempts < 1 THEN
+        RAISE EXCEPTION 'postbox_enqueue: max_attempts must be >= 1' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO outbox AS o (queue, task, args, priority, available_at, dedup_key, max_attempts)
+    VALUES (postbox_enqueue.queue, postbox_enqueue.task, postbox_enqueue.args, postbox_enqueue.priority,
+            coalesce(postbox_enqueue.run_at, now()), postbox_enqueue.dedup_key, postbox_enqueue.max_attempts)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING o.id INTO new_id;
+    IF new_id IS NULL THEN
+        SELECT o.id INTO new_id FROM outbox o
+         WHERE o.queue = postbox_enqueue.queue AND o.dedup_key = postbox_enqueue.dedup_key;
+    END IF;
+    RETURN new_id;
+END;
+$$;
+"""
+
+DOWNGRADE = r"""
+DROP FUNCTION IF EXISTS postbox_enqueue(text, jsonb, text, integer, timestamptz, text, integer);
+DROP TRIGGER IF EXISTS outbox_notify ON outbox;
+DROP FUNCTION IF EXISTS postbox_notify_outbox();
+DROP TABLE IF EXISTS audit_log;
+DROP TABLE IF EXISTS relays;
+DROP TABLE IF EXISTS workers;
+DROP TABLE IF EXISTS queues;
+DROP TABLE IF EXISTS processed_jobs;
+DROP TABLE IF EXISTS job_attempts;
+DROP TABLE IF EXISTS outbox;
+"""
+
+
+def upgrade() -> None:
+    op.execute(UPGRADE)
+
+
+def downgrade() -> None:
+    op.execute(DOWNGRADE)

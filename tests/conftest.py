@@ -1,0 +1,137 @@
+"""Fixtures for every suite.
+
+- ``servers``: the PostgreSQL and Redis the run uses (session; see harness/servers.py).
+- ``database_url``: a fresh database per test, copied from a migrated template.
+- ``redis_url`` + ``redis_prefix``: an isolated key prefix per test; its keys are deleted after.
+- ``settings``: :class:`jobs.Settings` pointing at both.
+- ``child_env``: the environment for a postbox subprocess using the same servers.
+
+Unit tests (tests/unit) use none of these and need no servers.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import redis as syncredis
+import redis.asyncio as aioredis
+
+from jobs.settings import Settings
+from tests.harness import databases
+from tests.harness.servers import Servers, acquire
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[Servers]:
+    try:
+        found = acquire()
+    except Exception as exc:  # a missing server fails the run, never skips it
+        pytest.exit(f"no test servers: {exc}", returncode=3)
+    try:
+        with psycopg.connect(found.database_url, connect_timeout=10) as conn:
+            conn.execute("SELECT 1")
+        syncredis.Redis.from_url(found.redis_url, socket_connect_timeout=10).ping()
+    except Exception as exc:
+        found.stop()
+        pytest.exit(f"test servers unreachable ({found.source}): {exc}", returncode=3)
+    yield found
+    found.stop()
+
+
+@pytest.fixture(scope="session")
+def template_db(servers: Servers) -> Iterator[str]:
+    name = databases.create_template(servers.database_url)
+    yield name
+    databases.drop(servers.database_url, name)
+
+
+@pytest.fixture
+def database_url(servers: Servers, template_db: str) -> Iterator[str]:
+    name = databases.create_from_template(servers.database_url, template_db)
+    yield databases.with_database(servers.database_url, name)
+    databases.drop(servers.database_url, name)
+
+
+@pytest.fixture
+def empty_database_url(servers: Servers) -> Iterator[str]:
+    """A database with no schema at all (for migration tests)."""
+    name = f"pbx_e_{uuid.uuid4().hex[:12]}"
+    with databases.admin_connect(servers.database_url) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    yield databases.with_database(servers.database_url, name)
+    databases.drop(servers.database_url, name)
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(database_url) as connection:
+        yield connection
+
+
+@pytest.fixture
+async def aconn(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    connection = await psycopg.AsyncConnection.connect(database_url)
+    try:
+        yield connection
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+def redis_url(servers: Servers) -> str:
+    return servers.redis_url
+
+
+@pytest.fixture
+def redis_prefix(servers: Servers) -> Iterator[str]:
+    prefix = f"pbxt-{uuid.uuid4().hex[:10]}"
+    yield prefix
+    client = syncredis.Redis.from_url(servers.redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+    finally:
+        client.close()
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def settings(database_url: str, redis_url: str, redis_prefix: str, tmp_path: Any) -> Settings:
+    return Settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        state_dir=str(tmp_path / "state"),
+        poll_interval=0.2,
+    )
+
+
+@pytest.fixture
+def child_env(settings: Settings) -> dict[str, str]:
+    """Environment for a postbox child process on this test's database and prefix."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("POSTBOX_") and k not in ("DATABASE_URL", "REDIS_URL")
+    }
+    env.update(
+        POSTBOX_DATABASE_URL=str(settings.database_url),
+        POSTBOX_REDIS_URL=str(settings.redis_url),
+        POSTBOX_REDIS_PREFIX=settings.redis_prefix,
+        POSTBOX_STATE_DIR=settings.state_dir,
+        POSTBOX_POLL_INTERVAL=str(settings.poll_interval),
+        PYTHONUNBUFFERED="1",
+    )
+    return env

@@ -1,0 +1,230 @@
+"""The producer API on a real PostgreSQL: transactions, bulk, SQL function, dedup, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobs
+from jobs import errors
+from tests import tasks_core
+
+
+def count(conn: psycopg.Connection[Any]) -> int:
+    return conn.execute("SELECT count(*) FROM outbox").fetchone()[0]  # type: ignore[index]
+
+
+def test_rollback_leaves_no_row(conn: psycopg.Connection[Any], database_url: str) -> None:
+    with pytest.raises(RuntimeError), conn.transaction():
+        conn.execute("CREATE TABLE IF NOT EXISTS biz (id int)")
+        job_id = jobs.enqueue(conn, tasks_core.noop)
+        assert job_id > 0
+        raise RuntimeError("business failure")
+    assert count(conn) == 0
+
+
+def test_nothing_is_visible_before_commit(conn: psycopg.Connection[Any], database_url: str) -> None:
+    with psycopg.connect(database_url) as other:
+        with conn.transaction():
+            jobs.enqueue(conn, tasks_core.noop)
+            assert count(other) == 0
+            other.rollback()
+        assert count(other) == 1
+
+
+def test_commit_leaves_one_row_with_every_field(conn: psycopg.Connection[Any]) -> None:
+    run_at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    with conn.transaction():
+        job_id = jobs.enqueue(
+            conn,
+            "send_welcome",
+            {"user_id": 42, "lang": "fr"},
+            queue="welcome",
+            priority=8,
+            run_at=run_at,
+            max_attempts=4,
+            dedup_key="user-42",
+            headers={"request_id": "r-1", "traceparent": "00-abc-def-01"},
+        )
+    row = conn.execute(
+        "SELECT id, queue, task, args, priority, state, attempts, max_attempts, available_at, dedup_key,"
+        " headers, published_at, finished_at FROM outbox"
+    ).fetchall()
+    assert row == [
+        (
+            job_id,
+            "welcome",
+            "send_welcome",
+            {"user_id": 42, "lang": "fr"},
+            8,
+            "pending",
+            0,
+            4,
+            run_at,
+            "user-42",
+            {"request_id": "r-1", "traceparent": "00-abc-def-01"},
+            None,
+            None,
+        )
+    ]
+
+
+def test_delay_is_measured_by_the_database_clock(conn: psycopg.Connection[Any]) -> None:
+    with conn.transaction():
+        job_id = jobs.enqueue(conn, tasks_core.noop, delay=timedelta(minutes=10))
+    gap = conn.execute("SELECT available_at - created_at FROM outbox WHERE id = %s", (job_id,)).fetchone()[0]  # type: ignore[index]
+    assert timedelta(minutes=10) <= gap < timedelta(minutes=10, seconds=1)
+
+
+async def test_async_rollback_and_commit(aconn: psycopg.AsyncConnection[Any]) -> None:
+    with pytest.raises(RuntimeError):
+        async with aconn.transaction():
+            await jobs.enqueue_async(aconn, tasks_core.noop)
+            raise RuntimeError("rollback")
+    async with aconn.transaction():
+        job_id = await jobs.enqueue_async(aconn, tasks_core.send_welcome, {"user_id": 7}, priority=2)
+    rows = await (await aconn.execute("SELECT id, task, args, priority, queue FROM outbox")).fetchall()
+    assert rows == [(job_id, "send_welcome", {"user_id": 7}, 2, "mail")]
+
+
+def test_enqueue_many_ten_thousand_in_one_call(conn: psycopg.Connection[Any]) -> None:
+    items = [{"task": "send_welcome", "args": {"user_id": i}, "priority": i % 10} for i in range(10_000)]
+    with conn.transaction():
+        ids = jobs.enqueue_many(conn, items)
+    assert len(ids) == 10_000 and len(set(ids)) == 10_000
+    rows = dict(conn.execute("SELECT id, (args->>'user_id')::int FROM outbox").fetchall())
+    assert [rows[job_id] for job_id in ids] == list(range(10_000))
+    assert conn.execute("SELECT count(*), count(DISTINCT priority) FROM outbox").fetchone() == (10_000, 10)
+
+
+async def test_enqueue_many_async_with_dedup_keys(aconn: psycopg.AsyncConnection[Any]) -> None:
+    async with aconn.transaction():
+        first = await jobs.enqueue_async(aconn, tasks_core.noop, dedup_key="k1")
+        ids = await jobs.enqueue_many_async(
+            aconn,
+            [
+                {"task": "noop", "dedup_key": "k1"},
+                {"task": "noop"},
+                {"task": "noop", "dedup_key": "k2"},
+                {"task": "noop", "dedup_key": "k2"},
+                {"task": "noop", "dedup_key": "k1", "queue": "other"},
+            ],
+        )
+    assert ids[0] == first
+    assert ids[2] == ids[3]
+    assert len({first, ids[1], ids[2], ids[4]}) == 4
+    total = await (await aconn.execute("SELECT count(*) FROM outbox")).fetchone()
+    assert total == (4,)
+
+
+def test_sql_function_from_plain_sql(conn: psycopg.Connection[Any]) -> None:
+    with conn.transaction():
+        job_id = conn.execute(
+            "SELECT postbox_enqueue('send_welcome', '{\"user_id\": 3}'::jsonb, 'mail', 9, now(), 'sql-key', 2)"
+        ).fetchone()[0]  # type: ignore[index]
+        again = conn.execute(
+            "SELECT postbox_enqueue('send_welcome', '{\"user_id\": 3}'::jsonb, 'mail', 9, now(), 'sql-key')"
+        ).fetchone()[0]  # type: ignore[index]
+        default = conn.execute("SELECT postbox_enqueue('noop', '{}')").fetchone()[0]  # type: ignore[index]
+    assert again == job_id
+    assert conn.execute("SELECT task, queue, priority, max_attempts, state FROM outbox ORDER BY id").fetchall() == [
+        ("send_welcome", "mail", 9, 2, "pending"),
+        ("noop", "default", 5, 5, "pending"),
+    ]
+    assert default != job_id
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT postbox_enqueue('t', '[]'::jsonb)",
+        "SELECT postbox_enqueue('t', '{}', 'Bad Queue')",
+        "SELECT postbox_enqueue('t', '{}', 'q', 10)",
+        "SELECT postbox_enqueue('t', '{}', 'q', 5, now(), NULL, 0)",
+        "SELECT postbox_enqueue('', '{}')",
+    ],
+)
+def test_sql_function_rejects_bad_input(conn: psycopg.Connection[Any], call: str) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        conn.execute(call)
+    conn.rollback()
+    assert count(conn) == 0
+
+
+def test_twenty_concurrent_producers_on_one_dedup_key(database_url: str) -> None:
+    barrier = threading.Barrier(20)
+    results: list[int] = []
+    lock = threading.Lock()
+
+    def produce() -> None:
+        with psycopg.connect(database_url) as own:
+            barrier.wait()
+            with own.transaction():
+                job_id = jobs.enqueue(own, tasks_core.noop, dedup_key="race")
+            with lock:
+                results.append(job_id)
+
+    threads = [threading.Thread(target=produce) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(results) == 20
+    assert len(set(results)) == 1
+    with psycopg.connect(database_url) as check:
+        assert count(check) == 1
+
+
+async def test_twenty_concurrent_async_producers_on_one_dedup_key(database_url: str) -> None:
+    async def produce() -> int:
+        async with await psycopg.AsyncConnection.connect(database_url) as own, own.transaction():
+            return await jobs.enqueue_async(own, tasks_core.noop, dedup_key="race")
+
+    results = await asyncio.gather(*(produce() for _ in range(20)))
+    assert len(set(results)) == 1
+
+
+def test_dedup_is_scoped_per_queue(conn: psycopg.Connection[Any]) -> None:
+    with conn.transaction():
+        a = jobs.enqueue(conn, tasks_core.noop, dedup_key="same", queue="a")
+        b = jobs.enqueue(conn, tasks_core.noop, dedup_key="same", queue="b")
+    assert a != b and count(conn) == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"task": "no_such_task"}, errors.UnknownTaskError),
+        ({"task": "noop", "queue": "NOPE!"}, errors.InvalidQueueError),
+        ({"task": "noop", "priority": 11}, errors.InvalidPriorityError),
+        ({"task": "noop", "args": ["not", "an", "object"]}, errors.InvalidArgsError),
+        ({"task": "send_welcome", "args": {"user_id": "abc"}}, errors.InvalidArgsError),
+        ({"task": "send_welcome", "args": {"user_id": 1, "lang": "x" * 300_000}}, errors.PayloadTooLargeError),
+        ({"task": "noop", "delay": 5, "run_at": datetime.now(UTC)}, errors.ScheduleConflictError),
+        ({"task": "noop", "max_attempts": 0}, errors.InvalidMaxAttemptsError),
+    ],
+)
+def test_bad_input_writes_nothing(conn: psycopg.Connection[Any], kwargs: dict[str, Any], error: type) -> None:
+    kwargs = dict(kwargs)
+    task = kwargs.pop("task")
+    args = kwargs.pop("args", None)
+    with conn.transaction():
+        with pytest.raises(error):
+            jobs.enqueue(conn, task, args, **kwargs)
+        with pytest.raises(error):
+            jobs.enqueue_many(conn, [{"task": "noop"}, {"task": task, "args": args, **kwargs}])
+    assert count(conn) == 0
+
+
+def test_insert_notifies_the_relay_channel(conn: psycopg.Connection[Any], database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN postbox_outbox")
+        with conn.transaction():
+            jobs.enqueue_many(conn, [{"task": "noop"}] * 50)
+        got = list(listener.notifies(timeout=5, stop_after=1))
+    assert [n.channel for n in got] == ["postbox_outbox"]

@@ -1,0 +1,41 @@
+"""Migrations go up, down and up again on an empty database, and the result is what the code expects."""
+
+from __future__ import annotations
+
+import psycopg
+
+from jobs import migrate
+
+EXPECTED_TABLES = {
+    "outbox",
+    "processed_jobs",
+    "job_attempts",
+    "queues",
+    "workers",
+    "relays",
+    "audit_log",
+    "alembic_version",
+}
+
+
+def tables(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()
+    return {name for (name,) in rows}
+
+
+def test_up_down_up(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    after_first = tables(empty_database_url)
+    assert EXPECTED_TABLES <= after_first
+    migrate.downgrade(empty_database_url, "base")
+    assert tables(empty_database_url) == {"alembic_version"}
+    migrate.upgrade(empty_database_url)
+    assert tables(empty_database_url) == after_first
+    with psycopg.connect(empty_database_url) as conn:
+        assert migrate.current_revision(conn) == migrate.head_revision()
+        states = conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_state_check'"
+        ).fetchone()[0]  # type: ignore[index]
+    for state in ("pending", "queued", "running", "retrying", "succeeded", "dead", "cancelled", "expired"):
+        assert f"'{state}'" in states
