@@ -48,3 +48,59 @@ def events_channel(prefix: str) -> str:
 
 def all_streams(prefix: str, queues: Iterable[str]) -> list[str]:
     return [key for queue in queues for key in queue_streams(prefix, queue)]
+
+
+# --- stream entries -----------------------------------------------------------------
+# An entry is a transport envelope. Its identity is ``id`` (the outbox id); the
+# stream entry id means nothing. PostgreSQL decides whether a delivery runs.
+
+ENTRY_FIELDS = ("id", "task", "args", "headers", "attempt", "queue", "priority", "enq", "pub")
+
+
+def encode_entry(
+    *,
+    job_id: int,
+    task: str,
+    args: str,
+    headers: str,
+    attempt: int,
+    queue: str,
+    priority: int,
+    enqueued_ms: int,
+    published_ms: int,
+) -> dict[str, str | int]:
+    """Fields for XADD. ``args``/``headers`` are JSON text; times are epoch milliseconds."""
+    return {
+        "id": job_id,
+        "task": task,
+        "args": args,
+        "headers": headers,
+        "attempt": attempt,
+        "queue": queue,
+        "priority": priority,
+        "enq": enqueued_ms,
+        "pub": published_ms,
+    }
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def decode_entry(fields: dict[bytes, bytes] | dict[str, str]) -> dict[str, str | int]:
+    """Inverse of :func:`encode_entry` (accepts bytes or str keys); raises ValueError if malformed."""
+    data = {_text(k): _text(v) for k, v in fields.items()}
+    try:
+        return {
+            "id": int(data["id"]),
+            "task": data["task"],
+            "args": data.get("args", "{}"),
+            "headers": data.get("headers", "{}"),
+            "attempt": int(data.get("attempt", 0)),
+            "queue": data.get("queue", ""),
+            "priority": int(data.get("priority", 5)),
+            "enq": int(data.get("enq", 0)),
+            "pub": int(data.get("pub", 0)),
+        }
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"malformed stream entry: {exc}") from None

@@ -1,0 +1,61 @@
+"""Job lifecycle events, published on Redis pub/sub for the API's WebSocket.
+
+Events are a best-effort view for humans and dashboards; PostgreSQL stays the
+truth. The relay emits ``published``; workers ``started``, ``succeeded``,
+``retrying``, ``dead``, ``cancelled``, ``expired``; the API ``enqueued`` (for
+its own enqueues) and ``cancelled``. Channel: :func:`jobs.streams.events_channel`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+import orjson
+
+EventType = Literal["enqueued", "published", "started", "succeeded", "retrying", "dead", "cancelled", "expired"]
+EVENT_TYPES: tuple[str, ...] = (
+    "enqueued",
+    "published",
+    "started",
+    "succeeded",
+    "retrying",
+    "dead",
+    "cancelled",
+    "expired",
+)
+TERMINAL_EVENTS = frozenset({"succeeded", "dead", "cancelled", "expired"})
+
+
+def event(
+    type_: EventType,
+    *,
+    job_id: int,
+    queue: str,
+    task: str,
+    attempt: int = 0,
+    worker_id: str | None = None,
+    ts: float | None = None,
+) -> dict[str, Any]:
+    return {
+        "event_id": uuid.uuid4().hex,
+        "ts": time.time() if ts is None else ts,
+        "type": type_,
+        "job_id": job_id,
+        "queue": queue,
+        "task": task,
+        "attempt": attempt,
+        "worker_id": worker_id,
+    }
+
+
+def encode(evt: dict[str, Any]) -> bytes:
+    return orjson.dumps(evt)
+
+
+def decode(raw: bytes | str) -> dict[str, Any]:
+    value = orjson.loads(raw)
+    if not isinstance(value, dict) or value.get("type") not in EVENT_TYPES:
+        raise ValueError("not a postbox event")
+    return value
