@@ -1,0 +1,143 @@
+"""``postbox bench {enqueue,relay,worker,latency,all}``: measure postbox (and peers) here.
+
+Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
+DATABASE_URL and POSTBOX_REDIS_URL / REDIS_URL, in a database and key prefix
+of its own that it removes at the end.  Progress goes to stderr; the table (or
+JSON with ``--json``) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+from app.bench import machine
+from app.bench.params import Params
+from app.bench.progress import Progress
+from app.bench.report import Figure, Report, render
+from app.bench.sandbox import Sandbox, sandbox
+from jobs.errors import SettingsError
+from jobs.settings import load_settings
+
+SCENARIOS = ("enqueue", "relay", "worker", "latency")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _rates(text: str) -> tuple[int, ...]:
+    try:
+        rates = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of jobs/s, got {text!r}") from None
+    if not rates or any(r < 1 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be >= 1 jobs/s, got {text!r}")
+    return rates
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="postbox bench", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("scenario", choices=[*SCENARIOS, "all"], help="what to measure")
+    p.add_argument("--jobs", type=_positive_int, default=20_000, help="jobs per throughput run (default 20000)")
+    p.add_argument(
+        "--relay-rows", type=_positive_int, default=100_000, help="pre-filled outbox rows for relay (default 100000)"
+    )
+    p.add_argument("--concurrency", type=_positive_int, default=50, help="worker concurrency (default 50)")
+    p.add_argument(
+        "--rate", type=_rates, default=(200, 1000), help="steady rates for latency, jobs/s (default 200,1000)"
+    )
+    p.add_argument("--relay-rate", type=_positive_int, default=500, help="steady rate for relay latency (default 500)")
+    p.add_argument("--duration", type=_positive_float, default=5.0, help="seconds per timed run (default 5)")
+    p.add_argument("--repeat", type=_positive_int, default=3, help="repetitions per figure (default 3)")
+    p.add_argument("--batch", type=_positive_int, default=10_000, help="enqueue_many batch size (default 10000)")
+    p.add_argument("--peers", action="store_true", help="also run PgQueuer, Procrastinate, arq and SAQ")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+ScenarioRun = Callable[[Sandbox, str, Params, Progress], list[Figure]]
+
+
+def _scenario(name: str) -> ScenarioRun:
+    # Imported on demand: `bench enqueue` needs neither relay nor worker.
+    if name == "enqueue":
+        from app.bench import enqueue
+
+        return lambda box, url, params, progress: enqueue.run(url, params, progress)
+    if name == "relay":
+        from app.bench import relay
+
+        return relay.run
+    if name == "worker":
+        from app.bench import worker
+
+        return worker.run
+    if name == "latency":
+        from app.bench import latency
+
+        return latency.run
+    raise ValueError(f"unknown scenario {name!r}")
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    try:
+        settings = load_settings()
+        database_url = settings.require_database_url()
+        redis_url = settings.require_redis_url()
+    except SettingsError as exc:
+        print(f"postbox bench: {exc}", file=sys.stderr)
+        return 2
+    params = Params(
+        jobs=args.jobs,
+        relay_rows=args.relay_rows,
+        concurrency=args.concurrency,
+        rates=args.rate,
+        relay_rate=args.relay_rate,
+        duration=args.duration,
+        repeat=args.repeat,
+        batch=min(args.batch, args.jobs),
+        peers=args.peers,
+    )
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    progress = Progress(quiet=args.quiet)
+    report = Report(machine=machine.describe(database_url, redis_url), parameters=params.describe())
+    failed = False
+    with sandbox(database_url, redis_url) as box:
+        progress.say(f"sandbox: database postbox_bench_{box.token}, redis prefix {box.prefix}")
+        bench_url = box.database()
+        for name in names:
+            progress.say(f"scenario {name}")
+            try:
+                for figure in _scenario(name)(box, bench_url, params, progress):
+                    report.add(figure)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # one scenario failing still prints the others
+                failed = True
+                report.notes.append(f"{name}: failed: {type(exc).__name__}: {exc}")
+                progress.say(f"scenario {name} failed: {type(exc).__name__}: {exc}")
+        if params.peers:
+            from app.bench.peers import run_peers
+
+            run_peers(box, names, params, progress, report)
+        progress.say("cleaning up")
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(render(report), end="")
+    return 1 if failed else 0

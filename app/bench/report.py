@@ -1,0 +1,186 @@
+"""The benchmark report: figures with their repetitions, and the printed table.
+
+A :class:`Figure` is one measured quantity of one system (postbox or a peer)
+with one value per repetition; the table shows its median, min and max, the
+target it is held to, and, for peers, the postbox/peer ratio of the same
+figure.  Rendering is pure (strings in, strings out) so it is unit-tested.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.bench.stats import Spread
+
+POSTBOX = "postbox"
+
+
+@dataclass(frozen=True)
+class Target:
+    op: Literal[">=", "<="]
+    value: float
+
+    def met(self, measured: float) -> bool:
+        return measured >= self.value if self.op == ">=" else measured <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.op} {format_number(self.value)}"
+
+
+@dataclass
+class Figure:
+    """One quantity, one system, one value per repetition."""
+
+    scenario: str
+    key: str  # stable id, e.g. "worker.noop_1p"; peers share postbox's key for ratios
+    label: str
+    unit: str
+    values: list[float] = field(default_factory=list)
+    system: str = POSTBOX
+    target: Target | None = None
+    higher_is_better: bool = True
+
+    @property
+    def spread(self) -> Spread:
+        return Spread.of(self.values)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "scenario": self.scenario,
+            "key": self.key,
+            "label": self.label,
+            "system": self.system,
+            "unit": self.unit,
+            "values": self.values,
+            "higher_is_better": self.higher_is_better,
+        }
+        if self.values:
+            out.update(self.spread.as_dict())
+        if self.target is not None:
+            out["target"] = str(self.target)
+            out["target_met"] = bool(self.values) and self.target.met(self.spread.median)
+        return out
+
+
+@dataclass
+class Report:
+    machine: Mapping[str, Any]
+    parameters: Mapping[str, Any]
+    figures: list[Figure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, figure: Figure) -> Figure:
+        self.figures.append(figure)
+        return figure
+
+    def ratios(self) -> list[tuple[Figure, Figure, float]]:
+        """(postbox figure, peer figure, postbox median / peer median) for every peer figure."""
+        ours = {f.key: f for f in self.figures if f.system == POSTBOX and f.values}
+        out = []
+        for peer in self.figures:
+            if peer.system == POSTBOX or not peer.values or peer.key not in ours:
+                continue
+            mine = ours[peer.key]
+            denominator = peer.spread.median
+            ratio = mine.spread.median / denominator if denominator else float("inf")
+            out.append((mine, peer, ratio))
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "machine": dict(self.machine),
+            "parameters": dict(self.parameters),
+            "figures": [f.as_dict() for f in self.figures],
+            "ratios": [
+                {"key": mine.key, "peer": peer.system, "postbox_over_peer": ratio}
+                for mine, peer, ratio in self.ratios()
+            ],
+            "notes": self.notes,
+        }
+
+
+def format_number(value: float) -> str:
+    """Thousands separators for large figures, 2 decimals for small ones."""
+    if value != value:  # NaN
+        return "nan"
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return f"{value:,.0f}"
+    if magnitude >= 10:
+        return f"{value:,.1f}"
+    return f"{value:,.2f}"
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+    """Plain-text columns: text left-aligned, numbers right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def _kv(mapping: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in mapping.items())
+
+
+def render(report: Report) -> str:
+    """The text the command prints: machine, parameters, figures, peer ratios, notes."""
+    lines = ["postbox bench", "", "machine:    " + _kv(report.machine), "parameters: " + _kv(report.parameters), ""]
+    ours = [f for f in report.figures if f.system == POSTBOX]
+    headers = ["scenario", "figure", "median", "min", "max", "unit", "runs", "target", "met"]
+    right = [False, False, True, True, True, False, True, False, False]
+    rows = []
+    for fig in ours:
+        if fig.values:
+            s = fig.spread
+            cells = [format_number(s.median), format_number(s.low), format_number(s.high)]
+            runs = str(s.runs)
+        else:
+            cells, runs = ["-", "-", "-"], "0"
+        target = str(fig.target) if fig.target else ""
+        met = ""
+        if fig.target is not None:
+            met = ("yes" if fig.target.met(fig.spread.median) else "NO") if fig.values else "n/a"
+        rows.append([fig.scenario, fig.label, *cells, fig.unit, runs, target, met])
+    if rows:
+        lines += render_table(headers, rows, right)
+    peers = [f for f in report.figures if f.system != POSTBOX]
+    if peers:
+        ratios = {(peer.system, peer.key): ratio for _, peer, ratio in report.ratios()}
+        lines += ["", "peers (same workloads, same servers, same run; ratio = postbox median / peer median):", ""]
+        headers = ["figure", "system", "median", "min", "max", "unit", "postbox", "ratio", "better"]
+        right = [False, False, True, True, True, False, True, True, False]
+        ours_by_key = {f.key: f for f in ours if f.values}
+        prows = []
+        for fig in peers:
+            if not fig.values:
+                prows.append([fig.label, fig.system, "-", "-", "-", fig.unit, "", "", ""])
+                continue
+            s = fig.spread
+            mine = ours_by_key.get(fig.key)
+            ratio = ratios.get((fig.system, fig.key))
+            prows.append(
+                [
+                    fig.label,
+                    fig.system,
+                    format_number(s.median),
+                    format_number(s.low),
+                    format_number(s.high),
+                    fig.unit,
+                    format_number(mine.spread.median) if mine else "",
+                    f"{ratio:.2f}x" if ratio is not None else "",
+                    "higher" if fig.higher_is_better else "lower",
+                ]
+            )
+        lines += render_table(headers, prows, right)
+    if report.notes:
+        lines += ["", "notes:"] + [f"  - {note}" for note in report.notes]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,61 @@
+"""The bench's task handlers; worker processes load them with ``--tasks app.bench.tasks``.
+
+- ``bench_noop``: does nothing (throughput of the machinery itself).
+- ``bench_tx``: opens ``ctx.transaction()`` and does nothing in it (the
+  exactly-once path: processed_jobs insert + outcome in one transaction).
+- ``bench_probe``: writes ``<job id> <time.time()>`` at handler start to the
+  file named by ``POSTBOX_BENCH_PROBE_FILE``, so the bench (same machine, same
+  clock) computes commit-to-handler-start latency.  One ``os.write`` of one
+  line on an O_APPEND descriptor: atomic between processes, a few µs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from jobs import task
+
+QUEUE = "bench"
+PROBE_FILE_ENV = "POSTBOX_BENCH_PROBE_FILE"
+
+_probe_fd: int | None = None
+
+
+@task(queue=QUEUE)
+async def bench_noop(ctx: Any, n: int = 0) -> None:
+    return None
+
+
+@task(queue=QUEUE)
+async def bench_tx(ctx: Any, n: int = 0) -> None:
+    async with ctx.transaction():
+        pass
+
+
+@task(queue=QUEUE)
+async def bench_probe(ctx: Any, n: int = 0) -> None:
+    started = time.time()
+    global _probe_fd
+    if _probe_fd is None:
+        path = os.environ.get(PROBE_FILE_ENV)
+        if not path:
+            return None
+        _probe_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(_probe_fd, f"{ctx.job_id} {started:.6f}\n".encode())
+    return None
+
+
+def read_probes(path: str) -> dict[int, float]:
+    """Job id -> handler start (epoch seconds); the first start of a job wins."""
+    starts: dict[int, float] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                parts = line.split()
+                if len(parts) == 2:
+                    starts.setdefault(int(parts[0]), float(parts[1]))
+    except FileNotFoundError:
+        pass
+    return starts
