@@ -68,6 +68,15 @@ class Settings(BaseSettings):
     relay_metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Prometheus port of a relay process; 0 = off."
     )
+    relay_session_timeout: float = Field(
+        default=5.0,
+        ge=1,
+        le=3600,
+        description=(
+            "Seconds of silence after which PostgreSQL ends a relay's lock session (idle_session_timeout), "
+            "so a frozen leader loses the lock and a standby takes over."
+        ),
+    )
     republish_rate: int = Field(
         default=5000, ge=1, description="Most rows per second the relay republishes after Redis loss."
     )

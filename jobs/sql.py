@@ -58,6 +58,117 @@ SELECT state, result, last_error_class, last_error FROM outbox WHERE id = %(id)s
 
 # --- relay -----------------------------------------------------------------------
 # (owned by relay/: publish scan, mark published, republish after Redis loss)
+# Every relay statement runs on the leader's own session (the one holding the
+# advisory lock), so a lost session cannot mark anything.
+
+RELAY_LISTEN: LiteralString = "LISTEN postbox_outbox"
+
+RELAY_TRY_LOCK: LiteralString = "SELECT pg_try_advisory_lock(%(key)s)"
+
+RELAY_UNLOCK: LiteralString = "SELECT pg_advisory_unlock(%(key)s)"
+
+RELAY_REGISTER: LiteralString = """
+INSERT INTO relays (id, host, pid, role, term) VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, 0)
+ON CONFLICT (id) DO UPDATE SET role = excluded.role, last_seen = now()
+"""
+
+RELAY_SET_ROLE: LiteralString = """
+UPDATE relays SET role = %(role)s, last_seen = now() WHERE id = %(id)s
+"""
+
+# A new leader takes the next term: one more than any term ever recorded.
+RELAY_BECOME_LEADER: LiteralString = """
+UPDATE relays SET role = 'leader', last_seen = now(),
+       term = (SELECT coalesce(max(term), 0) + 1 FROM relays)
+ WHERE id = %(id)s
+RETURNING term
+"""
+
+RELAY_HEARTBEAT: LiteralString = "UPDATE relays SET last_seen = now() WHERE id = %(id)s"
+
+# Due, unpublished rows in id order. Never a "last id" cursor: a transaction
+# that commits late carries a lower id, and this scan still finds it.
+RELAY_SELECT_DUE: LiteralString = """
+SELECT id, queue, task, args::text, headers::text, priority, attempts,
+       (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
+       coalesce(expires_at < now(), false) AS expired
+  FROM outbox
+ WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+ ORDER BY id
+ LIMIT %(limit)s
+"""
+
+# One statement for the whole batch; a row a worker already claimed (it set
+# published_at) is left alone.
+RELAY_MARK_PUBLISHED: LiteralString = """
+UPDATE outbox AS o
+   SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
+  FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
+ WHERE o.id = u.id AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
+"""
+
+RELAY_MARK_EXPIRED: LiteralString = """
+UPDATE outbox SET state = 'expired', finished_at = now()
+ WHERE id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
+   AND expires_at < now()
+"""
+
+# Seconds until the next delayed row is due (NULL: none waiting).
+RELAY_NEXT_DUE: LiteralString = """
+SELECT extract(epoch FROM min(available_at) - now())::float8
+  FROM outbox
+ WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now()
+"""
+
+RELAY_BACKLOG: LiteralString = """
+SELECT count(*), coalesce(extract(epoch FROM now() - min(available_at))::float8, 0)
+  FROM outbox
+ WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+"""
+
+RELAY_NOW: LiteralString = "SELECT now()"
+
+# After Redis lost its data: rows published before the loss was noticed and not
+# finished (queued, or running under a claim that went stale), by id from a cursor.
+RELAY_SELECT_LOST: LiteralString = """
+SELECT id, queue, task, args::text, headers::text, priority, attempts,
+       (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms
+  FROM outbox
+ WHERE id > %(after)s
+   AND ((state = 'queued' AND published_at <= %(cutoff)s)
+        OR (state = 'running' AND lease_until < now()))
+ ORDER BY id
+ LIMIT %(limit)s
+"""
+
+# Candidates for the "is its entry still there" sweep: published rows without an
+# outcome that have waited a while (queued), or whose claim went stale (running).
+RELAY_SELECT_INFLIGHT: LiteralString = """
+SELECT id, queue, task, args::text, headers::text, priority, attempts,
+       (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms, stream_id
+  FROM outbox
+ WHERE id > %(after)s AND stream_id IS NOT NULL
+   AND ((state = 'queued' AND published_at < now() - make_interval(secs => %(min_age)s))
+        OR (state = 'running' AND lease_until < now()))
+ ORDER BY id
+ LIMIT %(limit)s
+"""
+
+# The rows of a republish that still have no outcome, re-read right before the XADD.
+RELAY_STILL_UNFINISHED: LiteralString = """
+SELECT id FROM outbox
+ WHERE id = ANY(%(ids)s::int8[])
+   AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
+"""
+
+# Record a republish; only a row still without an outcome is touched.
+RELAY_MARK_REPUBLISHED: LiteralString = """
+UPDATE outbox AS o
+   SET published_at = CASE WHEN o.state = 'queued' THEN now() ELSE o.published_at END,
+       publish_count = o.publish_count + 1, stream_id = u.sid
+  FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
+ WHERE o.id = u.id AND o.state IN ('queued', 'running')
+"""
 
 # --- worker ----------------------------------------------------------------------
 # (owned by worker/: claims, outcomes, leases, heartbeats)

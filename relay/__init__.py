@@ -1,0 +1,18 @@
+"""The relay: publishes committed outbox rows to Redis streams, one leader at a time.
+
+- :mod:`relay.leader` — the advisory-lock session; publishing runs on it.
+- :mod:`relay.publisher` — one batch: select due rows, XADD, mark published.
+- :mod:`relay.notifier` — LISTEN/NOTIFY wake-ups (polling is the fallback).
+- :mod:`relay.reconciler` — Redis-loss detection and bounded republishing.
+- :mod:`relay.metrics` — Prometheus metrics of a relay process.
+- :mod:`relay.service` — :class:`Relay`, the service tying them together.
+- :mod:`relay.cli` — ``postbox relay run`` / ``python -m relay run``.
+
+Nothing here does I/O at import time.
+"""
+
+from __future__ import annotations
+
+from relay.service import Relay, RelaySignals
+
+__all__ = ["Relay", "RelaySignals"]

@@ -1,0 +1,10 @@
+"""``python -m relay run``."""
+
+from __future__ import annotations
+
+import sys
+
+from relay.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

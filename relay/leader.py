@@ -1,0 +1,92 @@
+"""Leader election: a PostgreSQL advisory lock held by one dedicated session.
+
+The session that holds the lock is the session every publishing statement runs
+on. If PostgreSQL ends it (``pg_terminate_backend``, a restart, a network cut,
+or ``idle_session_timeout`` while the process is frozen), the lock is gone *and*
+the next statement of the old leader fails, so it can no longer select or mark
+anything: a lost session stops publishing at once.
+
+``idle_session_timeout`` is what turns a frozen leader (SIGSTOP, a stalled
+event loop) into a failover: a live leader touches its session at least every
+``heartbeat_interval``; a frozen one goes silent, the server ends its session
+after ``relay_session_timeout`` seconds and a standby gets the lock.
+
+Connect directly to PostgreSQL, never through a transaction pooler: a pooler
+would move the lock and the statements onto different server sessions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from jobs import sql
+from jobs.db import connect_async
+
+APPLICATION_NAME = "postbox-relay"
+
+
+class LeaderSession:
+    """One relay's lock session: try the lock, keep the registry row, release."""
+
+    def __init__(self, conn: AsyncConnection[Any], *, relay_id: str, lock_key: int) -> None:
+        self.conn = conn
+        self.relay_id = relay_id
+        self.lock_key = lock_key
+        self.holds_lock = False
+        self.term = 0
+
+    @classmethod
+    async def open(cls, url: str, *, relay_id: str, lock_key: int, session_timeout: float) -> LeaderSession:
+        conn = await connect_async(
+            url,
+            autocommit=True,
+            application_name=APPLICATION_NAME,
+            connect_timeout=5,
+            options=f"-c idle_session_timeout={int(session_timeout * 1000)}",
+            keepalives=1,
+            keepalives_idle=5,
+            keepalives_interval=2,
+            keepalives_count=2,
+        )
+        return cls(conn, relay_id=relay_id, lock_key=lock_key)
+
+    @property
+    def backend_pid(self) -> int:
+        return self.conn.info.backend_pid
+
+    async def register(self, role: str) -> None:
+        await self.conn.execute(
+            sql.RELAY_REGISTER, {"id": self.relay_id, "host": socket.gethostname(), "pid": os.getpid(), "role": role}
+        )
+
+    async def set_role(self, role: str) -> None:
+        await self.conn.execute(sql.RELAY_SET_ROLE, {"id": self.relay_id, "role": role})
+
+    async def heartbeat(self) -> None:
+        await self.conn.execute(sql.RELAY_HEARTBEAT, {"id": self.relay_id})
+
+    async def try_acquire(self) -> bool:
+        """Take the lock if it is free; on success record the new term and return True."""
+        cur = await self.conn.execute(sql.RELAY_TRY_LOCK, {"key": self.lock_key})
+        row = await cur.fetchone()
+        if not (row and row[0]):
+            return False
+        self.holds_lock = True
+        cur = await self.conn.execute(sql.RELAY_BECOME_LEADER, {"id": self.relay_id})
+        term_row = await cur.fetchone()
+        self.term = int(term_row[0]) if term_row else 0
+        return True
+
+    async def release(self) -> None:
+        """Unlock and record ``stopped``; the session stays open (close it after)."""
+        if self.holds_lock:
+            await self.conn.execute(sql.RELAY_UNLOCK, {"key": self.lock_key})
+            self.holds_lock = False
+        await self.set_role("stopped")
+
+    async def close(self) -> None:
+        await self.conn.close()

@@ -1,0 +1,167 @@
+"""Publishing: due outbox rows → XADD to their (queue, priority) stream → mark published.
+
+One batch is three round trips: one SELECT (due, unpublished, in id order), one
+Redis pipeline (an XADD per row plus a best-effort ``published`` event per row),
+one UPDATE marking the whole batch with ``unnest`` arrays. The SELECT and the
+UPDATE run on the leader's lock session (see :mod:`relay.leader`).
+
+XADD is never given MAXLEN: the relay never trims. Streams stay bounded because
+workers XDEL an entry after its outcome is committed (only acknowledged entries
+are ever deleted).
+
+For benchmarks and tools, :func:`publish_once` publishes one batch and
+:func:`drain` publishes until nothing is due, on any connection you pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from jobs import events, sql
+from jobs.streams import GROUP, encode_entry, events_channel, stream_key
+
+log = logging.getLogger("postbox.relay")
+
+# (id, queue, task, args, headers, priority, attempts, enq_ms, ...) as selected by sql.RELAY_SELECT_*
+Row = tuple[Any, ...]
+
+
+@dataclass
+class BatchResult:
+    """What one batch did."""
+
+    selected: int = 0
+    published: list[int] = field(default_factory=list)  # ids XADDed and marked (or claimed meanwhile)
+    expired: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)  # XADD refused; retried next batch
+    marked: int = 0  # rows the UPDATE changed (a row a worker claimed first is not counted)
+
+
+async def ensure_group(redis: Redis, key: str) -> None:
+    """Create the consumer group (and the stream) if missing; BUSYGROUP is not an error."""
+    try:
+        await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+class Publisher:
+    """XADDs rows to their streams; owns the set of streams whose group is known to exist."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        *,
+        batch_size: int = 1000,
+        emit_events: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.redis = redis
+        self.prefix = prefix
+        self.batch_size = batch_size
+        self.emit_events = emit_events
+        self.clock = clock
+        self.known_groups: set[str] = set()
+
+    def forget_groups(self) -> None:
+        """After Redis lost data: groups must be ensured again before the next XADD."""
+        self.known_groups.clear()
+
+    async def ensure_groups(self, keys: Iterable[str]) -> None:
+        for key in sorted(set(keys) - self.known_groups):
+            await ensure_group(self.redis, key)
+            self.known_groups.add(key)
+
+    async def xadd_rows(self, rows: Sequence[Row]) -> tuple[list[int], list[str], list[int]]:
+        """XADD each row in one pipeline. Returns (ids added, their entry ids, ids refused)."""
+        if not rows:
+            return [], [], []
+        keys = [stream_key(self.prefix, row[1], row[5]) for row in rows]
+        await self.ensure_groups(keys)
+        now_ms = int(self.clock() * 1000)
+        channel = events_channel(self.prefix)
+        pipe = self.redis.pipeline(transaction=False)
+        for row, key in zip(rows, keys, strict=True):
+            job_id, queue, task, args, headers, priority, attempts, enq_ms = row[:8]
+            fields = encode_entry(
+                job_id=job_id,
+                task=task,
+                args=args,
+                headers=headers,
+                attempt=attempts + 1,
+                queue=queue,
+                priority=priority,
+                enqueued_ms=enq_ms,
+                published_ms=now_ms,
+            )
+            pipe.xadd(key, fields)  # type: ignore[arg-type]  # no MAXLEN: the relay never trims
+            if self.emit_events:
+                evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
+                pipe.publish(channel, events.encode(evt))
+        results = await pipe.execute(raise_on_error=False)
+        step = 2 if self.emit_events else 1
+        ids: list[int] = []
+        sids: list[str] = []
+        refused: list[int] = []
+        for row, result in zip(rows, results[::step], strict=True):
+            if isinstance(result, BaseException):
+                refused.append(row[0])
+                log.warning("XADD refused", extra={"outbox_id": row[0], "queue": row[1], "error": str(result)})
+                continue
+            ids.append(row[0])
+            sids.append(result.decode() if isinstance(result, bytes) else str(result))
+        return ids, sids, refused
+
+    async def publish_batch(self, conn: AsyncConnection[Any], limit: int | None = None) -> BatchResult:
+        """Publish one batch of due rows on ``conn`` (the leader's session)."""
+        cur = await conn.execute(sql.RELAY_SELECT_DUE, {"limit": limit or self.batch_size})
+        rows = await cur.fetchall()
+        result = BatchResult(selected=len(rows))
+        if not rows:
+            return result
+        live = [row for row in rows if not row[8]]
+        result.expired = [row[0] for row in rows if row[8]]
+        if result.expired:
+            await conn.execute(sql.RELAY_MARK_EXPIRED, {"ids": result.expired})
+        ids, sids, result.failed = await self.xadd_rows(live)
+        if ids:
+            cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids})
+            result.marked = cur.rowcount
+        result.published = ids
+        return result
+
+
+async def publish_once(
+    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool = True
+) -> BatchResult:
+    """Publish one batch of due rows with a throwaway :class:`Publisher` (tools, benchmarks).
+
+    ``conn`` must be an autocommit connection. This does not take the leader
+    lock: use it only where no relay runs, or on the leader's own session.
+    """
+    return await Publisher(redis, prefix, batch_size=batch_size, emit_events=emit_events).publish_batch(conn)
+
+
+async def drain(
+    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool = True
+) -> int:
+    """Publish batches until no row is due; return how many rows were published."""
+    publisher = Publisher(redis, prefix, batch_size=batch_size, emit_events=emit_events)
+    total = 0
+    while True:
+        result = await publisher.publish_batch(conn)
+        total += len(result.published)
+        if result.selected < batch_size and not result.failed:
+            return total
+        if result.selected and not result.published and not result.expired:
+            raise RedisError(f"every XADD of a batch of {result.selected} was refused")

@@ -1,0 +1,224 @@
+"""Recovery from Redis data loss, and from entries that vanished one by one.
+
+PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
+
+1. **Loss detection** (:meth:`Reconciler.check`, about once a second): the
+   epoch key (:func:`jobs.streams.epoch_key`) holds a random token the leader
+   set; if it vanished, or a stream the relay created is gone, Redis lost data
+   (restart without persistence, FLUSHALL, failover, eviction). The relay then
+   republishes — bounded by ``republish_rate`` rows/s — every row that was
+   ``queued`` when the loss was noticed, and every ``running`` row whose claim
+   went stale. While that runs the key reads ``recovering:<token>``; a leader
+   that finds it so (the previous one died mid-way) starts the recovery again.
+2. **Entry sweep** (:meth:`Reconciler.sweep`, every ``sweep_interval``): for a
+   bounded slice of ``queued`` rows older than ``sweep_min_age`` and ``running``
+   rows with a stale claim, check with XRANGE that the stream entry recorded in
+   ``stream_id`` still exists; republish the rows whose entry is gone.
+
+A finished row (succeeded, dead, cancelled, expired) is never selected, and
+each republish re-reads the state right before its XADD.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from psycopg import AsyncConnection
+from redis.asyncio import Redis
+
+from jobs import sql
+from jobs.streams import epoch_key, stream_key
+from relay.publisher import Publisher, Row
+
+log = logging.getLogger("postbox.relay")
+
+RECOVERING = "recovering:"
+
+
+class RateLimiter:
+    """Token bucket: at most ``rate`` grants per second, bursts up to ``burst``."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = float(rate)
+        self.burst = max(1, burst)
+        self.clock = clock
+        self.tokens = float(self.burst)
+        self.stamp = clock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.tokens = min(float(self.burst), self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def take(self, wanted: int) -> int:
+        """Grant up to ``wanted`` tokens now (possibly 0)."""
+        self._refill()
+        granted = max(0, min(wanted, int(self.tokens)))
+        self.tokens -= granted
+        return granted
+
+    def wait_time(self) -> float:
+        """Seconds until at least one token is available."""
+        self._refill()
+        return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
+
+
+class Reconciler:
+    def __init__(
+        self,
+        redis: Redis,
+        prefix: str,
+        publisher: Publisher,
+        *,
+        rate: int,
+        batch_size: int,
+        sweep_interval: float = 5.0,
+        sweep_min_age: float = 5.0,
+        sweep_batch: int = 500,
+        clock: Callable[[], float] = time.monotonic,
+        on_republished: Callable[[list[int]], None] | None = None,
+        on_loss: Callable[[], None] | None = None,
+    ) -> None:
+        self.redis = redis
+        self.key = epoch_key(prefix)
+        self.publisher = publisher
+        self.batch_size = batch_size
+        self.limiter = RateLimiter(rate, min(rate, batch_size), clock)
+        self.sweep_interval = sweep_interval
+        self.sweep_min_age = sweep_min_age
+        self.sweep_batch = sweep_batch
+        self.clock = clock
+        self.on_republished = on_republished
+        self.on_loss = on_loss
+        self.token: str | None = None  # the epoch token this leader set or adopted
+        self.cutoff: datetime | None = None  # set while a recovery runs
+        self.cursor = 0
+        self.sweep_cursor = 0
+        self.next_sweep = clock() + sweep_interval
+        self.republished_total = 0
+        self._recovered = 0
+
+    @property
+    def recovering(self) -> bool:
+        return self.cutoff is not None
+
+    def busy(self) -> bool:
+        """True when a recovery has rows left and tokens to spend right now."""
+        return self.recovering and self.limiter.wait_time() == 0
+
+    def wait_hint(self) -> float | None:
+        return self.limiter.wait_time() if self.recovering else None
+
+    async def check(self, conn: AsyncConnection[Any]) -> bool:
+        """Look for Redis data loss; start a recovery if found. Returns True when a loss was found."""
+        value = await self.redis.get(self.key)
+        current = value.decode() if isinstance(value, bytes) else value
+        if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
+            if await self._streams_missing():
+                log.warning("Redis lost streams the relay created", extra={"count": len(self.publisher.known_groups)})
+                await self._start_recovery(conn, "missing streams")
+                return True
+            return False
+        if current is not None and self.token is None and not current.startswith(RECOVERING):
+            self.token = current  # a new term, and Redis kept its data: adopt the epoch
+            return False
+        reason = "epoch key missing" if current is None else "epoch changed or recovery unfinished"
+        await self._start_recovery(conn, reason)
+        return True
+
+    async def _streams_missing(self) -> bool:
+        keys = sorted(self.publisher.known_groups)
+        if not keys:
+            return False
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(key)
+        found = await pipe.execute()
+        return any(int(n) == 0 for n in found)
+
+    async def _start_recovery(self, conn: AsyncConnection[Any], reason: str) -> None:
+        self.token = uuid.uuid4().hex
+        await self.redis.set(self.key, RECOVERING + self.token)
+        self.publisher.forget_groups()
+        cur = await conn.execute(sql.RELAY_NOW)
+        row = await cur.fetchone()
+        assert row is not None
+        self.cutoff = row[0]
+        self.cursor = 0
+        self._recovered = 0
+        log.warning("Redis lost data: republishing unfinished jobs", extra={"reason": reason})
+        if self.on_loss is not None:
+            self.on_loss()
+
+    async def step(self, conn: AsyncConnection[Any]) -> list[int]:
+        """Republish the next slice of a running recovery, as the rate allows."""
+        if self.cutoff is None:
+            return []
+        allowed = self.limiter.take(self.batch_size)
+        if allowed == 0:
+            return []
+        cur = await conn.execute(sql.RELAY_SELECT_LOST, {"after": self.cursor, "cutoff": self.cutoff, "limit": allowed})
+        rows = await cur.fetchall()
+        if not rows:
+            self.limiter.tokens += allowed
+            assert self.token is not None
+            await self.redis.set(self.key, self.token, xx=True)  # a flush meanwhile leaves it missing: detected
+            log.info("republish after Redis loss finished", extra={"count": self._recovered})
+            self.cutoff = None
+            return []
+        self.limiter.tokens += allowed - len(rows)
+        ids = await self._republish(conn, rows)
+        self.cursor = rows[-1][0]
+        self._recovered += len(ids)
+        return ids
+
+    async def sweep(self, conn: AsyncConnection[Any], *, force: bool = False) -> list[int]:
+        """Republish in-flight rows whose stream entry no longer exists (a bounded slice per call)."""
+        if self.recovering or (not force and self.clock() < self.next_sweep):
+            return []
+        self.next_sweep = self.clock() + self.sweep_interval
+        cur = await conn.execute(
+            sql.RELAY_SELECT_INFLIGHT,
+            {"after": self.sweep_cursor, "min_age": self.sweep_min_age, "limit": self.sweep_batch},
+        )
+        rows = await cur.fetchall()
+        self.sweep_cursor = rows[-1][0] if len(rows) == self.sweep_batch else 0
+        if not rows:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for row in rows:
+            key = self.publisher_key(row)
+            pipe.xrange(key, min=row[8], max=row[8], count=1)
+        found = await pipe.execute(raise_on_error=False)
+        missing = [row for row, entries in zip(rows, found, strict=True) if not entries]
+        if not missing:
+            return []
+        granted = self.limiter.take(len(missing))
+        if granted < len(missing):
+            missing = missing[:granted]
+            self.sweep_cursor = missing[-1][0] if missing else rows[0][0] - 1
+        if not missing:
+            return []
+        log.warning("stream entries missing: republishing", extra={"count": len(missing)})
+        return await self._republish(conn, missing)
+
+    def publisher_key(self, row: Row) -> str:
+        return stream_key(self.publisher.prefix, row[1], row[5])
+
+    async def _republish(self, conn: AsyncConnection[Any], rows: list[Row]) -> list[int]:
+        # Re-read the state right before the XADD: a job that finished meanwhile is never published.
+        cur = await conn.execute(sql.RELAY_STILL_UNFINISHED, {"ids": [row[0] for row in rows]})
+        alive = {r[0] for r in await cur.fetchall()}
+        rows = [row for row in rows if row[0] in alive]
+        ids, sids, _refused = await self.publisher.xadd_rows(rows)
+        if ids:
+            await conn.execute(sql.RELAY_MARK_REPUBLISHED, {"ids": ids, "sids": sids})
+            self.republished_total += len(ids)
+            if self.on_republished is not None:
+                self.on_republished(ids)
+        return ids

@@ -1,0 +1,358 @@
+"""The relay service: stand by, lead, publish, recover — until stopped.
+
+Run it in a process (``postbox relay run``) or in-process::
+
+    relay = Relay(settings)
+    task = asyncio.create_task(relay.run())
+    ...
+    relay.stop()          # finish the batch in hand, release the lock, return
+    await task
+
+Tests and benchmarks pass :class:`RelaySignals` to await what the relay did
+("batch published", "became leader", ...) instead of sleeping. In production
+every signal is ``None`` and costs nothing.
+
+One leader at a time: every relay opens a lock session (:mod:`relay.leader`)
+and retries the advisory lock every ``lock_retry_interval`` while it stands by.
+The leader publishes on that same session; any error of that session means the
+lock may be gone, so the relay logs ``lost leadership``, drops the session and
+stands by again on a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import AsyncConnection
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from jobs import sql
+from jobs.settings import Settings
+from relay.leader import LeaderSession
+from relay.metrics import RelayMetrics
+from relay.notifier import Notifier
+from relay.publisher import BatchResult, Publisher
+from relay.reconciler import Reconciler
+
+log = logging.getLogger("postbox.relay")
+
+
+@dataclass
+class RelaySignals:
+    """Optional test hooks, fired when the relay has done something. ``None`` = off."""
+
+    published: asyncio.Queue[list[int]] | None = None  # ids of every published batch
+    republished: asyncio.Queue[list[int]] | None = None  # ids republished after Redis loss / lost entries
+    leader: asyncio.Event | None = None  # became leader
+    standby: asyncio.Event | None = None  # (re)entered standby
+    lost_leadership: asyncio.Event | None = None
+    listening: asyncio.Event | None = None  # LISTEN (re)established
+    redis_loss: asyncio.Event | None = None  # a Redis data loss was detected
+    stopped: asyncio.Event | None = None
+
+    @classmethod
+    def all(cls) -> RelaySignals:
+        """Every signal on (tests)."""
+        return cls(
+            published=asyncio.Queue(),
+            republished=asyncio.Queue(),
+            leader=asyncio.Event(),
+            standby=asyncio.Event(),
+            lost_leadership=asyncio.Event(),
+            listening=asyncio.Event(),
+            redis_loss=asyncio.Event(),
+            stopped=asyncio.Event(),
+        )
+
+
+def _fire(event: asyncio.Event | None) -> None:
+    if event is not None:
+        event.set()
+
+
+class Relay:
+    """One relay process's worth of work. See the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        signals: RelaySignals | None = None,
+        relay_id: str | None = None,
+        metrics: RelayMetrics | None = None,
+        lock_retry_interval: float = 0.5,
+        heartbeat_interval: float = 1.0,
+        epoch_check_interval: float = 1.0,
+        sweep_interval: float = 5.0,
+        sweep_min_age: float = 5.0,
+        emit_events: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.database_url = settings.require_database_url()
+        self.redis_url = settings.require_redis_url()
+        self.signals = signals or RelaySignals()
+        self.id = relay_id or f"relay-{uuid.uuid4().hex[:8]}"
+        self.metrics = metrics or RelayMetrics()
+        self.track_backlog = metrics is not None or settings.relay_metrics_port > 0
+        self.lock_retry_interval = lock_retry_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.epoch_check_interval = epoch_check_interval
+        self.sweep_interval = sweep_interval
+        self.sweep_min_age = sweep_min_age
+        self.emit_events = emit_events
+        self.role = "starting"
+        self.term = 0
+        self.published_total = 0
+        self.republished_total = 0
+        self.session: LeaderSession | None = None
+        self.notifier: Notifier | None = None
+        self._stop = asyncio.Event()
+        self._wake: asyncio.Event | None = None
+
+    # --- control -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the relay to finish the batch in hand, release the lock and return from :meth:`run`."""
+        self._stop.set()
+        if self._wake is not None:
+            self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == "leader"
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when stopped."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=max(0.0, seconds))
+
+    # --- main loop -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Stand by / lead until :meth:`stop`; always releases the lock before returning."""
+        redis = Redis.from_url(self.redis_url, decode_responses=False, socket_timeout=5, socket_connect_timeout=2)
+        if self.settings.relay_metrics_port:
+            self.metrics.serve(self.settings.relay_metrics_port)
+        try:
+            while not self.stopping:
+                await self._session_loop(redis)
+        finally:
+            self.role = "stopped"
+            self.metrics.is_leader.set(0)
+            with contextlib.suppress(Exception):
+                await redis.aclose()
+            self.metrics.close()
+            log.info("stopped", extra={"relay_id": self.id, "role": "stopped"})
+            _fire(self.signals.stopped)
+
+    async def _session_loop(self, redis: Redis) -> None:
+        session: LeaderSession | None = None
+        try:
+            session = await LeaderSession.open(
+                self.database_url,
+                relay_id=self.id,
+                lock_key=self.settings.relay_lock_key,
+                session_timeout=self.settings.relay_session_timeout,
+            )
+            self.session = session
+            await session.register("standby")
+            self._set_role("standby")
+            next_beat = time.monotonic() + self.heartbeat_interval
+            while not self.stopping:
+                if await session.try_acquire():
+                    await self._lead(session, redis)
+                    return
+                if time.monotonic() >= next_beat:
+                    await session.heartbeat()
+                    next_beat = time.monotonic() + self.heartbeat_interval
+                await self._sleep(self.lock_retry_interval)
+        except psycopg.Error as exc:
+            if self.role == "leader":
+                log.warning(
+                    "lost leadership",
+                    extra={"relay_id": self.id, "role": "standby", "term": self.term, "error": str(exc).strip()},
+                )
+                self.metrics.is_leader.set(0)
+                _fire(self.signals.lost_leadership)
+            else:
+                log.warning("database unavailable", extra={"relay_id": self.id, "error": str(exc).strip()})
+            self.role = "lost"
+            await self._sleep(self.lock_retry_interval)
+        finally:
+            self.session = None
+            if session is not None:
+                if self.stopping and not session.conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        await session.release()
+                with contextlib.suppress(psycopg.Error):
+                    await session.close()
+
+    def _set_role(self, role: str) -> None:
+        if role == self.role:
+            return
+        self.role = role
+        extra: dict[str, Any] = {"relay_id": self.id, "role": role}
+        if role == "leader":
+            extra["term"] = self.term
+            self.metrics.is_leader.set(1)
+            log.info("leader", extra=extra)
+            _fire(self.signals.leader)
+        else:
+            self.metrics.is_leader.set(0)
+            log.info(role, extra=extra)
+            if role == "standby":
+                _fire(self.signals.standby)
+
+    # --- leading -------------------------------------------------------------------
+
+    async def _lead(self, session: LeaderSession, redis: Redis) -> None:
+        self.term = session.term
+        self._set_role("leader")
+        conn = session.conn
+        batch_size = self.settings.relay_batch_size
+        wake = asyncio.Event()
+        self._wake = wake
+        if self.stopping:
+            wake.set()
+        self.notifier = Notifier(self.database_url, wake, on_listening=lambda: _fire(self.signals.listening))
+        listener = asyncio.create_task(self.notifier.run(), name=f"{self.id}-listener")
+        publisher = Publisher(redis, self.settings.redis_prefix, batch_size=batch_size, emit_events=self.emit_events)
+        reconciler = Reconciler(
+            redis,
+            self.settings.redis_prefix,
+            publisher,
+            rate=self.settings.republish_rate,
+            batch_size=batch_size,
+            sweep_interval=self.sweep_interval,
+            sweep_min_age=self.sweep_min_age,
+            on_republished=self._on_republished,
+            on_loss=lambda: _fire(self.signals.redis_loss),
+        )
+        next_beat = 0.0
+        next_check = 0.0
+        redis_down = False
+        try:
+            while not self.stopping:
+                wake.clear()
+                now = time.monotonic()
+                if now >= next_beat:
+                    await session.heartbeat()
+                    if self.track_backlog:
+                        await self._update_backlog(conn)
+                    next_beat = now + self.heartbeat_interval
+                try:
+                    if now >= next_check:
+                        await reconciler.check(conn)
+                        next_check = now + self.epoch_check_interval
+                    result = await publisher.publish_batch(conn)
+                    await reconciler.step(conn)
+                    await reconciler.sweep(conn)
+                except RedisError as exc:
+                    if not redis_down:
+                        log.warning("Redis unavailable", extra={"relay_id": self.id, "error": str(exc)})
+                    redis_down = True
+                    next_check = 0.0  # check the epoch as soon as Redis answers again
+                    await self._wait(wake, min(0.5, self.heartbeat_interval))
+                    continue
+                if redis_down:
+                    log.info("Redis available again", extra={"relay_id": self.id})
+                    redis_down = False
+                self._record(result)
+                if result.failed and not result.published:
+                    await self._wait(wake, 0.5)
+                    continue
+                if result.selected >= batch_size or reconciler.busy():
+                    await asyncio.sleep(0)  # more is due: next batch at once
+                    continue
+                timeout = min(self.settings.poll_interval, self.heartbeat_interval, self.epoch_check_interval)
+                cur = await conn.execute(sql.RELAY_NEXT_DUE)
+                due = await cur.fetchone()
+                if due is not None and due[0] is not None:
+                    timeout = min(timeout, max(0.001, float(due[0])))
+                hint = reconciler.wait_hint()
+                if hint is not None:
+                    timeout = min(timeout, max(0.001, hint))
+                await self._wait(wake, timeout)
+        finally:
+            self._wake = None
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+            self.notifier = None
+
+    async def _wait(self, wake: asyncio.Event, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), timeout=seconds)
+
+    def _record(self, result: BatchResult) -> None:
+        if not result.selected:
+            return
+        self.metrics.batch_size.observe(result.selected)
+        if result.published:
+            self.published_total += len(result.published)
+            self.metrics.published.inc(len(result.published))
+            if self.signals.published is not None:
+                self.signals.published.put_nowait(result.published)
+
+    def _on_republished(self, ids: list[int]) -> None:
+        self.republished_total += len(ids)
+        self.metrics.republished.inc(len(ids))
+        if self.signals.republished is not None:
+            self.signals.republished.put_nowait(ids)
+
+    async def _update_backlog(self, conn: AsyncConnection[Any]) -> None:
+        cur = await conn.execute(sql.RELAY_BACKLOG)
+        row = await cur.fetchone()
+        if row is not None:
+            self.metrics.backlog.set(row[0])
+            self.metrics.oldest_age.set(row[1])
+
+
+async def run_until_published(
+    settings: Settings,
+    count: int,
+    *,
+    max_seconds: float = 60.0,
+    on_batch: Callable[[list[int]], None] | None = None,
+    **relay_options: Any,
+) -> Relay:
+    """Run a relay in-process until it has published ``count`` rows (or ``max_seconds`` pass), then stop it.
+
+    For benchmarks and tools: returns the stopped :class:`Relay` (``published_total``
+    says how many rows it published). Raises TimeoutError if fewer were published in time.
+    """
+    signals = RelaySignals(published=asyncio.Queue())
+    relay = Relay(settings, signals=signals, **relay_options)
+    task = asyncio.create_task(relay.run())
+    published = 0
+    assert signals.published is not None
+    try:
+        async with asyncio.timeout(max_seconds):
+            while published < count:
+                getter = asyncio.ensure_future(signals.published.get())
+                done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    task.result()  # the relay ended: raise its error
+                    raise RuntimeError("relay stopped before publishing every row")
+                ids = getter.result()
+                published += len(ids)
+                if on_batch is not None:
+                    on_batch(ids)
+    finally:
+        relay.stop()
+        await task
+    return relay

@@ -1,0 +1,150 @@
+"""The relay's publish loop on real PostgreSQL and Redis, in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import psycopg
+import redis.asyncio as aioredis
+
+from jobs.settings import Settings
+from jobs.streams import GROUP, stream_key
+from tests.relay_support import (
+    enqueue_sql,
+    entries,
+    entry_ids,
+    event_within,
+    get_within,
+    running_relay,
+    states,
+    wait_until,
+)
+
+
+async def test_publishes_committed_rows_to_their_stream_and_marks_them(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    async with running_relay(settings) as (relay, signals):
+        await event_within(signals.leader, 10)
+        ids = enqueue_sql(conn, 3, queue="mail", priority=7)
+        got: list[int] = []
+        while len(got) < 3:
+            assert signals.published is not None
+            got += await get_within(signals.published, 5)
+    assert sorted(got) == ids
+    found = await entries(redis, settings.redis_prefix, "mail")
+    assert sorted(int(e["id"]) for e in found) == ids
+    assert {e["_key"] for e in found} == {stream_key(settings.redis_prefix, "mail", 7)}
+    assert {e["task"] for e in found} == {"noop"}
+    assert {e["attempt"] for e in found} == {1}
+    by_id = {int(e["id"]): e["_sid"] for e in found}
+    conn.commit()
+    rows = conn.execute(
+        "SELECT id, state, publish_count, stream_id, published_at IS NOT NULL FROM outbox ORDER BY id"
+    ).fetchall()
+    assert rows == [(i, "queued", 1, by_id[i], True) for i in ids]
+    groups = await redis.xinfo_groups(stream_key(settings.redis_prefix, "mail", 7))
+    assert [g["name"] for g in groups] == [GROUP.encode()]
+
+
+async def test_backlog_is_published_in_batches_in_id_order(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    ids = enqueue_sql(conn, 25)
+    batches: list[list[int]] = []
+    async with running_relay(settings.model_copy(update={"relay_batch_size": 10})) as (relay, signals):
+        assert signals.published is not None
+        while sum(len(b) for b in batches) < 25:
+            batches.append(await get_within(signals.published, 5))
+    assert [len(b) for b in batches] == [10, 10, 5]
+    assert [i for b in batches for i in b] == ids
+    found = await entries(redis, settings.redis_prefix)
+    assert [int(e["id"]) for e in found] == ids  # XADD order = id order
+    assert set(states(conn).values()) == {("queued", 1)}
+
+
+async def test_notify_wakes_the_relay_long_before_the_poll(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    slow_poll = settings.model_copy(update={"poll_interval": 30.0})
+    async with running_relay(slow_poll, heartbeat_interval=30.0, epoch_check_interval=30.0) as (relay, signals):
+        await event_within(signals.listening, 10)
+        assert signals.published is not None
+        await asyncio.sleep(0)  # let the first idle wait begin
+        while not signals.published.empty():
+            signals.published.get_nowait()
+        start = time.monotonic()
+        ids = enqueue_sql(conn, 1)
+        assert await get_within(signals.published, 5) == ids
+        assert time.monotonic() - start < 1.0
+
+
+async def test_expired_rows_are_not_published(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    [stale] = enqueue_sql(conn, 1)
+    conn.execute("UPDATE outbox SET expires_at = now() - interval '1 second' WHERE id = %s", (stale,))
+    conn.commit()
+    [fresh] = enqueue_sql(conn, 1)
+    async with running_relay(settings) as (relay, signals):
+        assert signals.published is not None
+        assert await get_within(signals.published, 5) == [fresh]
+    assert await entry_ids(redis, settings.redis_prefix) == [fresh]
+    assert states(conn) == {stale: ("expired", 0), fresh: ("queued", 1)}
+
+
+async def test_a_row_claimed_before_the_mark_is_left_alone(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: Any
+) -> None:
+    """The mark only touches rows still unpublished: a worker's claim wins."""
+    from relay.publisher import Publisher
+
+    [job] = enqueue_sql(conn, 1)
+    await aconn.set_autocommit(True)
+    publisher = Publisher(redis, settings.redis_prefix)
+    cur = await aconn.execute("SELECT 1")
+    assert await cur.fetchone() == (1,)
+    # XADD happens, then (before the mark) a worker claims the row.
+    rows = await (
+        await aconn.execute("SELECT id, queue, task, args::text, headers::text, priority, attempts, 0 FROM outbox")
+    ).fetchall()
+    ids, sids, refused = await publisher.xadd_rows(rows)
+    conn.execute(
+        "UPDATE outbox SET state='running', attempts=1, claimed_by='w', published_at=now(), lease_until=now()+interval '30 s'"
+    )
+    conn.commit()
+    from jobs import sql
+
+    cur = await aconn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids})
+    assert cur.rowcount == 0
+    assert states(conn) == {job: ("running", 0)}
+
+
+async def test_twenty_concurrent_ensure_group_calls_all_succeed(settings: Settings, redis: aioredis.Redis) -> None:
+    from relay.publisher import ensure_group
+
+    key = stream_key(settings.redis_prefix, "race", 5)
+    clients = [aioredis.Redis.from_url(str(settings.redis_url)) for _ in range(20)]
+    try:
+        results = await asyncio.gather(*(ensure_group(c, key) for c in clients), return_exceptions=True)
+    finally:
+        for c in clients:
+            await c.aclose()
+    assert results == [None] * 20
+    groups = await redis.xinfo_groups(key)
+    assert [g["name"] for g in groups] == [GROUP.encode()]
+
+
+async def test_the_relay_never_trims_streams(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    """No MAXLEN on XADD: with a tiny stream_maxlen every entry is still there."""
+    ids = enqueue_sql(conn, 150)
+    tight = settings.model_copy(update={"stream_maxlen": 100, "relay_batch_size": 50})
+    async with running_relay(tight) as (relay, signals):
+        await wait_until(lambda: relay.published_total >= 150, 10, what="150 published")
+    key = stream_key(settings.redis_prefix, "default", 5)
+    assert await redis.xlen(key) == 150
+    assert await entry_ids(redis, settings.redis_prefix) == ids

@@ -1,0 +1,165 @@
+"""Helpers shared by the relay's integration and system tests."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import psycopg
+import redis.asyncio as aioredis
+
+from jobs.settings import Settings
+from jobs.streams import decode_entry, queue_streams
+from relay import Relay, RelaySignals
+
+Predicate = Callable[[], Any]
+
+
+async def wait_until(predicate: Predicate, timeout: float, interval: float = 0.02, what: str = "condition") -> float:
+    """Poll ``predicate`` (sync or async) until truthy; return seconds waited; fail after ``timeout``."""
+    start = time.monotonic()
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def wait_until_sync(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.02, what: str = "condition"
+) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+    return time.monotonic() - start
+
+
+async def get_within(queue: asyncio.Queue[Any], timeout: float) -> Any:
+    return await asyncio.wait_for(queue.get(), timeout=timeout)
+
+
+async def event_within(event: asyncio.Event | None, timeout: float) -> None:
+    assert event is not None
+    await asyncio.wait_for(event.wait(), timeout=timeout)
+
+
+@asynccontextmanager
+async def running_relay(settings: Settings, **options: Any) -> AsyncIterator[tuple[Relay, RelaySignals]]:
+    """A relay running in this event loop; stopped (and awaited) on exit."""
+    signals = options.pop("signals", None) or RelaySignals.all()
+    relay = Relay(settings, signals=signals, **options)
+    task = asyncio.create_task(relay.run())
+    try:
+        yield relay, signals
+    finally:
+        relay.stop()
+        await asyncio.wait_for(task, timeout=10)
+
+
+def enqueue_sql(
+    conn: psycopg.Connection[Any], n: int = 1, *, queue: str = "default", priority: int = 5, delay: float = 0.0
+) -> list[int]:
+    """Insert ``n`` noop jobs with the SQL function and commit; return their ids."""
+    ids = []
+    for _ in range(n):
+        row = conn.execute(
+            "SELECT postbox_enqueue('noop', '{}'::jsonb, %s, %s, now() + make_interval(secs => %s))",
+            (queue, priority, delay),
+        ).fetchone()
+        assert row is not None
+        ids.append(int(row[0]))
+    conn.commit()
+    return ids
+
+
+async def entries(redis: aioredis.Redis, prefix: str, queue: str = "default") -> list[dict[str, Any]]:
+    """Every entry of the queue's streams (highest priority first), decoded, with ``_sid`` and ``_key``."""
+    found: list[dict[str, Any]] = []
+    for key in queue_streams(prefix, queue):
+        for sid, fields in await redis.xrange(key):
+            entry: dict[str, Any] = dict(decode_entry(fields))
+            entry["_sid"] = sid.decode()
+            entry["_key"] = key
+            found.append(entry)
+    return found
+
+
+async def entry_ids(redis: aioredis.Redis, prefix: str, queue: str = "default") -> list[int]:
+    return sorted(int(e["id"]) for e in await entries(redis, prefix, queue))
+
+
+def states(conn: psycopg.Connection[Any]) -> dict[int, tuple[str, int]]:
+    """id -> (state, publish_count), read in a fresh transaction."""
+    conn.commit()
+    rows = conn.execute("SELECT id, state, publish_count FROM outbox ORDER BY id").fetchall()
+    conn.commit()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def leader_pid(conn: psycopg.Connection[Any], lock_key: int) -> int | None:
+    """Backend pid of the session holding the relay lock in this database, if any."""
+    conn.commit()
+    row = conn.execute(
+        """SELECT pid FROM pg_locks
+            WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database
+                                                                     WHERE datname = current_database())
+              AND classid = %s AND objid = %s""",
+        ((lock_key >> 32) & 0xFFFFFFFF, lock_key & 0xFFFFFFFF),
+    ).fetchone()
+    conn.commit()
+    return int(row[0]) if row else None
+
+
+# --- relay processes -------------------------------------------------------------------
+
+
+@contextmanager
+def relay_processes(env: dict[str, str], n: int, log_dir: Any) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``n`` real relay processes (``python -m relay run``); killed on exit. Logs go to log_dir/relay-<i>.log."""
+    procs: list[subprocess.Popen[bytes]] = []
+    files = []
+    try:
+        for i in range(n):
+            log_file = open(os.path.join(str(log_dir), f"relay-{i}.log"), "wb")  # noqa: SIM115
+            files.append(log_file)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "relay", "run", "--relay-id", f"relay-t{i}"],
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+        for log_file in files:
+            log_file.close()
+
+
+def relay_role(conn: psycopg.Connection[Any], relay_id: str) -> str | None:
+    conn.commit()
+    row = conn.execute("SELECT role FROM relays WHERE id = %s", (relay_id,)).fetchone()
+    conn.commit()
+    return str(row[0]) if row else None
