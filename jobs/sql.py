@@ -175,3 +175,237 @@ UPDATE outbox AS o
 
 # --- operations ------------------------------------------------------------------
 # (owned by app/: listings, DLQ, queue control, audit, retention)
+
+OPS_GET_JOB: LiteralString = """
+SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+       started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+       last_error_class, last_error, claimed_by, args, result
+  FROM outbox WHERE id = %(id)s
+"""
+
+OPS_JOB_HISTORY: LiteralString = """
+SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error
+  FROM job_attempts WHERE outbox_id = %(id)s
+ ORDER BY started_at, attempt
+"""
+
+# Newest first; the cursor is the last id of the previous page. NULL filters match everything.
+OPS_LIST_JOBS: LiteralString = """
+SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+       started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+       last_error_class, last_error, claimed_by
+  FROM outbox
+ WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(state)s::text IS NULL OR state = %(state)s)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+"""
+
+OPS_LIST_DEAD: LiteralString = """
+SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+       started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+       last_error_class, last_error, claimed_by
+  FROM outbox
+ WHERE state = 'dead'
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(task)s::text IS NULL OR task = %(task)s)
+   AND (%(discarded)s::boolean IS NULL OR (discarded_at IS NOT NULL) = %(discarded)s)
+   AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s
+"""
+
+# Cancel: waiting jobs end at once; a running one gets a request the worker honours.
+OPS_CANCEL_WAITING: LiteralString = """
+UPDATE outbox SET state = 'cancelled', finished_at = now(), cancel_requested_at = coalesce(cancel_requested_at, now())
+ WHERE id = %(id)s AND state IN ('pending', 'queued', 'retrying')
+RETURNING id, queue, task, state, attempts
+"""
+
+OPS_CANCEL_RUNNING: LiteralString = """
+UPDATE outbox SET cancel_requested_at = coalesce(cancel_requested_at, now())
+ WHERE id = %(id)s AND state = 'running'
+RETURNING id, queue, task, state, attempts
+"""
+
+OPS_JOB_STATE: LiteralString = """
+SELECT id, queue, task, state, attempts FROM outbox WHERE id = %(id)s
+"""
+
+# Waiting jobs of one queue, counted no further than the limit (cheap at any depth).
+OPS_QUEUE_DEPTH: LiteralString = """
+SELECT count(*) FROM (
+    SELECT 1 FROM outbox WHERE queue = %(queue)s AND state IN ('pending', 'queued', 'retrying') LIMIT %(limit)s
+) AS waiting
+"""
+
+# Per-queue counts, exact at this statement's snapshot.
+OPS_QUEUE_COUNTS: LiteralString = """
+SELECT queue,
+       count(*) FILTER (WHERE state IN ('pending', 'retrying') AND published_at IS NULL AND available_at <= now())
+           AS backlog,
+       count(*) FILTER (WHERE state = 'pending' AND available_at > now()) AS scheduled,
+       count(*) FILTER (WHERE state = 'queued') AS queued,
+       count(*) FILTER (WHERE state = 'running') AS in_flight,
+       count(*) FILTER (WHERE state = 'retrying') AS retrying,
+       count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NULL) AS dead,
+       count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NOT NULL) AS discarded,
+       extract(epoch FROM now() - min(available_at)
+           FILTER (WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()))::float8
+           AS oldest_waiting_seconds
+  FROM outbox
+ WHERE state IN ('pending', 'queued', 'running', 'retrying', 'dead')
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ GROUP BY queue
+"""
+
+OPS_QUEUE_ROWS: LiteralString = """
+SELECT name, paused, updated_at FROM queues WHERE (%(queue)s::text IS NULL OR name = %(queue)s)
+"""
+
+OPS_KNOWN_QUEUE: LiteralString = """
+SELECT EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s) OR EXISTS (SELECT 1 FROM queues WHERE name = %(queue)s)
+"""
+
+OPS_SET_PAUSED: LiteralString = """
+INSERT INTO queues (name, paused, updated_at) VALUES (%(queue)s, %(paused)s, now())
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
+RETURNING name, paused, updated_at
+"""
+
+OPS_LIST_WORKERS: LiteralString = """
+SELECT id, host, pid, queues, concurrency, started_at, last_seen, in_flight, processed, failed, stopped_at,
+       last_seen < now() - make_interval(secs => 3 * %(heartbeat)s::float8) AS stale,
+       extract(epoch FROM now() - last_seen)::float8 AS age_seconds
+  FROM workers
+ WHERE (%(id)s::text IS NULL OR id = %(id)s)
+ ORDER BY started_at DESC, id
+"""
+
+# Requeue a dead letter through the outbox. The attempts of its earlier life are
+# kept in job_attempts, moved below zero (attempt - 1,000,000 x round) so the new
+# life's attempts 1, 2, ... do not collide with them; readers map them back.
+OPS_ARCHIVE_ATTEMPTS: LiteralString = """
+UPDATE job_attempts
+   SET attempt = attempt - 1000000 * (1 + (
+           SELECT (coalesce(-min(attempt), 0) + 999999) / 1000000
+             FROM job_attempts WHERE outbox_id = %(id)s AND attempt <= 0))
+ WHERE outbox_id = %(id)s AND attempt > 0
+"""
+
+OPS_REQUEUE_DEAD: LiteralString = """
+UPDATE outbox SET state = 'pending', attempts = 0, available_at = now(), published_at = NULL, stream_id = NULL,
+       claimed_by = NULL, lease_until = NULL, started_at = NULL, finished_at = NULL, discarded_at = NULL,
+       cancel_requested_at = NULL, result = NULL, result_expires_at = NULL
+ WHERE id = %(id)s AND state = 'dead'
+RETURNING id, queue, task, state, attempts
+"""
+
+OPS_LOCK_DEAD: LiteralString = """
+SELECT id, queue, task, state, attempts, discarded_at FROM outbox WHERE id = %(id)s FOR UPDATE
+"""
+
+OPS_DISCARD_DEAD: LiteralString = """
+UPDATE outbox SET discarded_at = coalesce(discarded_at, now())
+ WHERE id = %(id)s AND state = 'dead'
+RETURNING id, queue, task, state, attempts, discarded_at
+"""
+
+OPS_PURGE_MATCH: LiteralString = """
+SELECT count(*) FROM outbox
+ WHERE queue = %(queue)s AND state = 'dead'
+   AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
+   AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
+"""
+
+OPS_PURGE: LiteralString = """
+DELETE FROM outbox
+ WHERE queue = %(queue)s AND state = 'dead'
+   AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
+   AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
+"""
+
+OPS_INSERT_AUDIT: LiteralString = """
+INSERT INTO audit_log (actor, action, target, request_id, details)
+VALUES (%(actor)s, %(action)s, %(target)s, %(request_id)s, %(details)s::jsonb)
+RETURNING id, at
+"""
+
+OPS_LIST_AUDIT: LiteralString = """
+SELECT id, at, actor, action, target, request_id, details FROM audit_log
+ WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
+ ORDER BY id DESC LIMIT %(limit)s
+"""
+
+OPS_MIGRATION_VERSION: LiteralString = """
+SELECT version_num FROM alembic_version
+"""
+
+# --- retention -------------------------------------------------------------------
+# (owned by jobs/retention.py: pruning in small batches, one short transaction each;
+# SKIP LOCKED so a row someone holds is left for the next round. %(now)s is NULL in
+# production (the database clock) and a fixed time in tests.)
+
+# Finished jobs (never dead letters: those wait for an operator's discard + purge).
+# job_attempts go with them (ON DELETE CASCADE); results live in the outbox row.
+RETENTION_DELETE_FINISHED: LiteralString = """
+WITH doomed AS (
+    SELECT id FROM outbox
+     WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+       AND state IN ('succeeded', 'cancelled', 'expired')
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox o USING doomed d WHERE o.id = d.id
+RETURNING o.id
+"""
+
+RETENTION_COUNT_FINISHED: LiteralString = """
+SELECT count(*) FROM outbox
+ WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+   AND state IN ('succeeded', 'cancelled', 'expired')
+"""
+
+# Idempotency markers, only once their job is finished for good (or gone): a
+# marker of a job that may still run (or be requeued from the DLQ) is kept.
+RETENTION_DELETE_PROCESSED: LiteralString = """
+WITH doomed AS (
+    SELECT p.outbox_id FROM processed_jobs p
+     WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+       AND NOT EXISTS (SELECT 1 FROM outbox o
+                        WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
+     ORDER BY p.processed_at
+     LIMIT %(limit)s
+       FOR UPDATE OF p SKIP LOCKED
+)
+DELETE FROM processed_jobs p USING doomed d WHERE p.outbox_id = d.outbox_id
+RETURNING p.outbox_id
+"""
+
+RETENTION_COUNT_PROCESSED: LiteralString = """
+SELECT count(*) FROM processed_jobs p
+ WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+   AND NOT EXISTS (SELECT 1 FROM outbox o
+                    WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
+"""
+
+# Results past their own expiry (result_expires_at, set from the task's result
+# TTL) are cleared on rows that are kept.
+RETENTION_CLEAR_RESULTS: LiteralString = """
+WITH doomed AS (
+    SELECT id FROM outbox
+     WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY result_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o SET result = NULL, result_expires_at = NULL FROM doomed d WHERE o.id = d.id
+RETURNING o.id
+"""
+
+RETENTION_COUNT_RESULTS: LiteralString = """
+SELECT count(*) FROM outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+"""

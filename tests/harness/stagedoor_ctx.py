@@ -58,7 +58,9 @@ class DbJobContext:
     def transaction(self) -> Any:
         return self._transaction()
 
-    async def enqueue(self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Any) -> int:
+    async def enqueue(
+        self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Any
+    ) -> int:
         if self._conn is None:
             raise RuntimeError("ctx.enqueue needs an open ctx.transaction()")
         return await enqueue_async(self._conn, task, args, **options)

@@ -155,7 +155,9 @@ async def test_api_refused_order(
     event = (await api.post("/api/v1/events", json={"name": "Tiny", "capacity": 3})).json()
     if isinstance(body, dict) and body.get("event_id") == "EVENT":
         body = {**body, "event_id": event["id"]}
-    response = await api.post("/api/v1/orders", content=orjson.dumps(body), headers={"content-type": "application/json"})
+    response = await api.post(
+        "/api/v1/orders", content=orjson.dumps(body), headers={"content-type": "application/json"}
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert error["code"] == code and error["message"] and isinstance(error["details"], dict)

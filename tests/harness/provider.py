@@ -1,0 +1,74 @@
+"""The example mail provider as a real process, for tests that count deliveries at the provider."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ProviderProcess:
+    """``postbox provider run`` on a free port; ``stop()`` always (a fixture does)."""
+
+    def __init__(self, database_url: str, extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = [
+            sys.executable,
+            "-m",
+            "app",
+            "provider",
+            "run",
+            "--port",
+            str(self.port),
+            "--database-url",
+            database_url,
+            *extra_args,
+        ]
+        self.env = dict(env if env is not None else os.environ)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 20.0) -> ProviderProcess:
+        self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                raise RuntimeError(f"provider exited with {self.proc.returncode}: {err[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("provider did not become healthy in time")
+
+    def messages(self) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/v1/messages", timeout=10)
+        response.raise_for_status()
+        result: list[dict[str, Any]] = response.json()
+        return result
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
