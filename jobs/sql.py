@@ -409,3 +409,70 @@ RETURNING o.id
 RETENTION_COUNT_RESULTS: LiteralString = """
 SELECT count(*) FROM outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
 """
+
+# --- retention -------------------------------------------------------------------
+# (owned by jobs/retention.py: pruning in small batches, one short transaction each;
+# SKIP LOCKED so a row someone holds is left for the next round. %(now)s is NULL in
+# production (the database clock) and a fixed time in tests.)
+
+# Finished jobs (never dead letters: those wait for an operator's discard + purge).
+# job_attempts go with them (ON DELETE CASCADE); results live in the outbox row.
+RETENTION_DELETE_FINISHED: LiteralString = """
+WITH doomed AS (
+    SELECT id FROM outbox
+     WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+       AND state IN ('succeeded', 'cancelled', 'expired')
+     ORDER BY finished_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox o USING doomed d WHERE o.id = d.id
+RETURNING o.id
+"""
+
+RETENTION_COUNT_FINISHED: LiteralString = """
+SELECT count(*) FROM outbox
+ WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+   AND state IN ('succeeded', 'cancelled', 'expired')
+"""
+
+# Idempotency markers, only once their job is finished for good (or gone): a
+# marker of a job that may still run (or be requeued from the DLQ) is kept.
+RETENTION_DELETE_PROCESSED: LiteralString = """
+WITH doomed AS (
+    SELECT p.outbox_id FROM processed_jobs p
+     WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+       AND NOT EXISTS (SELECT 1 FROM outbox o
+                        WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
+     ORDER BY p.processed_at
+     LIMIT %(limit)s
+       FOR UPDATE OF p SKIP LOCKED
+)
+DELETE FROM processed_jobs p USING doomed d WHERE p.outbox_id = d.outbox_id
+RETURNING p.outbox_id
+"""
+
+RETENTION_COUNT_PROCESSED: LiteralString = """
+SELECT count(*) FROM processed_jobs p
+ WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+   AND NOT EXISTS (SELECT 1 FROM outbox o
+                    WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
+"""
+
+# Results past their own expiry (result_expires_at, set from the task's result
+# TTL) are cleared on rows that are kept.
+RETENTION_CLEAR_RESULTS: LiteralString = """
+WITH doomed AS (
+    SELECT id FROM outbox
+     WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY result_expires_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox o SET result = NULL, result_expires_at = NULL FROM doomed d WHERE o.id = d.id
+RETURNING o.id
+"""
+
+RETENTION_COUNT_RESULTS: LiteralString = """
+SELECT count(*) FROM outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+"""

@@ -59,6 +59,8 @@ CREATE INDEX outbox_inflight ON outbox (id) WHERE state IN ('queued', 'running')
 CREATE UNIQUE INDEX outbox_dedup ON outbox (queue, dedup_key) WHERE dedup_key IS NOT NULL;
 CREATE INDEX outbox_queue_state ON outbox (queue, state);
 CREATE INDEX outbox_finished ON outbox (finished_at) WHERE finished_at IS NOT NULL;
+-- Retention: results past their TTL are cleared (jobs/retention.py).
+CREATE INDEX outbox_result_expiry ON outbox (result_expires_at) WHERE result_expires_at IS NOT NULL;
 
 -- One row per attempt: the history the API and the dead letters show.
 CREATE TABLE job_attempts (

@@ -1,0 +1,182 @@
+"""Retention: delete what is past its keep-by date, in small batches.
+
+Three kinds of rows, each pruned by its own statement (``jobs.sql`` retention):
+
+- ``finished``: outbox rows in succeeded, cancelled or expired whose
+  ``finished_at`` is older than ``retention_finished_days``; their
+  ``job_attempts`` go with them (ON DELETE CASCADE), and so do their results
+  and dedup keys. Dead letters are never pruned here: they stay until an
+  operator discards and purges them (``postbox dlq purge``).
+- ``processed``: ``processed_jobs`` markers older than
+  ``retention_processed_days`` whose job is finished for good or gone.
+- ``results``: results past their own ``result_expires_at`` are cleared on the
+  rows that are kept.
+
+Every batch (``prune_batch_size`` rows, ``FOR UPDATE SKIP LOCKED``) is its own
+short transaction, so producers, workers and the relay are never held up by a
+long delete. Call it with a connection outside any transaction. ``now`` pins
+the clock (tests); production leaves it None and the database's ``now()`` is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, LiteralString
+
+from psycopg import AsyncConnection, Connection
+from psycopg.pq import TransactionStatus
+
+from jobs import sql
+from jobs.settings import Settings
+
+SECONDS_PER_DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kind of row to prune: its delete and its dry-run count."""
+
+    kind: str
+    delete: LiteralString
+    count: LiteralString
+    age_seconds: float | None  # None: the statement compares with now() itself
+
+
+def steps(settings: Settings) -> list[Step]:
+    """What a prune does, in order, for these settings."""
+    return [
+        Step(
+            "finished",
+            sql.RETENTION_DELETE_FINISHED,
+            sql.RETENTION_COUNT_FINISHED,
+            settings.retention_finished_days * SECONDS_PER_DAY,
+        ),
+        Step(
+            "processed",
+            sql.RETENTION_DELETE_PROCESSED,
+            sql.RETENTION_COUNT_PROCESSED,
+            settings.retention_processed_days * SECONDS_PER_DAY,
+        ),
+        Step("results", sql.RETENTION_CLEAR_RESULTS, sql.RETENTION_COUNT_RESULTS, None),
+    ]
+
+
+@dataclass
+class PruneReport:
+    """What a prune removed (or, with dry_run, would remove)."""
+
+    dry_run: bool = False
+    finished: int = 0  # outbox rows deleted (with their attempts and results)
+    processed: int = 0  # processed_jobs rows deleted
+    results: int = 0  # results cleared on kept rows
+    batches: list[tuple[str, int]] = field(default_factory=list)  # (kind, rows) per committed batch
+    complete: bool = True  # False when max_batches stopped it before the end
+
+    @property
+    def total(self) -> int:
+        return self.finished + self.processed + self.results
+
+    def add(self, kind: str, rows: int) -> None:
+        setattr(self, kind, getattr(self, kind) + rows)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "finished": self.finished,
+            "processed": self.processed,
+            "results": self.results,
+            "batches": len(self.batches),
+            "complete": self.complete,
+        }
+
+
+def _params(step: Step, now: datetime | None, limit: int) -> dict[str, Any]:
+    return {"now": now, "age": step.age_seconds, "limit": limit}
+
+
+def _check_idle(status: TransactionStatus) -> None:
+    if status != TransactionStatus.IDLE:
+        raise ValueError("prune needs a connection outside any transaction: each batch commits on its own")
+
+
+def prune(
+    conn: Connection[Any],
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    max_batches: int | None = None,
+    on_batch: Callable[[str, int], None] | None = None,
+) -> PruneReport:
+    """Prune on a sync connection; see the module doc.
+
+    ``max_batches`` bounds the work of one call (a periodic duty); the report's
+    ``complete`` says whether everything due was removed. ``on_batch`` is a test
+    hook, called after each committed batch.
+    """
+    _check_idle(conn.info.transaction_status)
+    report = PruneReport(dry_run=dry_run)
+    limit = settings.prune_batch_size
+    for step in steps(settings):
+        params = _params(step, now, limit)
+        if dry_run:
+            row = conn.execute(step.count, params).fetchone()
+            conn.commit()
+            report.add(step.kind, int(row[0]) if row else 0)
+            continue
+        while True:
+            if max_batches is not None and len(report.batches) >= max_batches:
+                report.complete = False
+                return report
+            with conn.transaction():
+                rows = len(conn.execute(step.delete, params).fetchall())
+            if rows == 0:
+                break
+            report.add(step.kind, rows)
+            report.batches.append((step.kind, rows))
+            if on_batch is not None:
+                on_batch(step.kind, rows)
+            if rows < limit:
+                break
+    return report
+
+
+async def prune_async(
+    conn: AsyncConnection[Any],
+    settings: Settings,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    max_batches: int | None = None,
+    on_batch: Callable[[str, int], None] | None = None,
+) -> PruneReport:
+    """:func:`prune` on an async connection (for the relay's periodic duty)."""
+    _check_idle(conn.info.transaction_status)
+    report = PruneReport(dry_run=dry_run)
+    limit = settings.prune_batch_size
+    for step in steps(settings):
+        params = _params(step, now, limit)
+        if dry_run:
+            cur = await conn.execute(step.count, params)
+            row = await cur.fetchone()
+            await conn.commit()
+            report.add(step.kind, int(row[0]) if row else 0)
+            continue
+        while True:
+            if max_batches is not None and len(report.batches) >= max_batches:
+                report.complete = False
+                return report
+            async with conn.transaction():
+                cur = await conn.execute(step.delete, params)
+                rows = len(await cur.fetchall())
+            if rows == 0:
+                break
+            report.add(step.kind, rows)
+            report.batches.append((step.kind, rows))
+            if on_batch is not None:
+                on_batch(step.kind, rows)
+            if rows < limit:
+                break
+    return report
