@@ -1,0 +1,143 @@
+"""Every error the API returns has one shape: ``{"error": {"code", "message", "details"}}``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api.schemas import ErrorResponse
+from jobs.control import ControlError, QueueFullError
+from jobs.errors import EnqueueError, PayloadTooLargeError, UnknownTaskError
+
+log = logging.getLogger("postbox.api")
+
+HTTP_CODES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "FORBIDDEN",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    406: "NOT_ACCEPTABLE",
+    409: "CONFLICT",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: "VALIDATION_ERROR",
+    429: "TOO_MANY_REQUESTS",
+    503: "SERVICE_UNAVAILABLE",
+}
+
+
+class ApiError(Exception):
+    """Raised by endpoints for a specific status and code."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = dict(details or {})
+        self.headers = dict(headers or {})
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    details: Mapping[str, Any] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "details": dict(details or {})}}
+    return JSONResponse(body, status_code=status, headers=dict(headers or {}))
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries for the error statuses a route may return."""
+    return {status: {"model": ErrorResponse, "description": HTTP_CODES.get(status, "error")} for status in statuses}
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+async def _validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [{"field": _field(e.get("loc", ())), "message": str(e.get("msg", "invalid"))} for e in exc.errors()]
+    first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+    return error_response(
+        422,
+        "VALIDATION_ERROR",
+        f"{first['field']}: {first['message']}",
+        {"field": first["field"], "errors": errors},
+    )
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+    message = str(exc.detail) if exc.detail else code.lower()
+    if exc.status_code == 404 and message == "Not Found":
+        message = f"no route {request.method} {request.url.path}"
+    return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None) or {})
+
+
+async def _api(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+
+async def _control(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ControlError)
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFullError) else {}
+    return error_response(exc.status, exc.code, str(exc), exc.details, headers)
+
+
+def enqueue_status(exc: EnqueueError) -> int:
+    if isinstance(exc, PayloadTooLargeError):
+        return 413
+    if isinstance(exc, UnknownTaskError):
+        return 400
+    return 422
+
+
+async def _enqueue(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, EnqueueError)
+    details = dict(exc.details)
+    if exc.field:
+        details.setdefault("field", exc.field)
+    return error_response(enqueue_status(exc), exc.code, str(exc), details)
+
+
+async def _data(request: Request, exc: Exception) -> JSONResponse:
+    # A value PostgreSQL refuses (out of range, NUL byte...): the caller's input, not our fault.
+    log.info("refused input: %s", type(exc).__name__)
+    return error_response(400, "INVALID_INPUT", "a value was refused by the database (out of range or malformed)")
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "INTERNAL_ERROR", "internal error; see the server log")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(ApiError, _api)
+    app.add_exception_handler(ControlError, _control)
+    app.add_exception_handler(EnqueueError, _enqueue)
+    app.add_exception_handler(psycopg.DataError, _data)
+    app.add_exception_handler(Exception, _unexpected)

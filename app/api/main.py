@@ -1,0 +1,118 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Resources (a PostgreSQL pool, Redis clients, the event hub) are built in the
+app's lifespan, never at import time. Tasks are loaded from ``POSTBOX_TASKS``
+(the same modules the workers load) so enqueues are validated here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from fastapi import FastAPI, Request, Response
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from app.api import errors, routes_dlq, routes_jobs, routes_queues, routes_system, stagedoor
+from app.api.events_hub import EventHub
+from app.api.metrics import ApiMetrics
+from app.api.state import ApiState, request_id
+from jobs import migrate
+from jobs.registry import Registry, default_registry, load_task_modules
+from jobs.settings import Settings
+
+log = logging.getLogger("postbox.api")
+BODY_SLACK = 65_536  # JSON envelope allowed on top of the args limit
+ENQUEUE_PATH = "/api/v1/jobs"
+
+
+def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
+    """The API on ``settings``' PostgreSQL and Redis; ``registry`` defaults to the process-wide one."""
+    database_url = settings.require_database_url()
+    redis_url = settings.require_redis_url()
+    if registry is None:
+        load_task_modules(settings.tasks)
+        registry = default_registry
+    task_registry = registry
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            database_url,
+            min_size=1,
+            max_size=10,
+            open=False,
+            timeout=5.0,
+            kwargs={"application_name": "postbox-api"},
+            name="postbox-api",
+        )
+        await pool.open(wait=False)
+        client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=2.0, socket_timeout=5.0)
+        hub = EventHub(lambda: aioredis.Redis.from_url(redis_url, socket_connect_timeout=2.0), settings.redis_prefix)
+        app.state.postbox = ApiState(
+            settings=settings,
+            registry=task_registry,
+            pool=pool,
+            redis=client,
+            hub=hub,
+            metrics=metrics,
+            head_revision=migrate.head_revision(),
+        )
+        try:
+            yield
+        finally:
+            await hub.close()
+            await client.aclose()
+            await pool.close()
+
+    app = FastAPI(
+        title="postbox",
+        version="0.1.0",
+        description="Jobs, queues, workers and dead letters of a postbox deployment. "
+        'Errors are always `{"error": {"code", "message", "details"}}`.',
+        lifespan=lifespan,
+    )
+    metrics = ApiMetrics()
+    errors.install(app)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        rid = request_id(request)
+        request.state.request_id = rid
+        if request.method == "POST" and request.url.path == ENQUEUE_PATH:
+            length = request.headers.get("content-length", "")
+            if length.isdigit() and int(length) > settings.max_payload_bytes + BODY_SLACK:
+                response: Response = errors.error_response(
+                    413,
+                    "PAYLOAD_TOO_LARGE",
+                    f"request body is {length} bytes, over the limit",
+                    {"field": "args", "limit": settings.max_payload_bytes},
+                )
+                _count(request, response, started)
+                return response
+        response = await call_next(request)
+        response.headers["X-Request-ID"] = rid
+        _count(request, response, started)
+        return response
+
+    def _count(request: Request, response: Response, started: float) -> None:
+        route = request.scope.get("route")
+        template = getattr(route, "path", None)
+        if template is None:
+            template = "unmatched"
+        elif request.url.path.startswith("/api/v1/"):  # included routes keep their own, unprefixed path
+            template = "/api/v1" + template
+        metrics.requests.labels(request.method, template, str(response.status_code)).inc()
+        metrics.duration.labels(request.method, template).observe(time.perf_counter() - started)
+
+    app.include_router(routes_system.router)
+    for router in (routes_jobs.router, routes_queues.queues, routes_queues.workers, routes_dlq.router):
+        app.include_router(router, prefix="/api/v1")
+    app.include_router(stagedoor.router, prefix="/api/v1")
+    return app

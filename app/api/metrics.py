@@ -1,0 +1,81 @@
+"""Prometheus metrics of the API process: request counters and queue gauges.
+
+Queue gauges are computed at scrape time from PostgreSQL and Redis (the same
+numbers as ``GET /api/v1/queues``). Labels are bounded: queue, kind, method,
+route template, status, worker status — never ids, payloads or error text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+COUNT_KINDS = ("backlog", "scheduled", "queued", "in_flight", "retrying", "dead", "discarded")
+
+
+class QueueCollector(Collector):
+    """Yields the gauges of the latest snapshot (set just before each scrape)."""
+
+    def __init__(self) -> None:
+        self.queues: Sequence[dict[str, Any]] = ()
+        self.workers: dict[str, int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily(
+            "postbox_queue_jobs", "Jobs of a queue by kind (exact, PostgreSQL).", labels=["queue", "kind"]
+        )
+        paused = GaugeMetricFamily("postbox_queue_paused", "1 when the queue is paused.", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "postbox_queue_oldest_waiting_seconds", "Age of the oldest due, unstarted job.", labels=["queue"]
+        )
+        entries = GaugeMetricFamily(
+            "postbox_queue_stream_entries", "Entries in the queue's Redis streams (approximate).", labels=["queue"]
+        )
+        pending = GaugeMetricFamily(
+            "postbox_queue_stream_pending", "Delivered, unacknowledged stream entries (approximate).", labels=["queue"]
+        )
+        for q in self.queues:
+            name = q["queue"]
+            for kind in COUNT_KINDS:
+                jobs.add_metric([name, kind], float(q[kind]))
+            paused.add_metric([name], 1.0 if q["paused"] else 0.0)
+            oldest.add_metric([name], float(q["oldest_waiting_seconds"] or 0.0))
+            if q["in_streams"] is not None:
+                entries.add_metric([name], float(q["in_streams"]))
+            if q["stream_pending"] is not None:
+                pending.add_metric([name], float(q["stream_pending"]))
+        workers = GaugeMetricFamily("postbox_workers", "Registered workers by status.", labels=["status"])
+        for status in ("live", "stale", "stopped"):
+            workers.add_metric([status], float(self.workers.get(status, 0)))
+        yield from (jobs, paused, oldest, entries, pending, workers)
+
+
+class ApiMetrics:
+    """One registry per app (so several apps in one process do not collide)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "postbox_api_requests",
+            "HTTP requests served.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "postbox_api_request_duration_seconds",
+            "HTTP request duration.",
+            ["method", "route"],
+            registry=self.registry,
+        )
+        self.enqueued = Counter(
+            "postbox_api_enqueued", "Jobs enqueued through the API.", ["queue", "outcome"], registry=self.registry
+        )
+        self.queues = QueueCollector()
+        self.registry.register(self.queues)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,163 @@
+"""``/api/v1/jobs``: enqueue, get (with history), result, list, cancel."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from psycopg import AsyncConnection
+
+from app.api import results
+from app.api.errors import responses
+from app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
+from app.api.state import Destructive, api_state, db, read_access
+from jobs import control
+from jobs.control import Actor
+from jobs.errors import InvalidArgsError, InvalidOptionError
+from jobs.producer import Limits, prepare
+from jobs.states import ALL_STATES
+
+log = logging.getLogger("postbox.api")
+router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)])
+
+JobId = Annotated[int, Path(ge=1, le=control.MAX_BIGINT, description="The job's outbox id.")]
+QueueFilter = Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
+TaskFilter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
+Limit = Annotated[int, Query(ge=1, le=control.MAX_PAGE)]
+Cursor = Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")]
+StateFilter = Annotated[str | None, Query(pattern="^(" + "|".join(ALL_STATES) + ")$")]
+
+
+def _reject_nul(value: Any, path: str = "args") -> None:
+    """PostgreSQL's jsonb cannot hold U+0000: refuse it up front, naming the field."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidArgsError(f"{path}: text must not contain U+0000", field=path)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if "\x00" in key:
+                raise InvalidArgsError(f"{path}: keys must not contain U+0000", field=path)
+            _reject_nul(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _reject_nul(item, f"{path}.{index}")
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=EnqueuedJob,
+    summary="Enqueue a job",
+    responses={
+        200: {"model": EnqueuedJob, "description": "An existing job with the same key."},
+        **responses(400, 401, 413, 422, 429),
+    },
+)
+async def enqueue(
+    body: EnqueueRequest,
+    request: Request,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None,
+        Header(alias="Idempotency-Key", max_length=512, description="Dedup key; wins over the body's dedup_key."),
+    ] = None,
+) -> dict[str, Any]:
+    st = api_state(request)
+    _reject_nul(body.args)
+    key = idempotency_key or body.dedup_key
+    if key is not None and "\x00" in key:
+        raise InvalidOptionError("dedup key must not contain U+0000", field="dedup_key")
+    row = prepare(
+        body.task,
+        body.args,
+        queue=body.queue,
+        priority=body.priority,
+        delay=body.delay_seconds,
+        run_at=body.run_at,
+        max_attempts=body.max_attempts,
+        dedup_key=key,
+        keep_result=body.keep_result,
+        registry=st.registry,
+        limits=Limits(max_payload_bytes=st.settings.max_payload_bytes),
+    )
+    async with st.pool.connection() as conn:
+        try:
+            job_id, created = await control.enqueue_job(conn, row, max_queue_depth=st.settings.max_queue_depth)
+        except control.QueueFullError:
+            st.metrics.enqueued.labels(row.queue, "queue_full").inc()
+            raise
+        job = await control.get_job(conn, job_id)
+    st.metrics.enqueued.labels(row.queue, "created" if created else "duplicate").inc()
+    if created:
+        log.info("enqueued", extra={"outbox_id": job_id, "task": row.task, "queue": row.queue})
+        await control.publish_event(
+            st.redis, st.settings.redis_prefix, "enqueued", job_id=job_id, queue=row.queue, task=row.task
+        )
+    else:
+        response.status_code = 200
+    job["duplicate"] = not created
+    return job
+
+
+@router.get("", response_model=JobPage, summary="List jobs, newest first", responses=responses(400, 401, 422))
+async def list_jobs(
+    conn: Annotated[AsyncConnection[Any], Depends(db)],
+    queue: QueueFilter = None,
+    task: TaskFilter = None,
+    state: StateFilter = None,
+    limit: Limit = 50,
+    cursor: Cursor = None,
+) -> dict[str, Any]:
+    page = await control.list_jobs(conn, queue=queue, task=task, state=state, limit=limit, cursor=cursor)
+    return {"items": page.items, "next_cursor": page.next_cursor}
+
+
+@router.get(
+    "/{job_id}", response_model=Job, summary="A job with its attempt history", responses=responses(401, 404, 422)
+)
+async def get_job(job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> dict[str, Any]:
+    return await control.get_job(conn, job_id)
+
+
+@router.get(
+    "/{job_id}/result",
+    response_model=JobResult,
+    summary="A job's result, waiting up to `wait` seconds for it to finish",
+    responses=responses(401, 404, 422),
+)
+async def get_result(
+    job_id: JobId,
+    request: Request,
+    wait: Annotated[float, Query(ge=0, le=60, description="Seconds to wait for the job to finish.")] = 0,
+) -> dict[str, Any]:
+    st = api_state(request)
+    return await results.wait_result(st, job_id, wait)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=202,
+    response_model=CancelResult,
+    summary="Cancel a job (waiting: now; running: cooperatively)",
+    responses=responses(401, 404, 409, 422),
+)
+async def cancel(
+    job_id: JobId,
+    request: Request,
+    conn: Annotated[AsyncConnection[Any], Depends(db)],
+    actor: Actor = Destructive,
+) -> dict[str, Any]:
+    st = api_state(request)
+    outcome = await control.cancel_job(conn, job_id, actor)
+    if not outcome["cancel_requested"]:
+        await control.publish_event(
+            st.redis,
+            st.settings.redis_prefix,
+            "cancelled",
+            job_id=job_id,
+            queue=outcome["queue"],
+            task=outcome["task"],
+            attempt=outcome["attempts"],
+        )
+    return outcome

@@ -1,0 +1,63 @@
+"""``/api/v1/queues`` and ``/api/v1/workers``: stats, pause/resume, the heartbeat registry."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from psycopg import AsyncConnection
+
+from app.api.errors import responses
+from app.api.schemas import QUEUE_PATTERN, QueueState, QueueStats, Worker
+from app.api.state import Destructive, api_state, db, read_access
+from jobs import control
+from jobs.control import Actor
+
+queues = APIRouter(prefix="/queues", tags=["queues"], dependencies=[Depends(read_access)])
+workers = APIRouter(prefix="/workers", tags=["workers"], dependencies=[Depends(read_access)])
+
+QueueName = Annotated[str, Path(pattern=QUEUE_PATTERN, description="Queue name.")]
+WorkerId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
+
+
+@queues.get("", response_model=list[QueueStats], summary="Stats of every known queue", responses=responses(401))
+async def list_queues(request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
+    st = api_state(request)
+    return await control.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues())
+
+
+@queues.get("/{queue}", response_model=QueueStats, summary="Stats of one queue", responses=responses(401, 404, 422))
+async def get_queue(
+    queue: QueueName, request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]
+) -> dict[str, Any]:
+    st = api_state(request)
+    found = await control.queue_stats(
+        conn, st.redis, st.settings.redis_prefix, queue=queue, extra_queues=st.registry.queues()
+    )
+    return found[0]
+
+
+@queues.post("/{queue}/pause", response_model=QueueState, summary="Pause a queue", responses=responses(401, 422))
+async def pause(
+    queue: QueueName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
+) -> dict[str, Any]:
+    return await control.set_paused(conn, queue, True, actor)
+
+
+@queues.post("/{queue}/resume", response_model=QueueState, summary="Resume a queue", responses=responses(401, 422))
+async def resume(
+    queue: QueueName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
+) -> dict[str, Any]:
+    return await control.set_paused(conn, queue, False, actor)
+
+
+@workers.get("", response_model=list[Worker], summary="Registered workers", responses=responses(401))
+async def list_workers(request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
+    return await control.list_workers(conn, heartbeat_interval=api_state(request).settings.heartbeat_interval)
+
+
+@workers.get("/{worker_id}", response_model=Worker, summary="One worker", responses=responses(401, 404, 422))
+async def get_worker(
+    worker_id: WorkerId, request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]
+) -> dict[str, Any]:
+    return await control.get_worker(conn, worker_id, heartbeat_interval=api_state(request).settings.heartbeat_interval)

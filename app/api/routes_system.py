@@ -1,0 +1,151 @@
+"""Root endpoints: ``/health``, ``/ready``, ``/metrics`` and ``WS /ws/events``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from app.api.errors import error_response, responses
+from app.api.events_hub import ClientBuffer
+from app.api.schemas import Health, Ready
+from app.api.state import ApiState, api_state, key_matches
+from jobs import control, sql
+
+log = logging.getLogger("postbox.api")
+router = APIRouter(tags=["system"])
+CHECK_TIMEOUT = 2.0
+WS_OVERFLOW = 1013  # "try again later": the client fell more than the buffer behind
+
+
+@router.get("/health", response_model=Health, summary="The process is alive")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+async def _check_postgres(st: ApiState) -> tuple[str, str]:
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT), st.pool.connection(timeout=CHECK_TIMEOUT) as conn:
+            cur = await conn.execute(sql.OPS_MIGRATION_VERSION)
+            row = await cur.fetchone()
+    except Exception as exc:
+        return f"unreachable: {type(exc).__name__}", "unknown"
+    version = row[0] if row else None
+    migrations = "ok" if version == st.head_revision else f"at {version}, head is {st.head_revision}"
+    return "ok", migrations
+
+
+async def _check_redis(st: ApiState) -> str:
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT):
+            await st.redis.ping()
+    except Exception as exc:
+        return f"unreachable: {type(exc).__name__}"
+    return "ok"
+
+
+@router.get(
+    "/ready",
+    response_model=Ready,
+    summary="PostgreSQL and Redis reachable, migrations at head",
+    responses=responses(503),
+)
+async def ready(request: Request) -> Any:
+    st = api_state(request)
+    (postgres, migrations), redis = await asyncio.gather(_check_postgres(st), _check_redis(st))
+    checks = {"postgresql": postgres, "redis": redis, "migrations": migrations}
+    failing = [name for name, value in checks.items() if value != "ok"]
+    if failing:
+        return error_response(
+            503,
+            "NOT_READY",
+            "not ready: " + ", ".join(f"{name} {checks[name]}" for name in failing),
+            {"failing": failing, "checks": checks},
+        )
+    return {"status": "ready", "checks": checks}
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Exposition text."}},
+)
+async def metrics(request: Request) -> Response:
+    st = api_state(request)
+    collector = st.metrics.queues
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT * 2), st.pool.connection(timeout=CHECK_TIMEOUT) as conn:
+            collector.queues = await control.queue_stats(
+                conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues()
+            )
+            found = await control.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
+        collector.workers = {
+            "live": sum(1 for w in found if not w["stale"] and not w["stopped"]),
+            "stale": sum(1 for w in found if w["stale"]),
+            "stopped": sum(1 for w in found if w["stopped"]),
+        }
+    except Exception as exc:  # serve the request counters even when a store is down
+        log.warning("queue gauges unavailable: %s", type(exc).__name__)
+        collector.queues, collector.workers = (), {}
+    return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.websocket("/ws/events")
+async def events(
+    websocket: WebSocket,
+    job_id: int | None = Query(default=None),
+    queue: str | None = Query(default=None),
+) -> None:
+    """Job lifecycle events as JSON text frames; optional filters ``job_id`` and ``queue``."""
+    st: ApiState = websocket.app.state.postbox
+    settings = st.settings
+    if settings.api_key and settings.api_key_for_all:
+        given = websocket.headers.get("x-api-key") or websocket.query_params.get("api_key")
+        if not key_matches(given, settings.api_key):
+            await websocket.close(code=1008, reason="missing or invalid API key")
+            return
+
+    def accept(evt: dict[str, Any]) -> bool:
+        return (job_id is None or evt.get("job_id") == job_id) and (queue is None or evt.get("queue") == queue)
+
+    buffer = ClientBuffer(accept=accept)
+    try:
+        await st.hub.add(buffer)
+    except TimeoutError:
+        await websocket.close(code=1011, reason="event source (Redis) unavailable")
+        return
+    await websocket.accept()
+    receiver = asyncio.create_task(_drain_incoming(websocket))
+    try:
+        while True:
+            getter = asyncio.ensure_future(buffer.next())
+            done, _ = await asyncio.wait({getter, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            if receiver in done:
+                getter.cancel()
+                break
+            evt = getter.result()
+            if evt is None:
+                await websocket.close(code=WS_OVERFLOW, reason="client too slow: event buffer overflowed")
+                break
+            await websocket.send_json(evt)
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        st.hub.remove(buffer)
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await receiver
+
+
+async def _drain_incoming(websocket: WebSocket) -> None:
+    """Returns when the client disconnects (incoming messages are ignored)."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return

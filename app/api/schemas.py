@@ -1,0 +1,184 @@
+"""Request and response bodies of the REST API (they make the OpenAPI schema)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable code, e.g. NOT_FOUND, QUEUE_FULL, VALIDATION_ERROR.")
+    message: str = Field(description="Human-readable explanation.")
+    details: dict[str, Any] = Field(default_factory=dict, description="Extra context (field, state, limits...).")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+class EnqueueRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, max_length=200, description="Registered task name.")
+    args: dict[str, Any] = Field(default_factory=dict, description="Handler arguments (validated by the task).")
+    queue: str | None = Field(default=None, pattern=QUEUE_PATTERN, description="Override the task's queue.")
+    priority: int | None = Field(default=None, ge=0, le=9, description="0-9, 9 highest.")
+    delay_seconds: float | None = Field(default=None, ge=0, le=315_360_000, description="Run after this delay.")
+    run_at: datetime | None = Field(default=None, description="Run at this time (timezone-aware).")
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    dedup_key: str | None = Field(
+        default=None, min_length=1, max_length=512, description="Per-queue dedup key (Idempotency-Key header wins)."
+    )
+    keep_result: bool | None = Field(default=None, description="Keep the handler's return value.")
+
+
+class Attempt(BaseModel):
+    attempt: int = Field(description="Attempt number within its life (1 = first).")
+    life: int = Field(description="1 for the job's first life; +1 after each DLQ requeue.")
+    worker_id: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str | None = Field(description="succeeded, retry, dead, cancelled, lost, duplicate; null while running.")
+    error_class: str | None
+    error: str | None
+
+
+class JobSummary(BaseModel):
+    id: int
+    task: str
+    queue: str
+    priority: int
+    state: str
+    attempts: int
+    max_attempts: int
+    created_at: datetime
+    available_at: datetime
+    published_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    cancel_requested_at: datetime | None
+    discarded_at: datetime | None
+    dedup_key: str | None
+    worker_id: str | None
+    last_error_class: str | None
+    last_error: str | None
+
+
+class Job(JobSummary):
+    args: dict[str, Any]
+    keep_result: bool
+    result: Any = Field(default=None, description="The handler's return value when kept.")
+    history: list[Attempt]
+
+
+class EnqueuedJob(Job):
+    duplicate: bool = Field(description="True when an existing job with the same key was returned.")
+
+
+class JobPage(BaseModel):
+    items: list[JobSummary]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; null at the end.")
+
+
+class CancelResult(BaseModel):
+    id: int
+    queue: str
+    task: str
+    state: str = Field(description="cancelled, or running when a cancel was requested.")
+    cancel_requested: bool = Field(description="True: the job runs; its worker cancels it cooperatively.")
+
+
+class JobResult(BaseModel):
+    id: int
+    state: str
+    finished: bool = Field(description="False when the wait ended before the job finished.")
+    result: Any = None
+    error_class: str | None = None
+    error: str | None = None
+
+
+class QueueStats(BaseModel):
+    queue: str
+    paused: bool = Field(description="Exact.")
+    backlog: int = Field(description="Exact: due jobs not yet published to Redis.")
+    scheduled: int = Field(description="Exact: pending jobs whose run time is in the future.")
+    queued: int = Field(description="Exact: published, waiting for a worker.")
+    in_flight: int = Field(description="Exact: running.")
+    retrying: int = Field(description="Exact: waiting for a retry.")
+    dead: int = Field(description="Exact: dead letters not discarded.")
+    discarded: int = Field(description="Exact: dead letters marked discarded.")
+    oldest_waiting_seconds: float | None = Field(description="Exact: age of the oldest due, unstarted job.")
+    in_streams: int | None = Field(description="Approximate: entries in the queue's Redis streams (XLEN).")
+    stream_pending: int | None = Field(description="Approximate: entries delivered, not yet acknowledged (XPENDING).")
+    redis_error: str | None = Field(description="Set when Redis could not be read (Redis numbers are null).")
+
+
+class QueueState(BaseModel):
+    queue: str
+    paused: bool
+    updated_at: datetime
+
+
+class Worker(BaseModel):
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    started_at: datetime
+    last_seen: datetime
+    age_seconds: float = Field(description="Seconds since the last heartbeat.")
+    in_flight: int
+    processed: int
+    failed: int
+    stopped_at: datetime | None
+    stopped: bool
+    stale: bool = Field(description="Running, but no heartbeat for over 3 heartbeat intervals.")
+
+
+class DeadSummary(JobSummary):
+    discarded: bool
+
+
+class DeadLetter(Job):
+    discarded: bool
+
+
+class DeadPage(BaseModel):
+    items: list[DeadSummary]
+    next_cursor: str | None
+
+
+class RequeueResult(BaseModel):
+    id: int
+    queue: str
+    task: str
+    state: str
+    attempts: int
+
+
+class DiscardResult(BaseModel):
+    id: int
+    queue: str
+    task: str
+    state: str
+    discarded_at: datetime
+
+
+class PurgeResult(BaseModel):
+    queue: str
+    purged: int
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Ready(BaseModel):
+    status: str
+    checks: dict[str, str]

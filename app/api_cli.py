@@ -1,0 +1,55 @@
+"""``postbox api run``: serve the REST API with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from jobs import logs
+from jobs.errors import SettingsError
+from jobs.settings import load_settings
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="postbox api", description="The postbox REST API (FastAPI on uvicorn).")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="serve the API")
+    run.add_argument("--host", help="address to bind (default: POSTBOX_API_HOST, 127.0.0.1)")
+    run.add_argument("--port", type=int, help="port to bind (default: POSTBOX_API_PORT, 8000)")
+    run.add_argument("--tasks", help="comma-separated task modules (default: POSTBOX_TASKS)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    try:
+        args = parser().parse_args(list(argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    overrides: dict[str, object] = {}
+    if args.host:
+        overrides["api_host"] = args.host
+    if args.port is not None:
+        overrides["api_port"] = args.port
+    if args.tasks is not None:
+        overrides["tasks"] = args.tasks
+    try:
+        settings = load_settings(**overrides)
+        settings.require_database_url()
+        settings.require_redis_url()
+    except SettingsError as exc:
+        print(f"postbox api: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(json=settings.log_json, level=settings.log_level)
+
+    import uvicorn
+
+    from app.api.main import create_app
+
+    try:
+        app = create_app(settings)
+    except (ImportError, SettingsError) as exc:
+        print(f"postbox api: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_config=None, proxy_headers=False)
+    return 0

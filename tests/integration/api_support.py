@@ -1,0 +1,88 @@
+"""Shared pieces of the API and admin CLI tests: the app on the test's servers, SQL shortcuts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+import tests.tasks_api  # noqa: F401  (registers the api_* tasks)
+from app.api.main import create_app
+from jobs.registry import default_registry
+from jobs.settings import Settings
+
+API_KEY = "s3cret-key"
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def make_client(settings: Settings, **overrides: Any) -> TestClient:
+    app = create_app(settings.model_copy(update=overrides), registry=default_registry)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[TestClient]:
+    with make_client(settings) as c:
+        yield c
+
+
+@pytest.fixture
+def keyed_client(settings: Settings) -> Iterator[TestClient]:
+    with make_client(settings, api_key=API_KEY) as c:
+        yield c
+
+
+def insert_job(conn: psycopg.Connection[Any], task: str = "api_echo", queue: str = "apiq", **cols: Any) -> int:
+    """A job row straight in SQL (state etc. as given)."""
+    values = {"task": task, "queue": queue, "args": "{}", **cols}
+    names = list(values)
+    query = "INSERT INTO outbox ({}) VALUES ({}) RETURNING id".format(
+        ", ".join(names), ", ".join(f"%({n})s" for n in names)
+    )
+    row = conn.execute(query, values).fetchone()  # type: ignore[arg-type]
+    conn.commit()
+    assert row is not None
+    return int(row[0])
+
+
+def make_dead(conn: psycopg.Connection[Any], job_id: int, attempts: int = 2, error: str = "boom") -> None:
+    """Simulate a worker running a job to death: attempt rows, then state dead."""
+    for attempt in range(1, attempts + 1):
+        conn.execute(
+            "INSERT INTO job_attempts (outbox_id, attempt, worker_id, finished_at, outcome, error_class, error)"
+            " VALUES (%s, %s, 'worker-deadbeef', now(), %s, 'PermanentError', %s)",
+            (job_id, attempt, "dead" if attempt == attempts else "retry", error),
+        )
+    conn.execute(
+        "UPDATE outbox SET state = 'dead', attempts = %s, finished_at = now(), published_at = now(),"
+        " last_error_class = 'PermanentError', last_error = %s WHERE id = %s",
+        (attempts, error, job_id),
+    )
+    conn.commit()
+
+
+def audit_rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    rows = conn.execute("SELECT actor, action, target, request_id FROM audit_log ORDER BY id").fetchall()
+    conn.commit()
+    return rows
+
+
+def job_state(conn: psycopg.Connection[Any], job_id: int) -> str:
+    row = conn.execute("SELECT state FROM outbox WHERE id = %s", (job_id,)).fetchone()
+    conn.commit()
+    assert row is not None
+    return str(row[0])
