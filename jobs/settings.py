@@ -131,6 +131,11 @@ class Settings(BaseSettings):
     )
     retention_processed_days: float = Field(default=7.0, ge=0, description="Days processed_jobs rows are kept.")
     prune_batch_size: int = Field(default=1000, ge=1, description="Rows deleted per pruning batch.")
+    prune_interval: float = Field(
+        default=300.0,
+        ge=0,
+        description="Seconds between the leading relay's pruning rounds; 0 = off (run `postbox prune` from cron).",
+    )
 
     # --- logging ---------------------------------------------------------------
     log_json: bool = Field(default=False, description="Write logs as JSON lines.")
