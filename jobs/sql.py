@@ -172,6 +172,156 @@ UPDATE outbox AS o
 
 # --- worker ----------------------------------------------------------------------
 # (owned by worker/: claims, outcomes, leases, heartbeats)
+# The claim and outcome rules are the cross-component contract: a delivery runs
+# only if its row is claimable; only the claimant of the current attempt (the
+# fence: claimed_by, attempts, state) may record the outcome.
+
+# Claim a batch of deliveries. Rows are locked in id order (no deadlock between
+# two workers claiming overlapping batches) and re-checked after any lock wait.
+# The verdict: run it, or end it at once (expired; attempts used up by lost runs).
+WORKER_CLAIM: LiteralString = """
+WITH locked AS (
+    SELECT o.id, o.state AS old_state, o.attempts AS old_attempts,
+           CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
+                WHEN o.attempts >= o.max_attempts THEN 'dead'
+                ELSE 'running' END AS verdict
+      FROM outbox o
+     WHERE o.id = ANY(%(ids)s::int8[])
+       AND ((o.state IN ('pending', 'queued', 'retrying') AND o.available_at <= now())
+            OR (o.state = 'running' AND o.lease_until < now()))
+     ORDER BY o.id
+       FOR UPDATE
+), claimed AS (
+    UPDATE outbox o
+       SET state = l.verdict,
+           attempts = o.attempts + (l.verdict = 'running')::int,
+           claimed_by = CASE WHEN l.verdict = 'running' THEN %(worker)s END,
+           lease_until = CASE WHEN l.verdict = 'running' THEN now() + make_interval(secs => %(lease)s) END,
+           started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
+           finished_at = CASE WHEN l.verdict = 'running' THEN NULL ELSE now() END,
+           published_at = coalesce(o.published_at, now()),
+           last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted' ELSE o.last_error_class END,
+           last_error = CASE WHEN l.verdict = 'dead'
+                             THEN 'every attempt was used; the last run never recorded an outcome (worker lost)'
+                             ELSE o.last_error END,
+           result = CASE WHEN l.verdict = 'dead' THEN jsonb_build_object('error', jsonb_build_object(
+                             'class', 'AttemptsExhausted',
+                             'message', 'every attempt was used; the last run never recorded an outcome (worker lost)'))
+                         ELSE o.result END
+      FROM locked l
+     WHERE o.id = l.id
+ RETURNING o.id, o.state, o.attempts, o.max_attempts, o.timeout_seconds, o.keep_result,
+           (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms, l.old_state, l.old_attempts
+), history AS (
+    INSERT INTO job_attempts (outbox_id, attempt, worker_id)
+    SELECT id, attempts, %(worker)s FROM claimed WHERE state = 'running'
+    ON CONFLICT (outbox_id, attempt) DO NOTHING
+), lost AS (
+    UPDATE job_attempts a SET finished_at = now(), outcome = 'lost'
+      FROM locked l
+     WHERE l.old_state = 'running' AND a.outbox_id = l.id AND a.attempt = l.old_attempts AND a.finished_at IS NULL
+)
+SELECT id, state, attempts, max_attempts, timeout_seconds, keep_result, enq_ms FROM claimed
+"""
+
+# Which of these jobs are running (under someone's claim): a reclaimed entry of
+# such a job stays pending instead of being acknowledged.
+WORKER_SELECT_RUNNING: LiteralString = """
+SELECT id FROM outbox WHERE id = ANY(%(ids)s::int8[]) AND state = 'running'
+"""
+
+# Record a batch of outcomes, fenced. ``state`` per row: succeeded, retrying,
+# dead, cancelled. Retries go back through the outbox (the relay republishes
+# when due). Terminal outcomes wake result waiters with one NOTIFY per batch.
+WORKER_RECORD_OUTCOMES: LiteralString = """
+WITH o AS (
+    SELECT * FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(states)s::text[], %(delays)s::float8[],
+                         %(results)s::text[], %(result_ttls)s::float8[], %(error_classes)s::text[],
+                         %(errors)s::text[], %(outcomes)s::text[])
+           AS u(id, attempt, state, delay, result, result_ttl, error_class, error, outcome)
+), done AS (
+    UPDATE outbox j
+       SET state = o.state,
+           finished_at = CASE WHEN o.state = 'retrying' THEN NULL ELSE now() END,
+           available_at = CASE WHEN o.state = 'retrying' THEN now() + make_interval(secs => o.delay)
+                               ELSE j.available_at END,
+           published_at = CASE WHEN o.state = 'retrying' THEN NULL ELSE j.published_at END,
+           claimed_by = NULL,
+           lease_until = NULL,
+           result = o.result::jsonb,
+           result_expires_at = CASE WHEN o.result IS NULL THEN NULL
+                                    ELSE now() + make_interval(secs => o.result_ttl) END,
+           last_error_class = coalesce(o.error_class, j.last_error_class),
+           last_error = coalesce(o.error, j.last_error)
+      FROM o
+     WHERE j.id = o.id AND j.claimed_by = %(worker)s AND j.attempts = o.attempt AND j.state = 'running'
+ RETURNING j.id, j.state
+), history AS (
+    UPDATE job_attempts a
+       SET finished_at = now(), outcome = o.outcome, error_class = o.error_class, error = o.error
+      FROM o JOIN done d ON d.id = o.id
+     WHERE a.outbox_id = o.id AND a.attempt = o.attempt
+), woken AS (
+    SELECT pg_notify('postbox_results', string_agg(id::text, ',')) AS n
+      FROM done WHERE state <> 'retrying' HAVING count(*) > 0
+)
+SELECT d.id, (SELECT count(*) FROM woken) FROM done d
+"""
+
+# ctx.transaction(): the job id as the idempotency key of its effects.
+WORKER_INSERT_PROCESSED: LiteralString = """
+INSERT INTO processed_jobs (outbox_id) VALUES (%(id)s) ON CONFLICT (outbox_id) DO NOTHING RETURNING outbox_id
+"""
+
+# A result set after the job's success already committed (keep_result with
+# ctx.transaction(): the return value is known only when the handler returns).
+WORKER_SET_RESULT: LiteralString = """
+UPDATE outbox SET result = %(result)s::jsonb, result_expires_at = now() + make_interval(secs => %(ttl)s)
+ WHERE id = %(id)s AND state = 'succeeded'
+"""
+
+WORKER_NOTIFY_RESULTS: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
+
+# Lease renewal for the jobs a worker is running; returns the ids still ours.
+WORKER_RENEW_LEASES: LiteralString = """
+UPDATE outbox SET lease_until = now() + make_interval(secs => %(lease)s)
+ WHERE id = ANY(%(ids)s::int8[]) AND claimed_by = %(worker)s AND state = 'running'
+RETURNING id
+"""
+
+# Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
+# jobs publishable again. Queued rows go back to the relay's work list; running
+# rows under a stale claim too (their lost attempt stays counted).
+WORKER_REPUBLISH_LOST: LiteralString = """
+UPDATE outbox
+   SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
+ WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+   AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
+RETURNING id
+"""
+
+WORKER_UPSERT: LiteralString = """
+INSERT INTO workers (id, host, pid, queues, concurrency, in_flight, processed, failed)
+VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(processed)s, %(failed)s)
+ON CONFLICT (id) DO UPDATE
+   SET last_seen = now(), in_flight = excluded.in_flight, processed = excluded.processed,
+       failed = excluded.failed, queues = excluded.queues, stopped_at = NULL
+"""
+
+WORKER_STOPPED: LiteralString = """
+UPDATE workers SET stopped_at = now(), last_seen = now(), in_flight = 0, processed = %(processed)s,
+       failed = %(failed)s
+ WHERE id = %(id)s
+"""
+
+WORKER_PAUSED_QUEUES: LiteralString = """
+SELECT name FROM queues WHERE paused AND name = ANY(%(queues)s::text[])
+"""
+
+WORKER_CANCEL_REQUESTED: LiteralString = """
+SELECT id FROM outbox
+ WHERE id = ANY(%(ids)s::int8[]) AND cancel_requested_at IS NOT NULL AND state = 'running'
+"""
 
 # --- operations ------------------------------------------------------------------
 # (owned by app/: listings, DLQ, queue control, audit, retention)

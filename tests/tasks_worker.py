@@ -1,0 +1,131 @@
+"""Tasks the worker tests run (importable by worker subprocesses: ``--tasks tests.tasks_worker``).
+
+Effects that must be counted go to the ``worker_effects`` table (see
+``EFFECTS_DDL``), written inside ``ctx.transaction()`` so they are exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from jobs import JobCancelled, PermanentError, RetryLater, RetryPolicy, task
+
+QUEUE = "wtest"
+FAST = RetryPolicy(base_delay=0.05, max_delay=0.2, jitter=0.0)
+
+EFFECTS_DDL = """
+CREATE TABLE IF NOT EXISTS worker_effects (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id     bigint NOT NULL,
+    label      text   NOT NULL,
+    attempt    int    NOT NULL,
+    worker_id  text   NOT NULL
+);
+CREATE TABLE IF NOT EXISTS worker_counter (name text PRIMARY KEY, value bigint NOT NULL);
+INSERT INTO worker_counter VALUES ('hits', 0) ON CONFLICT DO NOTHING;
+"""
+
+# In-process observations (only meaningful for a worker inside the test process).
+STARTED: list[tuple[int, str]] = []
+
+
+async def _effect(ctx: Any, label: str) -> None:
+    async with ctx.transaction() as conn:
+        await conn.execute(
+            "INSERT INTO worker_effects (job_id, label, attempt, worker_id) VALUES (%s, %s, %s, %s)",
+            (ctx.job_id, label, ctx.attempt, ctx.worker_id),
+        )
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_noop(ctx: Any) -> None:
+    return None
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_record(ctx: Any, label: str) -> None:
+    """Remember the start order (priority test)."""
+    STARTED.append((ctx.job_id, label))
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_count(ctx: Any) -> None:
+    async with ctx.transaction() as conn:
+        await conn.execute("UPDATE worker_counter SET value = value + 1 WHERE name = 'hits'")
+
+
+@task(queue=QUEUE, retry=FAST, keep_result=True)
+async def w_add(ctx: Any, a: int, b: int) -> int:
+    return a + b
+
+
+@task(queue=QUEUE, retry=FAST, keep_result=True)
+def w_sync_add(ctx: Any, a: int, b: int) -> dict[str, int]:
+    return {"sum": a + b, "thread": 1}
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=5, keep_result=True)
+async def w_flaky(ctx: Any, fail_times: int) -> str:
+    if ctx.attempt <= fail_times:
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+    await _effect(ctx, "flaky")
+    return f"ok on attempt {ctx.attempt}"
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=3)
+async def w_always_fails(ctx: Any) -> None:
+    raise ValueError("boom\nsecond line " + "x" * 1000)
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=5)
+async def w_permanent(ctx: Any) -> None:
+    raise PermanentError("card declined")
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=3)
+async def w_retry_later(ctx: Any, seconds: float) -> None:
+    if ctx.attempt == 1:
+        raise RetryLater(seconds)
+    await _effect(ctx, "retry_later")
+
+
+@task(queue=QUEUE, retry=FAST, timeout=0.2, max_attempts=2)
+async def w_too_slow(ctx: Any) -> None:
+    await asyncio.sleep(5)
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=5)
+async def w_slow_effect(ctx: Any, seconds: float, label: str = "slow") -> None:
+    """Sleep, then record one effect in ctx.transaction() (signal tests)."""
+    await asyncio.sleep(seconds)
+    await _effect(ctx, label)
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=5)
+def w_sync_slow_effect(ctx: Any, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=3)
+async def w_poison(ctx: Any) -> None:
+    os._exit(1)
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_wait_cancel(ctx: Any) -> None:
+    """Runs until cancelled (cooperatively checks ctx.cancelled)."""
+    for _ in range(3000):
+        if ctx.cancelled:
+            raise JobCancelled()
+        await asyncio.sleep(0.02)
+    raise RuntimeError("never cancelled")
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_enqueue_child(ctx: Any, n: int) -> None:
+    async with ctx.transaction():
+        for i in range(n):
+            await ctx.enqueue(w_add, {"a": i, "b": 1})

@@ -1,0 +1,104 @@
+"""Helpers for the worker's integration and system tests."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from jobs.settings import Settings
+from tests import tasks_worker
+from worker import Worker, WorkerSignals
+
+
+def worker_settings(settings: Settings, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "queues": [tasks_worker.QUEUE],
+        "visibility_timeout": 2.0,
+        "heartbeat_interval": 0.5,
+        "drain_timeout": 5.0,
+        "retry_base_delay": 0.05,
+        "retry_max_delay": 0.2,
+        "concurrency": 10,
+    }
+    values.update(overrides)
+    return settings.model_copy(update=values)
+
+
+def all_signals() -> WorkerSignals:
+    return WorkerSignals(
+        claimed=asyncio.Queue(),
+        started=asyncio.Queue(),
+        finished=asyncio.Queue(),
+        skipped=asyncio.Queue(),
+        reclaimed=asyncio.Queue(),
+        lost=asyncio.Queue(),
+    )
+
+
+@asynccontextmanager
+async def running_worker(settings: Settings, **options: Any) -> AsyncIterator[Worker]:
+    """A worker in this event loop (signals on); stopped and awaited on exit."""
+    options.setdefault("signals", all_signals())
+    worker = Worker(settings, **options)
+    task = asyncio.create_task(worker.run())
+    ready = asyncio.ensure_future(worker.ready.wait())
+    done, _ = await asyncio.wait({task, ready}, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        ready.cancel()
+        task.result()
+    assert ready in done, "worker did not start"
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, timeout=30)
+
+
+async def wait_until(predicate: Callable[[], Any], within: float, what: str = "condition") -> float:
+    """Poll ``predicate`` (sync or async) until truthy; fail after ``within`` seconds."""
+    start = time.monotonic()
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return time.monotonic() - start
+        if time.monotonic() - start > within:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def finished(worker: Worker, count: int, within: float = 15.0) -> list[tuple[int, str]]:
+    """The next ``count`` (job id, outcome) pairs the worker recorded."""
+    queue = worker.signals.finished
+    assert queue is not None
+    out = []
+    deadline = time.monotonic() + within
+    while len(out) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"only {len(out)} of {count} jobs finished within {within}s: {out}")
+        out.append(await asyncio.wait_for(queue.get(), remaining))
+    return out
+
+
+async def fetch(aconn: AsyncConnection[Any], query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    cur = await aconn.execute(query, params)
+    rows = await cur.fetchall()
+    await aconn.commit()
+    return rows
+
+
+async def fetchval(aconn: AsyncConnection[Any], query: str, params: Any = None) -> Any:
+    rows = await fetch(aconn, query, params)
+    return rows[0][0] if rows else None
+
+
+async def job_state(aconn: AsyncConnection[Any], job_id: int) -> str:
+    return str(await fetchval(aconn, "SELECT state FROM outbox WHERE id = %s", (job_id,)))

@@ -1,0 +1,7 @@
+"""``python -m worker run``."""
+
+import sys
+
+from worker.cli import main
+
+sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,38 @@
+"""How many more jobs this worker may take: prefetch never exceeds free concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class Capacity:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self._freed = asyncio.Event()
+        self._freed.set()
+
+    @property
+    def free(self) -> int:
+        return self.size - self.used
+
+    def take(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` slots now; returns how many were reserved."""
+        got = max(0, min(wanted, self.free))
+        self.used += got
+        if self.free <= 0:
+            self._freed.clear()
+        return got
+
+    def release(self, count: int = 1) -> None:
+        if count <= 0:
+            return
+        self.used -= count
+        if self.used < 0:  # a bookkeeping bug must not wedge the worker
+            self.used = 0
+        self._freed.set()
+
+    async def wait_free(self) -> None:
+        while self.free <= 0:
+            self._freed.clear()
+            await self._freed.wait()

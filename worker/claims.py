@@ -1,0 +1,60 @@
+"""Claim a batch of deliveries in PostgreSQL (the contract's claim rule).
+
+One statement per read: claimable rows move to ``running`` with the attempt
+counted; rows that expired or used every attempt end at once; everything else
+is skipped (acknowledged without running) — except a reclaimed entry whose job
+is still running under a live claim, which stays pending for a later look.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from jobs import sql
+from worker.delivery import Delivery, Job
+
+
+@dataclass
+class ClaimBatch:
+    run: list[Job] = field(default_factory=list)
+    ended: list[tuple[Delivery, str]] = field(default_factory=list)  # (delivery, 'dead' | 'expired')
+    skip: list[Delivery] = field(default_factory=list)  # acknowledge, do not run
+    keep: list[Delivery] = field(default_factory=list)  # leave pending (running under a live claim)
+
+
+async def claim(
+    pool: AsyncConnectionPool[Any], deliveries: Sequence[Delivery], *, worker_id: str, lease: float
+) -> ClaimBatch:
+    batch = ClaimBatch()
+    if not deliveries:
+        return batch
+    ids = sorted({d.job_id for d in deliveries})
+    async with pool.connection() as conn:
+        cur = await conn.execute(sql.WORKER_CLAIM, {"ids": ids, "worker": worker_id, "lease": lease})
+        rows = {row[0]: row for row in await cur.fetchall()}
+        running: set[int] = set()
+        reclaimed_left = [d.job_id for d in deliveries if d.reclaimed and d.job_id not in rows]
+        if reclaimed_left:
+            cur = await conn.execute(sql.WORKER_SELECT_RUNNING, {"ids": reclaimed_left})
+            running = {row[0] for row in await cur.fetchall()}
+        ended = [job_id for job_id, row in rows.items() if row[1] != "running"]
+        if ended:
+            await conn.execute(sql.WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, ended))})
+    for delivery in deliveries:
+        row = rows.pop(delivery.job_id, None)  # a job delivered twice in one read runs once
+        if row is None:
+            if delivery.reclaimed and delivery.job_id in running:
+                batch.keep.append(delivery)
+            else:
+                batch.skip.append(delivery)
+            continue
+        _, state, attempts, max_attempts, timeout, keep_result, enq_ms = row
+        if state == "running":
+            batch.run.append(Job(delivery, attempts, max_attempts, timeout, keep_result, enq_ms))
+        else:
+            batch.ended.append((delivery, state))
+    return batch

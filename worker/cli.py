@@ -1,0 +1,78 @@
+"""``postbox worker run [--tasks m1,m2] [--queues q1,q2] [--concurrency N]``.
+
+Flags override the matching settings (``POSTBOX_TASKS``, ``POSTBOX_QUEUES``,
+``POSTBOX_CONCURRENCY``). SIGTERM/SIGINT stop reading and drain in-flight jobs
+for up to ``POSTBOX_DRAIN_TIMEOUT`` seconds; the process then exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from jobs import logs
+from jobs.errors import SettingsError
+from jobs.registry import load_task_modules
+from jobs.settings import load_settings
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="postbox worker", description="Consume jobs and run their handlers.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a worker process until SIGTERM/SIGINT")
+    run.add_argument("--tasks", help="comma-separated modules whose @task handlers are loaded (POSTBOX_TASKS)")
+    run.add_argument("--queues", help="comma-separated queues to consume; default: the loaded tasks' queues")
+    run.add_argument("--concurrency", type=int, help="jobs run at once (POSTBOX_CONCURRENCY, default 10)")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    overrides: dict[str, Any] = {}
+    if args.tasks is not None:
+        overrides["tasks"] = args.tasks
+    if args.queues is not None:
+        overrides["queues"] = args.queues
+    if args.concurrency is not None:
+        overrides["concurrency"] = args.concurrency
+    try:
+        settings = load_settings(**overrides)
+        settings.require_database_url()
+        settings.require_redis_url()
+    except SettingsError as exc:
+        print(f"postbox worker: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(json=settings.log_json, level=settings.log_level)
+    try:
+        load_task_modules(settings.tasks)
+    except ImportError as exc:
+        print(f"postbox worker: POSTBOX_TASKS: cannot import {exc.name or exc}", file=sys.stderr)
+        return 2
+
+    from worker.worker import Worker
+
+    try:
+        worker = Worker(settings)
+    except SettingsError as exc:
+        print(f"postbox worker: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        if settings.worker_metrics_port:
+            worker.metrics.serve(settings.worker_metrics_port)
+        await worker.run()
+
+    try:
+        import uvloop  # the "fast" extra: a quicker event loop when installed
+    except ImportError:
+        asyncio.run(serve())
+    else:
+        uvloop.run(serve())
+    return 0

@@ -1,0 +1,218 @@
+"""Record outcomes in batches, then acknowledge: PostgreSQL first, Redis second.
+
+Finished runs queue up here; a flush every few milliseconds (or every
+``max_batch`` items) writes all their outcomes in one fenced statement, and
+only then XACKs and XDELs their entries and publishes their events in one
+Redis pipeline. An outcome the fence refuses (a newer attempt owns the job) is
+never acknowledged: the entry belongs to whoever owns the attempt now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
+
+from jobs import events, sql
+from jobs.streams import GROUP, events_channel
+from worker.delivery import Delivery, Job
+from worker.outcomes import Outcome
+
+log = logging.getLogger("postbox.worker.completer")
+
+EVENT_OF_STATE = {"succeeded": "succeeded", "retrying": "retrying", "dead": "dead", "cancelled": "cancelled"}
+
+
+@dataclass(slots=True)
+class Finished:
+    delivery: Delivery
+    job: Job | None = None  # None: a delivery that did not run (skipped, or ended at claim)
+    outcome: Outcome | None = None
+    ended_state: str | None = None  # 'dead' / 'expired' decided by the claim itself
+    recorded: bool = False  # filled by the flush: outcome committed (so the entry was acknowledged)
+
+
+def outcome_params(
+    worker_id: str, items: Sequence[tuple[Job, Outcome]], result_ttl: Callable[[Job], float]
+) -> dict[str, Any]:
+    return {
+        "worker": worker_id,
+        "ids": [job.id for job, _ in items],
+        "attempts": [job.attempt for job, _ in items],
+        "states": [outcome.state for _, outcome in items],
+        "delays": [outcome.delay for _, outcome in items],
+        "results": [outcome.result for _, outcome in items],
+        "result_ttls": [result_ttl(job) for job, _ in items],
+        "error_classes": [outcome.error_class for _, outcome in items],
+        "errors": [outcome.error for _, outcome in items],
+        "outcomes": [outcome.kind for _, outcome in items],
+    }
+
+
+async def record_outcomes(
+    conn: AsyncConnection[Any],
+    worker_id: str,
+    items: Sequence[tuple[Job, Outcome]],
+    result_ttl: Callable[[Job], float],
+) -> set[int]:
+    """Write outcomes fenced by (worker, attempt, running); returns the ids recorded."""
+    cur = await conn.execute(sql.WORKER_RECORD_OUTCOMES, outcome_params(worker_id, items, result_ttl))
+    return {row[0] for row in await cur.fetchall()}
+
+
+class Completer:
+    def __init__(
+        self,
+        *,
+        pool: AsyncConnectionPool[Any],
+        redis: Redis,
+        prefix: str,
+        worker_id: str,
+        result_ttl: Callable[[Job], float],
+        on_done: Callable[[list[Finished]], None],
+        flush_interval: float = 0.002,
+        max_batch: int = 500,
+    ) -> None:
+        self._pool = pool
+        self._redis = redis
+        self._channel = events_channel(prefix)
+        self._worker_id = worker_id
+        self._result_ttl = result_ttl
+        self._on_done = on_done
+        self._flush_interval = flush_interval
+        self._max_batch = max_batch
+        self._items: list[Finished] = []
+        self._events: list[bytes] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing = False
+
+    def add(self, item: Finished) -> None:
+        self._items.append(item)
+        self._idle.clear()
+        self._wake.set()
+
+    def publish(self, evt: dict[str, Any]) -> None:
+        """Queue a lifecycle event for the next pipeline (best effort)."""
+        self._events.append(events.encode(evt))
+        self._idle.clear()
+        self._wake.set()
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            if len(self._items) < self._max_batch and not self._closing:
+                await asyncio.sleep(self._flush_interval)
+            self._wake.clear()
+            while self._items or self._events:
+                items, self._items = self._items[: self._max_batch], self._items[self._max_batch :]
+                await self._flush(items)
+            self._idle.set()
+
+    async def close(self, wait: float = 10.0) -> None:
+        self._closing = True
+        self._wake.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), wait)
+        except TimeoutError:
+            log.warning("outcomes not flushed before shutdown; their entries will be redelivered")
+
+    async def _flush(self, items: list[Finished]) -> None:
+        writes: list[tuple[Job, Outcome]] = []
+        late_results: list[tuple[Job, str]] = []
+        for f in items:
+            if f.job is None or f.outcome is None:
+                continue
+            if _needs_write(f.outcome):
+                writes.append((f.job, f.outcome))
+            elif f.outcome.committed and f.outcome.result is not None:
+                late_results.append((f.job, f.outcome.result))
+        recorded: set[int] = set()
+        if writes or late_results:
+            recorded = await self._write(writes, late_results)
+        acks: dict[str, list[bytes]] = defaultdict(list)
+        for f in items:
+            if f.outcome is None:
+                f.recorded = f.ended_state is not None
+                acks[f.delivery.stream].append(f.delivery.entry_id)
+            elif f.outcome.committed or (f.job is not None and f.job.id in recorded):
+                f.recorded = True
+                acks[f.delivery.stream].append(f.delivery.entry_id)
+            self._event_for(f)
+        await self._acknowledge(acks)
+        self._on_done(items)
+
+    async def _write(self, writes: list[tuple[Job, Outcome]], late: list[tuple[Job, str]]) -> set[int]:
+        delay = 0.05
+        while True:
+            try:
+                async with self._pool.connection() as conn:
+                    recorded: set[int] = set()
+                    if writes:
+                        recorded = await record_outcomes(conn, self._worker_id, writes, self._result_ttl)
+                    for job, result in late:
+                        await conn.execute(
+                            sql.WORKER_SET_RESULT, {"id": job.id, "result": result, "ttl": self._result_ttl(job)}
+                        )
+                    return recorded
+            except Exception:
+                if self._closing:
+                    log.exception("cannot record outcomes while stopping; their entries will be redelivered")
+                    return set()
+                log.exception("recording outcomes failed; retrying")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def _event_for(self, f: Finished) -> None:
+        kind: str | None = None
+        if f.ended_state is not None:
+            kind = f.ended_state
+        elif f.outcome is not None and f.recorded:
+            kind = EVENT_OF_STATE.get(f.outcome.state)
+        if kind is None:
+            return
+        d = f.delivery
+        self._events.append(
+            events.encode(
+                events.event(
+                    kind,  # type: ignore[arg-type]
+                    job_id=d.job_id,
+                    queue=d.queue,
+                    task=d.task,
+                    attempt=f.job.attempt if f.job else 0,
+                    worker_id=self._worker_id,
+                )
+            )
+        )
+
+    async def _acknowledge(self, acks: dict[str, list[bytes]]) -> None:
+        pending_events, self._events = self._events, []
+        if not acks and not pending_events:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for stream, ids in acks.items():
+                    pipe.xack(stream, GROUP, *ids)
+                    pipe.xdel(stream, *ids)
+                for payload in pending_events:
+                    pipe.publish(self._channel, payload)
+                await pipe.execute(raise_on_error=False)
+        except Exception:
+            # The outcomes are committed; unacknowledged entries are reclaimed
+            # later and skipped as finished. Nothing is lost.
+            log.warning("acknowledging entries failed; they will be reclaimed and skipped", exc_info=True)
+
+
+def _needs_write(outcome: Outcome) -> bool:
+    return not outcome.committed and outcome.state != "lost"

@@ -1,0 +1,59 @@
+"""A stream entry as the worker sees it, and a claimed attempt of a job."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from jobs.streams import decode_entry
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One stream entry. Its identity is ``job_id``; ``entry_id`` is transport only."""
+
+    stream: str
+    entry_id: bytes
+    job_id: int
+    task: str
+    args: str
+    headers: str
+    queue: str
+    priority: int
+    enq_ms: int
+    reclaimed: bool = False
+
+
+def parse_delivery(stream: str, entry_id: bytes, fields: dict[bytes, bytes], *, reclaimed: bool = False) -> Delivery:
+    """Raises ValueError for an entry that is not a postbox envelope."""
+    data = decode_entry(fields)
+    return Delivery(
+        stream=stream,
+        entry_id=entry_id,
+        job_id=int(data["id"]),
+        task=str(data["task"]),
+        args=str(data["args"]),
+        headers=str(data["headers"]),
+        queue=str(data["queue"]),
+        priority=int(data["priority"]),
+        enq_ms=int(data["enq"]),
+        reclaimed=reclaimed,
+    )
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """The attempt this worker claimed: the fence is (worker id, ``attempt``)."""
+
+    delivery: Delivery
+    attempt: int
+    max_attempts: int
+    timeout: float | None
+    keep_result: bool
+    enq_ms: int
+    cancel_requested: bool = False
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> int:
+        return self.delivery.job_id

@@ -1,0 +1,149 @@
+"""Run one claimed attempt: resolve the handler, build ``ctx``, call it, decide the outcome.
+
+Async handlers are awaited on the event loop; sync ones run in a thread pool.
+A per-job timeout (the job's, else the task's) turns into a retryable
+:class:`~worker.outcomes.JobTimeout`. Only registered handlers ever run: an
+unknown task or invalid args end the job in the dead letters without a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import orjson
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from jobs.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
+from jobs.registry import Registry, TaskSpec
+from jobs.settings import Settings
+from worker import outcomes
+from worker.completer import record_outcomes
+from worker.context import StaleAttempt, WorkerJobContext
+from worker.delivery import Job
+from worker.outcomes import JobTimeout, Outcome
+
+log = logging.getLogger("postbox.worker.executor")
+
+DEFAULT_RESULT_TTL = 86_400.0
+
+
+class Executor:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        registry: Registry,
+        pool: AsyncConnectionPool[Any],
+        worker_id: str,
+        threads: ThreadPoolExecutor,
+        on_start: Callable[[Job], None] | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._pool = pool
+        self._worker_id = worker_id
+        self._threads = threads
+        self._on_start = on_start
+        self._rand = rand
+
+    def spec(self, task: str) -> TaskSpec | None:
+        return self._registry.get(task) if task in self._registry else None
+
+    def result_ttl(self, job: Job) -> float:
+        spec = self.spec(job.delivery.task)
+        return spec.result_ttl if spec is not None else DEFAULT_RESULT_TTL
+
+    async def _record_in_transaction(self, conn: AsyncConnection[Any], job: Job, outcome: Outcome) -> bool:
+        return bool(await record_outcomes(conn, self._worker_id, [(job, outcome)], self.result_ttl))
+
+    async def run(self, job: Job) -> Outcome:
+        """Run the attempt; never raises except CancelledError from a shutdown."""
+        delivery = job.delivery
+        spec = self.spec(delivery.task)
+        if spec is None:
+            return outcomes.dead("UnknownTaskError", f"no handler is registered for task {delivery.task!r}")
+        try:
+            raw = orjson.loads(delivery.args)
+            if not isinstance(raw, dict):
+                raise InvalidArgsError("args must be a JSON object")
+            kwargs = spec.call_args(raw)
+        except (InvalidArgsError, orjson.JSONDecodeError) as exc:
+            return outcomes.dead(outcomes.error_class(exc), str(exc))
+        timeout = job.timeout or spec.timeout
+        ctx = WorkerJobContext(
+            job,
+            worker_id=self._worker_id,
+            pool=self._pool,
+            registry=self._registry,
+            deadline=time.monotonic() + timeout if timeout else None,
+            record_in_transaction=self._record_in_transaction,
+        )
+        if self._on_start is not None:
+            self._on_start(job)
+        try:
+            async with asyncio.timeout(timeout):
+                if spec.is_async:
+                    value = await spec.fn(ctx, **kwargs)
+                else:
+                    loop = asyncio.get_running_loop()
+                    value = await loop.run_in_executor(self._threads, functools.partial(spec.fn, ctx, **kwargs))
+        except AlreadyProcessed:
+            ctx.log.info("effects already committed by an earlier run; recorded as a duplicate")
+            return Outcome("succeeded", "duplicate")
+        except StaleAttempt:
+            ctx.log.warning("attempt superseded by a newer one; its transaction rolled back")
+            return Outcome("lost", "lost")
+        except JobCancelled:
+            return self._after_commit(ctx, job, outcomes.cancelled())
+        except asyncio.CancelledError:
+            if job.cancel_requested:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                return self._after_commit(ctx, job, outcomes.cancelled())
+            raise
+        except TimeoutError as exc:
+            if ctx.committed:
+                return _committed(None, keep_result=False)
+            timed_out = JobTimeout(f"handler ran past its {timeout}s timeout") if timeout else exc
+            return self._failed(job, spec, timed_out)
+        except Exception as exc:
+            if ctx.committed:
+                ctx.log.warning("handler raised after its transaction committed; the job stays succeeded")
+                return _committed(None, keep_result=False)
+            ctx.log.info("run failed: %s", outcomes.error_class(exc))
+            return self._failed(job, spec, exc)
+        if ctx.committed:
+            return _committed(value, keep_result=job.keep_result)
+        return outcomes.succeeded(value, keep_result=job.keep_result)
+
+    def _after_commit(self, ctx: WorkerJobContext, job: Job, outcome: Outcome) -> Outcome:
+        return _committed(None, keep_result=False) if ctx.committed else outcome
+
+    def _failed(self, job: Job, spec: TaskSpec, exc: BaseException) -> Outcome:
+        s = self._settings
+        policy = spec.retry
+        return outcomes.failed(
+            exc,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            base=policy.base_delay if policy.base_delay is not None else s.retry_base_delay,
+            cap=policy.max_delay if policy.max_delay is not None else s.retry_max_delay,
+            jitter=policy.jitter if policy.jitter is not None else s.retry_jitter,
+            rand=self._rand,
+        )
+
+
+def _committed(value: Any, *, keep_result: bool) -> Outcome:
+    outcome = outcomes.succeeded(value, keep_result=keep_result)
+    outcome.committed = True
+    return outcome

@@ -1,0 +1,117 @@
+"""Take over entries idle past the visibility timeout (XAUTOCLAIM), and rescue lost ones.
+
+A live worker refreshes its own entries' idle time, so only entries of dead or
+stalled workers go idle. Reclaimed entries go through the same claim as fresh
+ones; PostgreSQL decides whether they run. Ids that XAUTOCLAIM reports deleted
+(Redis 7) or returns without fields (Redis 6.2) were lost in transport: their
+jobs are made publishable again, so the relay sends them anew.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
+
+from jobs import sql
+from jobs.streams import GROUP, parse_stream_key
+from worker.consumer import ensure_groups, is_nogroup
+from worker.delivery import Delivery, parse_delivery
+
+log = logging.getLogger("postbox.worker.reclaimer")
+
+MAX_SCANS_PER_STREAM = 10
+
+
+@dataclass
+class Reclaimed:
+    deliveries: list[Delivery] = field(default_factory=list)
+    malformed: list[tuple[str, bytes]] = field(default_factory=list)
+    deleted: dict[str, list[bytes]] = field(default_factory=dict)
+
+
+def parse_autoclaim(reply: Sequence[Any]) -> tuple[bytes, list[tuple[bytes, dict[bytes, bytes] | None]], list[bytes]]:
+    """(next cursor, entries, deleted ids) from a 2-element (6.2) or 3-element (7.x) reply.
+
+    Entries may come raw (``[id, [f, v, ...]]``) or parsed (``(id, {f: v})``);
+    an entry with no fields was deleted.
+    """
+    if len(reply) not in (2, 3):
+        raise ValueError(f"unexpected XAUTOCLAIM reply of {len(reply)} elements")
+    cursor = reply[0]
+    entries: list[tuple[bytes, dict[bytes, bytes] | None]] = []
+    for item in reply[1] or []:
+        entry_id, fields = item[0], item[1] if len(item) > 1 else None
+        if fields is None or (isinstance(fields, list | dict) and not fields):
+            entries.append((entry_id, None))
+        elif isinstance(fields, dict):
+            entries.append((entry_id, fields))
+        else:
+            entries.append((entry_id, dict(zip(fields[::2], fields[1::2], strict=True))))
+    deleted = list(reply[2]) if len(reply) == 3 and reply[2] else []
+    return cursor, entries, deleted
+
+
+class Reclaimer:
+    def __init__(self, redis: Redis, pool: AsyncConnectionPool[Any], *, prefix: str, consumer: str, min_idle: float):
+        self._redis = redis
+        self._pool = pool
+        self._prefix = prefix
+        self._consumer = consumer
+        self._min_idle_ms = max(1, int(min_idle * 1000))
+
+    async def reclaim(self, streams: Sequence[str], count: int) -> Reclaimed:
+        """Up to ``count`` idle entries, highest priority streams first."""
+        out = Reclaimed()
+        for stream in streams:
+            cursor: bytes | str = b"0-0"
+            for _ in range(MAX_SCANS_PER_STREAM):
+                want = count - len(out.deliveries) - len(out.malformed)
+                if want <= 0:
+                    return out
+                try:
+                    reply = await self._redis.execute_command(
+                        "XAUTOCLAIM", stream, GROUP, self._consumer, self._min_idle_ms, cursor, "COUNT", want
+                    )
+                except Exception as exc:
+                    if is_nogroup(exc):
+                        await ensure_groups(self._redis, [stream])
+                        break
+                    raise
+                cursor, entries, deleted = parse_autoclaim(reply)
+                for entry_id, fields in entries:
+                    if fields is None:
+                        deleted.append(entry_id)
+                        continue
+                    try:
+                        out.deliveries.append(parse_delivery(stream, entry_id, fields, reclaimed=True))
+                    except ValueError:
+                        out.malformed.append((stream, entry_id))
+                if deleted:
+                    out.deleted.setdefault(stream, []).extend(deleted)
+                if cursor in (b"0-0", "0-0"):
+                    break
+        return out
+
+    async def rescue_lost(self, deleted: dict[str, list[bytes]]) -> list[int]:
+        """Make the jobs of vanished entries publishable again; acknowledge the ids."""
+        rescued: list[int] = []
+        async with self._pool.connection() as conn:
+            for stream, ids in deleted.items():
+                queue, priority = parse_stream_key(self._prefix, stream)
+                texts = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+                cur = await conn.execute(
+                    sql.WORKER_REPUBLISH_LOST, {"queue": queue, "priority": priority, "stream_ids": texts}
+                )
+                rescued += [row[0] for row in await cur.fetchall()]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream, ids in deleted.items():
+                pipe.xack(stream, GROUP, *ids)
+            await pipe.execute(raise_on_error=False)
+        if rescued:
+            log.warning("entries lost in transport; jobs made publishable again", extra={"count": len(rescued)})
+        return rescued

@@ -1,0 +1,374 @@
+"""The worker: one asyncio object that wires consumer, claims, executor, completer,
+reclaimer, heartbeat and control together.
+
+``await Worker(settings).run()`` until :meth:`Worker.stop` (the CLI calls it on
+SIGTERM/SIGINT): reading stops, in-flight jobs get up to ``drain_timeout`` to
+finish and record their outcomes, and whatever is still unfinished is left
+unacknowledged for another worker. Tests and the bench use it in-process,
+with :class:`~worker.signals.WorkerSignals` to wait on events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
+
+from jobs import events
+from jobs.errors import SettingsError
+from jobs.registry import Registry, default_registry
+from jobs.settings import Settings
+from jobs.streams import PRIORITIES, all_streams, stream_key
+from worker import claims, control
+from worker.capacity import Capacity
+from worker.completer import Completer, Finished
+from worker.consumer import Consumer, ensure_groups
+from worker.delivery import Delivery, Job
+from worker.executor import Executor
+from worker.heartbeat import Heartbeat
+from worker.metrics import WorkerMetrics
+from worker.reclaimer import Reclaimer
+from worker.signals import WorkerSignals, fire
+
+log = logging.getLogger("postbox.worker")
+
+MAX_READ = 1000  # most entries taken by one read, whatever the free capacity
+IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
+
+
+def new_worker_id() -> str:
+    return f"worker-{secrets.token_hex(4)}"
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        registry: Registry | None = None,
+        signals: WorkerSignals | None = None,
+        worker_id: str | None = None,
+        metrics: WorkerMetrics | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.settings = settings
+        self.registry = registry or default_registry
+        self.signals = signals or WorkerSignals()
+        self.id = worker_id or new_worker_id()
+        self.queues: list[str] = list(settings.queues) or self.registry.queues()
+        if not self.queues:
+            raise SettingsError("POSTBOX_QUEUES: no queues to consume (load task modules with --tasks, or name queues)")
+        self.metrics = metrics or WorkerMetrics()
+        self.capacity = Capacity(settings.concurrency)
+        self.running: dict[int, Job] = {}  # claimed attempts whose outcome is not yet acknowledged
+        self.paused: set[str] = set()
+        self.processed = 0
+        self.failed = 0
+        self.ready = asyncio.Event()
+        self._rand = rand
+        self._stopping = asyncio.Event()
+        self._lease = settings.visibility_timeout
+        self._prefix = settings.redis_prefix
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop reading and drain (safe to call from a signal handler on the loop)."""
+        self._stopping.set()
+        self.capacity.release(0)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def run(self) -> None:
+        s = self.settings
+        redis = Redis.from_url(s.require_redis_url(), decode_responses=False)
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            s.require_database_url(),
+            min_size=2,
+            max_size=min(s.concurrency, 32) + 4,
+            kwargs={"autocommit": True, "application_name": f"postbox-{self.id}"},
+            open=False,
+        )
+        threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix=self.id)
+        background: list[asyncio.Task[None]] = []
+        try:
+            await pool.open(wait=True, timeout=30)
+            await ensure_groups(redis, all_streams(self._prefix, self.queues))
+            self._redis = redis
+            self._pool = pool
+            self._consumer = Consumer(redis, consumer=self.id)
+            self._reclaimer = Reclaimer(
+                redis, pool, prefix=self._prefix, consumer=self.id, min_idle=s.visibility_timeout
+            )
+            self._heartbeat = Heartbeat(
+                pool, redis, worker_id=self.id, queues=self.queues, concurrency=s.concurrency, lease=self._lease
+            )
+            self._executor = Executor(
+                settings=s,
+                registry=self.registry,
+                pool=pool,
+                worker_id=self.id,
+                threads=threads,
+                on_start=self._on_start,
+                rand=self._rand,
+            )
+            self._completer = Completer(
+                pool=pool,
+                redis=redis,
+                prefix=self._prefix,
+                worker_id=self.id,
+                result_ttl=self._executor.result_ttl,
+                on_done=self._on_done,
+            )
+            await self._heartbeat.beat(0, 0, 0)
+            await self._poll_control()
+            completer_task = asyncio.create_task(self._completer.run(), name="completer")
+            heartbeat = self._forever(self._tick_heartbeat, self._heartbeat_every(), reader=False)
+            controls = self._forever(self._poll_control, control.POLL_INTERVAL, reader=False)
+            reclaims = self._forever(self._reclaim_once, self._reclaim_every(), reader=True)
+            background = [
+                completer_task,
+                asyncio.create_task(heartbeat, name="heartbeat"),
+                asyncio.create_task(controls, name="control"),
+            ]
+            readers = [
+                asyncio.create_task(self._consume(), name="consumer"),
+                asyncio.create_task(reclaims, name="reclaimer"),
+            ]
+            log.info(
+                "worker started",
+                extra={"worker_id": self.id, "queue": ",".join(self.queues), "count": s.concurrency},
+            )
+            self.ready.set()
+            await self._stopping.wait()
+            log.info("stopping: no more reads, draining in-flight jobs", extra={"worker_id": self.id})
+            await asyncio.gather(*readers, return_exceptions=True)
+            await self._drain()
+            await self._completer.close()
+            with contextlib.suppress(Exception):
+                await self._heartbeat.stopped(self.processed, self.failed)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            threads.shutdown(wait=False, cancel_futures=True)
+            await pool.close()
+            await redis.aclose()
+            log.info("worker stopped", extra={"worker_id": self.id})
+
+    async def _drain(self) -> None:
+        tasks = [job.task for job in self.running.values() if job.task is not None and not job.task.done()]
+        if not tasks:
+            return
+        _, unfinished = await asyncio.wait(tasks, timeout=self.settings.drain_timeout)
+        if unfinished:
+            log.warning(
+                "drain timeout: leaving unfinished jobs unacknowledged for another worker",
+                extra={"count": len(unfinished)},
+            )
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
+
+    def _heartbeat_every(self) -> float:
+        return max(0.05, min(self.settings.heartbeat_interval, self.settings.visibility_timeout / 3))
+
+    def _reclaim_every(self) -> float:
+        return max(0.05, min(1.0, self.settings.visibility_timeout / 4))
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but wake at once when stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _forever(self, step: Callable[[], Coroutine[Any, Any, None]], every: float, *, reader: bool) -> None:
+        """Run ``step`` every ``every`` seconds; readers end when stopping, the rest when cancelled."""
+        while not (reader and self._stopping.is_set()):
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed; retrying", getattr(step, "__name__", "step"))
+            if reader:
+                await self._sleep(every)
+            else:
+                await asyncio.sleep(every)
+
+    # --- reading ---------------------------------------------------------------------
+
+    def active_streams(self) -> list[str]:
+        """Streams to read, highest priority first across the worker's unpaused queues."""
+        queues = [q for q in self.queues if q not in self.paused]
+        return [stream_key(self._prefix, q, p) for p in PRIORITIES for q in queues]
+
+    async def _consume(self) -> None:
+        delay = 0.05
+        while not self._stopping.is_set():
+            try:
+                await self.capacity.wait_free()
+                if self._stopping.is_set():
+                    return
+                streams = self.active_streams()
+                if not streams:
+                    await self._sleep(control.POLL_INTERVAL / 2)
+                    continue
+                taken = self.capacity.take(min(self.capacity.free, MAX_READ))
+                try:
+                    deliveries, malformed, tails = await self._consumer.read(streams, taken)
+                except BaseException:
+                    self.capacity.release(taken)
+                    raise
+                self.capacity.release(taken - len(deliveries))
+                self._drop_malformed(malformed)
+                if deliveries:
+                    await self._dispatch(deliveries)
+                elif tails:
+                    await self._wait_new(tails)
+                delay = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reading streams failed; retrying")
+                await self._sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _wait_new(self, tails: dict[str, str]) -> None:
+        reader = asyncio.ensure_future(self._consumer.wait_for_new(tails, IDLE_BLOCK))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for fut in (reader, stopper):
+                if not fut.done():
+                    fut.cancel()
+            await asyncio.gather(reader, stopper, return_exceptions=True)
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # type: ignore[misc]
+
+    async def _reclaim_once(self) -> None:
+        if self._stopping.is_set():
+            return
+        taken = self.capacity.take(min(self.capacity.free, MAX_READ))
+        if taken == 0:
+            return
+        try:
+            got = await self._reclaimer.reclaim(self.active_streams(), taken)
+        except BaseException:
+            self.capacity.release(taken)
+            raise
+        self.capacity.release(taken - len(got.deliveries))
+        self._drop_malformed(got.malformed)
+        if got.deleted:
+            rescued = await self._reclaimer.rescue_lost(got.deleted)
+            fire(self.signals.lost, rescued)
+        if got.deliveries:
+            log.info("reclaimed idle entries", extra={"count": len(got.deliveries), "worker_id": self.id})
+            fire(self.signals.reclaimed, [d.job_id for d in got.deliveries])
+            await self._dispatch(got.deliveries)
+
+    def _drop_malformed(self, malformed: list[tuple[str, bytes]]) -> None:
+        for stream, entry_id in malformed:
+            log.error("dropping a stream entry that is not a postbox job", extra={"queue": stream})
+            self._completer.add(Finished(Delivery(stream, entry_id, 0, "", "", "", "", 0, 0)))
+
+    async def _dispatch(self, deliveries: list[Delivery]) -> None:
+        """Claim what was read (capacity for all of it is held) and start what may run."""
+        try:
+            batch = await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
+        except BaseException:
+            self.capacity.release(len(deliveries))
+            raise  # the entries stay pending; they are reclaimed after the visibility timeout
+        self.capacity.release(len(deliveries) - len(batch.run))
+        for delivery in batch.skip:
+            self.metrics.count(delivery.queue, delivery.task, "skipped")
+            self._completer.add(Finished(delivery))
+            fire(self.signals.skipped, delivery.job_id)
+        for delivery, state in batch.ended:
+            self.metrics.count(delivery.queue, delivery.task, state)
+            self._completer.add(Finished(delivery, ended_state=state))
+        if batch.run:
+            fire(self.signals.claimed, [job.id for job in batch.run])
+        for job in batch.run:
+            self.running[job.id] = job
+            job.task = asyncio.create_task(self._execute(job))
+
+    # --- running ---------------------------------------------------------------------
+
+    def _on_start(self, job: Job) -> None:
+        d = job.delivery
+        self.metrics.count(d.queue, d.task, "started")
+        self.metrics.latency.labels(d.queue, d.task).observe(max(0.0, time.time() - job.enq_ms / 1000))
+        self.metrics.in_flight.inc()
+        self._completer.publish(
+            events.event("started", job_id=d.job_id, queue=d.queue, task=d.task, attempt=job.attempt, worker_id=self.id)
+        )
+        fire(self.signals.started, d.job_id)
+
+    async def _execute(self, job: Job) -> None:
+        started = time.monotonic()
+        try:
+            outcome = await self._executor.run(job)
+        except asyncio.CancelledError:
+            # Shut down past the drain timeout: nothing recorded, never acknowledged.
+            if self.running.get(job.id) is job:
+                del self.running[job.id]
+            raise
+        finally:
+            self.capacity.release(1)
+        self.metrics.in_flight.dec()
+        d = job.delivery
+        self.metrics.duration.labels(d.queue, d.task).observe(time.monotonic() - started)
+        self._completer.add(Finished(d, job, outcome))
+
+    def _on_done(self, items: list[Finished]) -> None:
+        for f in items:
+            d = f.delivery
+            if f.job is None:
+                if f.ended_state is not None:
+                    fire(self.signals.finished, (d.job_id, f.ended_state))
+                continue
+            if self.running.get(f.job.id) is f.job:
+                del self.running[f.job.id]
+            outcome = f.outcome
+            assert outcome is not None
+            kind = outcome.kind if f.recorded else "lost"
+            self.metrics.count(d.queue, d.task, outcome.metric if f.recorded else "lost")
+            if f.recorded:
+                if outcome.state in ("succeeded", "cancelled"):
+                    self.processed += 1
+                else:
+                    self.failed += 1
+            fire(self.signals.finished, (d.job_id, kind))
+
+    # --- periodic --------------------------------------------------------------------
+
+    async def _tick_heartbeat(self) -> None:
+        await self._heartbeat.renew(self.running.values())
+        await self._heartbeat.beat(len(self.running), self.processed, self.failed)
+
+    async def _poll_control(self) -> None:
+        running = [job_id for job_id, job in self.running.items() if job.task is not None and not job.task.done()]
+        paused, cancel = await control.poll(self._pool, self.queues, running)
+        if paused != self.paused:
+            log.info("paused queues: %s", ",".join(sorted(paused)) or "none", extra={"worker_id": self.id})
+        self.paused = paused
+        for job_id in cancel:
+            job = self.running.get(job_id)
+            if job is None or job.cancel_requested:
+                continue
+            job.cancel_requested = True
+            spec = self._executor.spec(job.delivery.task)
+            if spec is not None and spec.is_async and job.task is not None and not job.task.done():
+                job.task.cancel()
