@@ -1,0 +1,167 @@
+"""What every admin command shares: settings, connections, output (tables or JSON), errors, exit codes.
+
+Exit codes: 0 done; 1 refused or failed (not found, conflict, a server down);
+2 bad input (usage, invalid values) — in that case nothing was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import re
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, TextIO
+
+import orjson
+import psycopg
+import redis.asyncio as aioredis
+
+from jobs.control import Actor, ControlError
+from jobs.errors import EnqueueError, PostboxError, SettingsError
+from jobs.settings import Settings, load_settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class UsageError(Exception):
+    """Bad command-line input (exit 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so ``main`` returns a code."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"{message}\n{self.format_usage().strip()}")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``90``, ``45s``, ``30m``, ``12h``, ``7d``, ``2w``."""
+    match = DURATION_RE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use seconds or 30m, 12h, 7d, 2w")
+    return float(match.group(1)) * UNITS[match.group(2)]
+
+
+def positive_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid job id {text!r}: a positive integer") from None
+    if not 0 < value < 2**63:
+        raise argparse.ArgumentTypeError(f"invalid job id {text!r}: a positive integer")
+    return value
+
+
+def cli_actor() -> Actor:
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "unknown"
+    return Actor(f"cli:{user}")
+
+
+def to_json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS, default=str).decode()
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value) or "-"
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str], out: TextIO) -> None:
+    if not rows:
+        print("(none)", file=out)
+        return
+    cells = [[cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    print("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip(), file=out)
+    for r in cells:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip(), file=out)
+
+
+def details(item: dict[str, Any], out: TextIO, skip: Sequence[str] = ()) -> None:
+    width = max(len(k) for k in item)
+    for key, value in item.items():
+        if key in skip:
+            continue
+        shown = to_json(value).replace("\n", " ") if isinstance(value, dict | list) else cell(value)
+        print(f"{key.ljust(width)}  {shown}", file=out)
+
+
+class Session:
+    """The command's connections: PostgreSQL always, Redis when configured."""
+
+    def __init__(self, settings: Settings, conn: psycopg.AsyncConnection[Any], redis: Any) -> None:
+        self.settings = settings
+        self.conn = conn
+        self.redis = redis
+
+
+Command = Callable[[Session, argparse.Namespace], Awaitable[int]]
+
+
+async def _with_session(settings: Settings, command: Command, args: argparse.Namespace) -> int:
+    conn = await psycopg.AsyncConnection.connect(
+        settings.require_database_url(), autocommit=False, application_name="postbox-admin", connect_timeout=5
+    )
+    redis = None
+    if settings.redis_url:
+        redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    try:
+        return await command(Session(settings, conn, redis), args)
+    finally:
+        if redis is not None:
+            await redis.aclose()
+        await conn.close()
+
+
+def run(prog: str, parser: Parser, argv: Sequence[str], commands: Mapping[str, Command]) -> int:
+    """Parse, connect, run the subcommand; print a clear message and return the exit code on error."""
+    try:
+        args = parser.parse_args(list(argv))
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    try:
+        settings = load_settings()
+        return asyncio.run(_with_session(settings, commands[args.command], args))
+    except (EnqueueError, UsageError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ControlError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if exc.status in (400, 422) and exc.code != "CONFIRMATION_REQUIRED" else EXIT_FAILED
+    except SettingsError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except psycopg.OperationalError as exc:
+        print(f"{prog}: error: cannot reach PostgreSQL: {str(exc).strip()}", file=sys.stderr)
+        return EXIT_FAILED
+    except psycopg.errors.UndefinedTable:
+        print(f"{prog}: error: the database has no postbox schema: run `postbox migrate`", file=sys.stderr)
+        return EXIT_FAILED
+    except psycopg.Error as exc:
+        print(f"{prog}: error: database error: {str(exc).strip()}", file=sys.stderr)
+        return EXIT_FAILED
+    except PostboxError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,130 @@
+"""``postbox jobs get|list|cancel|enqueue``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from app.admin.common import EXIT_OK, Parser, Session, UsageError, cli_actor, details, positive_id, run, table, to_json
+from jobs import control
+from jobs.producer import prepare
+from jobs.registry import default_registry, load_task_modules
+
+LIST_COLUMNS = ("id", "task", "queue", "priority", "state", "attempts", "max_attempts", "created_at", "last_error")
+HISTORY_COLUMNS = ("life", "attempt", "worker_id", "started_at", "finished_at", "outcome", "error_class", "error")
+
+
+def parser() -> Parser:
+    p = Parser(prog="postbox jobs", description="Look up, list, cancel and enqueue jobs.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    get = sub.add_parser("get", help="one job with its attempt history")
+    get.add_argument("id", type=positive_id)
+    lst = sub.add_parser("list", help="jobs, newest first")
+    lst.add_argument("--queue")
+    lst.add_argument("--task")
+    lst.add_argument("--state")
+    lst.add_argument("--limit", type=int, default=50)
+    lst.add_argument("--cursor", help="next_cursor of the previous page")
+    cancel = sub.add_parser("cancel", help="cancel a job (waiting: now; running: cooperatively)")
+    cancel.add_argument("id", type=positive_id)
+    enq = sub.add_parser("enqueue", help="enqueue a job of a registered task")
+    enq.add_argument("task")
+    enq.add_argument("--args", default="{}", help="JSON object of the handler's arguments")
+    enq.add_argument("--queue")
+    enq.add_argument("--priority", type=int)
+    enq.add_argument("--delay", type=float, help="seconds from now")
+    enq.add_argument("--run-at", type=datetime.fromisoformat, help="ISO time with a timezone")
+    enq.add_argument("--max-attempts", type=int)
+    enq.add_argument("--dedup-key")
+    enq.add_argument("--keep-result", action="store_true", default=None)
+    enq.add_argument("--tasks", help="comma-separated task modules (default: POSTBOX_TASKS)")
+    for each in (get, lst, cancel, enq):
+        each.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+async def cmd_get(s: Session, a: argparse.Namespace) -> int:
+    job = await control.get_job(s.conn, a.id)
+    if a.json:
+        print(to_json(job))
+        return EXIT_OK
+    details(job, sys.stdout, skip=("history",))
+    print("\nhistory:")
+    table(job["history"], HISTORY_COLUMNS, sys.stdout)
+    return EXIT_OK
+
+
+async def cmd_list(s: Session, a: argparse.Namespace) -> int:
+    page = await control.list_jobs(s.conn, queue=a.queue, task=a.task, state=a.state, limit=a.limit, cursor=a.cursor)
+    if a.json:
+        print(to_json({"items": page.items, "next_cursor": page.next_cursor}))
+        return EXIT_OK
+    table(page.items, LIST_COLUMNS, sys.stdout)
+    if page.next_cursor:
+        print(f"\nmore: --cursor {page.next_cursor}")
+    return EXIT_OK
+
+
+async def cmd_cancel(s: Session, a: argparse.Namespace) -> int:
+    outcome = await control.cancel_job(s.conn, a.id, cli_actor())
+    if not outcome["cancel_requested"]:
+        await control.publish_event(
+            s.redis, s.settings.redis_prefix, "cancelled", job_id=a.id, queue=outcome["queue"], task=outcome["task"]
+        )
+    if a.json:
+        print(to_json(outcome))
+    elif outcome["cancel_requested"]:
+        print(f"job {a.id} is running: cancel requested (its worker stops it)")
+    else:
+        print(f"job {a.id} cancelled")
+    return EXIT_OK
+
+
+def _args(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise UsageError(f"--args is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise UsageError("--args must be a JSON object")
+    return value
+
+
+async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
+    modules = [m.strip() for m in a.tasks.split(",") if m.strip()] if a.tasks else s.settings.tasks
+    try:
+        load_task_modules(modules)
+    except ImportError as exc:
+        raise UsageError(f"cannot import task module: {exc}") from None
+    row = prepare(
+        a.task,
+        _args(a.args),
+        queue=a.queue,
+        priority=a.priority,
+        delay=a.delay,
+        run_at=a.run_at,
+        max_attempts=a.max_attempts,
+        dedup_key=a.dedup_key,
+        keep_result=a.keep_result,
+        registry=default_registry,
+    )
+    job_id, created = await control.enqueue_job(s.conn, row)
+    if created:
+        await control.publish_event(
+            s.redis, s.settings.redis_prefix, "enqueued", job_id=job_id, queue=row.queue, task=row.task
+        )
+    if a.json:
+        print(to_json({"id": job_id, "duplicate": not created, "queue": row.queue, "task": row.task}))
+    else:
+        print(f"job {job_id} {'enqueued' if created else 'already exists (dedup key)'} on queue {row.queue}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str]) -> int:
+    commands = {"get": cmd_get, "list": cmd_list, "cancel": cmd_cancel, "enqueue": cmd_enqueue}
+    return run("postbox jobs", parser(), argv, commands)

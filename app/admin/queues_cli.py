@@ -1,0 +1,68 @@
+"""``postbox queues list|pause|resume``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from app.admin.common import EXIT_OK, Parser, Session, cli_actor, run, table, to_json
+from jobs import control
+
+COLUMNS = (
+    "queue",
+    "paused",
+    "backlog",
+    "scheduled",
+    "queued",
+    "in_flight",
+    "retrying",
+    "dead",
+    "discarded",
+    "oldest_waiting_seconds",
+    "in_streams",
+    "stream_pending",
+)
+
+
+def parser() -> Parser:
+    p = Parser(prog="postbox queues", description="Queue stats and pause/resume.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    lst = sub.add_parser("list", help="stats of every known queue (PostgreSQL exact, Redis approximate)")
+    pause = sub.add_parser("pause", help="stop workers from starting this queue's jobs")
+    pause.add_argument("queue")
+    resume = sub.add_parser("resume", help="let workers start this queue's jobs again")
+    resume.add_argument("queue")
+    for each in (lst, pause, resume):
+        each.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+async def cmd_list(s: Session, a: argparse.Namespace) -> int:
+    stats = await control.queue_stats(s.conn, s.redis, s.settings.redis_prefix)
+    if a.json:
+        print(to_json(stats))
+        return EXIT_OK
+    table(stats, COLUMNS, sys.stdout)
+    errors = {q["redis_error"] for q in stats if q["redis_error"]}
+    if errors:
+        print(f"\nredis unavailable ({'; '.join(sorted(errors))}): stream columns unknown", file=sys.stderr)
+    return EXIT_OK
+
+
+async def _set(s: Session, a: argparse.Namespace, paused: bool) -> int:
+    outcome = await control.set_paused(s.conn, a.queue, paused, cli_actor())
+    print(to_json(outcome) if a.json else f"queue {a.queue} {'paused' if paused else 'resumed'}")
+    return EXIT_OK
+
+
+async def cmd_pause(s: Session, a: argparse.Namespace) -> int:
+    return await _set(s, a, True)
+
+
+async def cmd_resume(s: Session, a: argparse.Namespace) -> int:
+    return await _set(s, a, False)
+
+
+def main(argv: Sequence[str]) -> int:
+    return run("postbox queues", parser(), argv, {"list": cmd_list, "pause": cmd_pause, "resume": cmd_resume})
