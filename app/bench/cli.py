@@ -79,17 +79,17 @@ def _scenario(name: str) -> ScenarioRun:
 
         return lambda box, url, params, progress: enqueue.run(url, params, progress)
     if name == "relay":
-        from app.bench import relay
+        from app.bench.relay import run as run_relay
 
-        return relay.run
+        return run_relay
     if name == "worker":
-        from app.bench import worker
+        from app.bench.worker import run as run_worker
 
-        return worker.run
+        return run_worker
     if name == "latency":
-        from app.bench import latency
+        from app.bench.latency import run as run_latency
 
-        return latency.run
+        return run_latency
     raise ValueError(f"unknown scenario {name!r}")
 
 

@@ -1,12 +1,132 @@
-"""``bench relay``: not written yet (waits for the relay and worker components)."""
+"""``bench relay``: how fast the relay empties a full outbox, and commit-to-XADD latency.
+
+Throughput: ``relay_rows`` jobs are committed first, then one relay process
+(``python -m relay run``) starts; the rate is taken from PostgreSQL's
+``published_at`` stamps (rows after the first batch / time from the first
+batch's mark to the last one's), so process start-up is not counted.
+
+Latency: a relay runs; the bench commits jobs at a steady ``relay_rate`` (one
+per transaction) and a reader thread in the bench process XREADs the stream;
+latency = time the entry was read − time the COMMIT returned, both read with
+``time.time()`` on this machine.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psycopg
+import redis
+
+from app.bench import outbox
 from app.bench.params import Params
+from app.bench.procs import bench_env, children
 from app.bench.progress import Progress
-from app.bench.report import Figure
+from app.bench.report import Figure, Target
 from app.bench.sandbox import Sandbox
+from app.bench.stats import Latency
+from app.bench.steady import produce
+from app.bench.tasks import QUEUE
+from jobs.streams import stream_key
+
+SCENARIO = "relay"
+
+
+class StreamReader(threading.Thread):
+    """XREADs one stream from its start; records when each outbox id was first seen."""
+
+    def __init__(self, redis_url: str, key: str) -> None:
+        super().__init__(daemon=True, name="bench-xread")
+        self.client = redis.Redis.from_url(redis_url)
+        self.key = key
+        self.seen: dict[int, float] = {}
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        last = "0-0"
+        try:
+            while not self.stopping.is_set():
+                reply: Any = self.client.xread({self.key: last}, count=1000, block=100)
+                now = time.time()
+                for _key, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                        job_id = int(fields[b"id"])
+                        self.seen.setdefault(job_id, now)
+        except BaseException as exc:  # reported by the scenario
+            self.error = exc
+        finally:
+            self.client.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(5)
+
+
+def wait_seen(reader: StreamReader, ids: Iterable[int], check: Callable[[], None], timeout: float = 60) -> None:
+    wanted = set(ids)
+    outbox.wait_until(lambda: wanted <= reader.seen.keys(), timeout, interval=0.1, check=check)
 
 
 def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
-    raise NotImplementedError("the relay scenario is not written yet")
+    rows = params.relay_rows
+    throughput = Figure(
+        SCENARIO, "relay.rows", f"rows/s published ({rows:,} pre-filled)", "rows/s", target=Target(">=", 30_000)
+    )
+    rate = params.relay_rate
+    p50 = Figure(
+        SCENARIO, "relay.p50", f"commit-to-XADD p50 @ {rate}/s", "ms", target=Target("<=", 5), higher_is_better=False
+    )
+    p95 = Figure(SCENARIO, "relay.p95", f"commit-to-XADD p95 @ {rate}/s", "ms", higher_is_better=False)
+    p99 = Figure(
+        SCENARIO, "relay.p99", f"commit-to-XADD p99 @ {rate}/s", "ms", target=Target("<=", 25), higher_is_better=False
+    )
+    env = bench_env(database_url, box.redis_url, box.prefix)
+    with psycopg.connect(database_url) as conn:
+        for rep in range(params.repeat):
+            outbox.reset(conn)
+            box.clean_redis_prefix()
+            outbox.prefill(conn, "bench_noop", rows, params.batch)
+            with children(env) as kids:
+                kids.python("relay", ["relay", "run"])
+                outbox.wait_until(
+                    lambda: outbox.scalar(conn, outbox.COUNT_UNPUBLISHED) == 0,
+                    timeout=max(60.0, rows / 1000),
+                    interval=0.5,
+                    check=kids.check_alive,
+                )
+            span = outbox.span(conn, outbox.PUBLISH_SPAN)
+            throughput.values.append(span.rate)
+            progress.say(f"relay rep {rep + 1}/{params.repeat}: {span.rate:,.0f} rows/s ({span.count:,} rows)")
+        key = stream_key(box.prefix, QUEUE, 5)
+        for rep in range(params.repeat):
+            outbox.reset(conn)
+            box.clean_redis_prefix()
+            reader = StreamReader(box.redis_url, key)
+            reader.start()
+            try:
+                with children(env) as kids:
+                    kids.python("relay", ["relay", "run"])
+                    warm = produce(conn, "bench_noop", rate, 1.0)  # relay up and leading, caches warm
+                    wait_seen(reader, warm.commits, kids.check_alive)
+                    measured = produce(conn, "bench_noop", rate, params.duration)
+                    wait_seen(reader, measured.commits, kids.check_alive)
+            finally:
+                reader.stop()
+            if reader.error is not None:
+                raise reader.error
+            lat = Latency.of([reader.seen[i] - t for i, t in measured.commits.items()])
+            p50.values.append(lat.p50)
+            p95.values.append(lat.p95)
+            p99.values.append(lat.p99)
+            progress.say(
+                f"relay latency rep {rep + 1}/{params.repeat} @ {measured.achieved_rate:,.0f}/s: "
+                f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"
+            )
+        outbox.reset(conn)
+    box.clean_redis_prefix()
+    return [throughput, p50, p95, p99]
