@@ -91,7 +91,7 @@ MARK_SENT: LiteralString = """
 # A claim whose provider call failed (and was answered, so nothing is in doubt
 # on our side) is given up at once, so the retry need not wait for it to go stale.
 RELEASE_CLAIM: LiteralString = """
-    UPDATE email_sends SET claimed_at = '-infinity', claimed_by = NULL
+    UPDATE email_sends SET claimed_at = 'epoch', claimed_by = NULL
      WHERE order_id = %(order_id)s AND kind = %(kind)s AND sent_at IS NULL AND claimed_by = %(claimed_by)s
 """
 
