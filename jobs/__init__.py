@@ -30,6 +30,7 @@ from jobs.errors import (
 )
 from jobs.producer import Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
 from jobs.registry import Registry, RetryPolicy, TaskSpec, default_registry, task
+from jobs.results import JobResult, get_result, get_result_async, wait_result
 from jobs.settings import Settings, load_settings
 from jobs.states import TERMINAL_STATES, JobState
 
@@ -44,6 +45,7 @@ __all__ = [
     "InvalidPriorityError",
     "InvalidQueueError",
     "JobCancelled",
+    "JobResult",
     "JobState",
     "Limits",
     "PayloadTooLargeError",
@@ -62,7 +64,10 @@ __all__ = [
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "get_result",
+    "get_result_async",
     "load_settings",
     "prepare",
     "task",
+    "wait_result",
 ]

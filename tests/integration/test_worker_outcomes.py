@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -10,6 +12,7 @@ import redis.asyncio as aioredis
 
 import jobs
 from jobs.settings import Settings
+from relay import Relay
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due
 from tests.worker_support import fetch, fetchval, finished, running_worker, worker_settings
@@ -22,53 +25,218 @@ async def effects(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnectio
     return aconn
 
 
+@pytest.fixture
+def wsettings(settings: Settings) -> Settings:
+    return worker_settings(settings)
+
+
+@pytest.fixture
+async def relay(wsettings: Settings) -> AsyncIterator[Relay]:
+    """The real relay, in this event loop (retries go back through it)."""
+    instance = Relay(wsettings)
+    task = asyncio.create_task(instance.run())
+    try:
+        yield instance
+    finally:
+        instance.stop()
+        await asyncio.wait_for(task, 10)
+
+
 async def enqueue(aconn: psycopg.AsyncConnection[Any], task: Any, args: dict[str, Any] | None = None, **kw: Any) -> int:
     job_id = await jobs.enqueue_async(aconn, task, args, **kw)
     await aconn.commit()
     return job_id
 
 
-async def test_success_is_recorded_and_acknowledged(
-    settings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+async def history(aconn: psycopg.AsyncConnection[Any], job_id: int) -> list[tuple[Any, ...]]:
+    return await fetch(
+        aconn,
+        "SELECT attempt, outcome, error_class FROM job_attempts WHERE outbox_id = %s ORDER BY attempt",
+        (job_id,),
+    )
+
+
+async def test_success_is_recorded_then_acknowledged_and_deleted(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
 ) -> None:
-    s = worker_settings(settings)
     job_id = await enqueue(aconn, t.w_add, {"a": 2, "b": 3})
-    async with running_worker(s) as worker:
-        await publish_due(aconn, redis, s.redis_prefix)
+    async with running_worker(wsettings) as worker:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
         assert await finished(worker, 1) == [(job_id, "succeeded")]
     row = await fetch(
         aconn, "SELECT state, attempts, result, claimed_by, lease_until, finished_at IS NOT NULL FROM outbox"
     )
     assert row == [("succeeded", 1, 5, None, None, True)]
-    history = await fetch(aconn, "SELECT attempt, worker_id, outcome FROM job_attempts WHERE outbox_id = %s", (job_id,))
-    assert history == [(1, worker.id, "succeeded")]
-    stream = f"{s.redis_prefix}:{{{t.QUEUE}}}:p5"
-    assert await redis.xlen(stream) == 0  # XACK + XDEL
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM job_attempts") == [(1, worker.id, "succeeded")]
+    stream = f"{wsettings.redis_prefix}:{{{t.QUEUE}}}:p5"
+    assert await redis.xlen(stream) == 0  # XACK + XDEL after the commit
     assert (await redis.xpending(stream, "postbox"))["pending"] == 0
+    assert await fetchval(aconn, "SELECT processed FROM workers WHERE id = %s", (worker.id,)) == 1
+
+
+async def test_sync_handler_runs_in_a_thread_and_keeps_its_result(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    job_id = await enqueue(aconn, t.w_sync_add, {"a": 40, "b": 2})
+    async with running_worker(wsettings) as worker:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        assert await finished(worker, 1) == [(job_id, "succeeded")]
+    assert await fetch(aconn, "SELECT state, result, result_expires_at > now() FROM outbox") == [
+        ("succeeded", {"sum": 42, "thread": 1}, True)
+    ]
 
 
 async def test_retry_with_backoff_then_success(
-    settings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], relay: Relay
 ) -> None:
-    from relay import Relay
-
-    s = worker_settings(settings)
     aconn = effects
     job_id = await enqueue(aconn, t.w_flaky, {"fail_times": 2})
-    relay = Relay(s)
-    import asyncio
-
-    relay_task = asyncio.create_task(relay.run())
-    try:
-        async with running_worker(s) as worker:
-            outcomes = await finished(worker, 3)
-    finally:
-        relay.stop()
-        await relay_task
+    async with running_worker(wsettings) as worker:
+        outcomes = await finished(worker, 3)
     assert outcomes == [(job_id, "retry"), (job_id, "retry"), (job_id, "succeeded")]
-    assert await fetch(aconn, "SELECT state, attempts, result FROM outbox") == [("succeeded", 3, "ok on attempt 3")]
-    history = await fetch(
-        aconn, "SELECT attempt, outcome, error_class FROM job_attempts WHERE outbox_id = %s ORDER BY attempt", (job_id,)
+    assert await fetch(aconn, "SELECT state, attempts, result, publish_count FROM outbox") == [
+        ("succeeded", 3, "ok on attempt 3", 3)
+    ]
+    assert await history(aconn, job_id) == [
+        (1, "retry", "RuntimeError"),
+        (2, "retry", "RuntimeError"),
+        (3, "succeeded", None),
+    ]
+    # attempt 2 started no sooner than the backoff after attempt 1 (base 0.05 s, no jitter)
+    gap = await fetchval(
+        aconn,
+        "SELECT extract(epoch FROM b.started_at - a.finished_at) FROM job_attempts a, job_attempts b"
+        " WHERE a.outbox_id = %s AND b.outbox_id = a.outbox_id AND a.attempt = 1 AND b.attempt = 2",
+        (job_id,),
     )
-    assert history == [(1, "retry", "RuntimeError"), (2, "retry", "RuntimeError"), (3, "succeeded", None)]
+    assert float(gap) >= 0.05
     assert await fetchval(aconn, "SELECT count(*) FROM worker_effects") == 1
+
+
+async def test_retry_later_counts_as_an_attempt(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], relay: Relay
+) -> None:
+    aconn = effects
+    job_id = await enqueue(aconn, t.w_retry_later, {"seconds": 0.3})
+    async with running_worker(wsettings) as worker:
+        assert await finished(worker, 2) == [(job_id, "retry"), (job_id, "succeeded")]
+    assert await history(aconn, job_id) == [(1, "retry", "RetryLater"), (2, "succeeded", None)]
+    gap = await fetchval(
+        aconn,
+        "SELECT extract(epoch FROM b.started_at - a.finished_at) FROM job_attempts a, job_attempts b"
+        " WHERE a.outbox_id = %s AND b.outbox_id = a.outbox_id AND a.attempt = 1 AND b.attempt = 2",
+        (job_id,),
+    )
+    assert float(gap) >= 0.3
+
+
+async def test_permanent_error_is_dead_at_once(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay
+) -> None:
+    job_id = await enqueue(aconn, t.w_permanent)
+    async with running_worker(wsettings) as worker:
+        assert await finished(worker, 1) == [(job_id, "dead")]
+    assert await fetch(aconn, "SELECT state, attempts, last_error_class, last_error, result FROM outbox") == [
+        (
+            "dead",
+            1,
+            "PermanentError",
+            "card declined",
+            {"error": {"class": "PermanentError", "message": "card declined"}},
+        )
+    ]
+    assert await history(aconn, job_id) == [(1, "dead", "PermanentError")]
+
+
+async def test_exhausted_attempts_are_dead_with_their_history(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay
+) -> None:
+    job_id = await enqueue(aconn, t.w_always_fails)
+    async with running_worker(wsettings) as worker:
+        assert await finished(worker, 3) == [(job_id, "retry"), (job_id, "retry"), (job_id, "dead")]
+    state, attempts, error_class, error = (
+        await fetch(aconn, "SELECT state, attempts, last_error_class, last_error FROM outbox")
+    )[0]
+    assert (state, attempts, error_class) == ("dead", 3, "ValueError")
+    assert len(error) == 500 and "\n" not in error and error.startswith("attempts exhausted (3/3): boom second line")
+    assert await history(aconn, job_id) == [
+        (1, "retry", "ValueError"),
+        (2, "retry", "ValueError"),
+        (3, "dead", "ValueError"),
+    ]
+
+
+async def test_timeout_is_retried_then_dead(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay
+) -> None:
+    job_id = await enqueue(aconn, t.w_too_slow)
+    async with running_worker(wsettings) as worker:
+        assert await finished(worker, 2) == [(job_id, "retry"), (job_id, "dead")]
+    assert await history(aconn, job_id) == [(1, "retry", "JobTimeout"), (2, "dead", "JobTimeout")]
+
+
+async def test_unknown_task_is_dead_at_once_and_nothing_runs(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay
+) -> None:
+    job_id = await fetchval(aconn, "SELECT postbox_enqueue('no_such_task', '{}'::jsonb, %s)", (t.QUEUE,))
+    bad_args = await fetchval(aconn, "SELECT postbox_enqueue('w_add', '{\"a\": \"x\"}'::jsonb, %s)", (t.QUEUE,))
+    async with running_worker(wsettings) as worker:
+        assert sorted(await finished(worker, 2)) == sorted([(job_id, "dead"), (bad_args, "dead")])
+    rows = await fetch(aconn, "SELECT id, state, attempts, last_error_class FROM outbox ORDER BY id")
+    assert rows == [(job_id, "dead", 1, "UnknownTaskError"), (bad_args, "dead", 1, "InvalidArgsError")]
+
+
+async def test_ctx_transaction_commits_effect_and_outcome_together_and_enqueues_through_the_outbox(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], relay: Relay
+) -> None:
+    aconn = effects
+    parent = await enqueue(aconn, t.w_enqueue_child, {"n": 3})
+    async with running_worker(wsettings) as worker:
+        got = await finished(worker, 4)
+    assert got[0] == (parent, "succeeded")
+    rows = await fetch(aconn, "SELECT task, state, result FROM outbox ORDER BY id")
+    assert rows == [
+        ("w_enqueue_child", "succeeded", None),
+        ("w_add", "succeeded", 1),
+        ("w_add", "succeeded", 2),
+        ("w_add", "succeeded", 3),
+    ]
+    assert await fetch(aconn, "SELECT outbox_id FROM processed_jobs") == [(parent,)]
+
+
+async def test_already_processed_job_is_absorbed_as_a_duplicate(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    aconn = effects
+    job_id = await enqueue(aconn, t.w_count)
+    await aconn.execute("INSERT INTO processed_jobs (outbox_id) VALUES (%s)", (job_id,))
+    await aconn.commit()
+    async with running_worker(wsettings) as worker:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        assert await finished(worker, 1) == [(job_id, "duplicate")]
+    assert await fetchval(aconn, "SELECT value FROM worker_counter") == 0
+    assert await fetch(aconn, "SELECT state FROM outbox") == [("succeeded",)]
+    assert await history(aconn, job_id) == [(1, "duplicate", None)]
+
+
+async def test_wait_result_returns_value_of_finished_and_error_of_dead(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay, database_url: str
+) -> None:
+    ok = await enqueue(aconn, t.w_add, {"a": 20, "b": 22})
+    bad = await enqueue(aconn, t.w_permanent)
+    waiters = [
+        asyncio.create_task(jobs.wait_result(ok, 20, database_url=database_url)),
+        asyncio.create_task(jobs.wait_result(bad, 20, database_url=database_url)),
+    ]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    async with running_worker(wsettings):
+        good, dead = await asyncio.gather(*waiters)
+    assert (good.state, good.value, good.ok) == ("succeeded", 42, True)
+    assert (dead.state, dead.error_class, dead.error, dead.ok) == ("dead", "PermanentError", "card declined", False)
+    with psycopg.connect(database_url) as conn:
+        assert jobs.get_result(conn, ok) == good
+        assert jobs.get_result(conn, 10**9) is None
+    with pytest.raises(TimeoutError):
+        pending = await enqueue(aconn, t.w_add, {"a": 1, "b": 1}, delay=60)
+        await jobs.wait_result(pending, 0.3, database_url=database_url)

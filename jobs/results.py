@@ -1,0 +1,95 @@
+"""Read a job's result, or wait for it without polling.
+
+``get_result(conn, job_id)`` reads it now; ``await wait_result(job_id,
+timeout)`` LISTENs on ``postbox_results`` (workers NOTIFY the ids of finished
+jobs, one notification per outcome batch, in the outcome's transaction) and
+returns once the job is finished. A job that ended dead records its failure as
+its result, so a waiter learns why: ``error_class`` and ``error`` are set.
+A value is kept only for tasks (or enqueues) with ``keep_result``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection, Connection
+
+from jobs import sql
+from jobs.states import TERMINAL_STATES
+
+RESULTS_CHANNEL = "postbox_results"
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job_id: int
+    state: str
+    value: Any = None  # the handler's return value (keep_result), else None
+    error_class: str | None = None  # set when the job ended dead (or cancelled)
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "succeeded"
+
+
+def _from_row(job_id: int, row: tuple[Any, ...] | None) -> JobResult | None:
+    if row is None:
+        return None
+    state, result, error_class, error = row
+    if state == "dead" and isinstance(result, dict) and isinstance(result.get("error"), dict):
+        failure = result["error"]
+        return JobResult(job_id, state, None, failure.get("class") or error_class, failure.get("message") or error)
+    if state == "succeeded":
+        return JobResult(job_id, state, result)
+    if state in ("dead", "cancelled", "expired"):
+        return JobResult(job_id, state, None, error_class, error)
+    return JobResult(job_id, state)
+
+
+def get_result(conn: Connection[Any], job_id: int) -> JobResult | None:
+    """The job's state and result now (None: no such job). Runs one SELECT on ``conn``."""
+    row = conn.execute(sql.SELECT_RESULT, {"id": job_id}).fetchone()
+    return _from_row(job_id, row)
+
+
+async def get_result_async(conn: AsyncConnection[Any], job_id: int) -> JobResult | None:
+    cur = await conn.execute(sql.SELECT_RESULT, {"id": job_id})
+    return _from_row(job_id, await cur.fetchone())
+
+
+async def wait_result(job_id: int, timeout: float, *, database_url: str | None = None) -> JobResult:  # noqa: ASYNC109
+    """Block until the job is finished (succeeded, dead, cancelled, expired); return its result.
+
+    Raises ``LookupError`` for an unknown job and ``TimeoutError`` after ``timeout`` seconds.
+    """
+    if database_url is None:
+        from jobs.settings import load_settings
+
+        database_url = load_settings().require_database_url()
+    deadline = time.monotonic() + timeout
+    conn = await AsyncConnection.connect(database_url, autocommit=True, application_name="postbox-wait-result")
+    try:
+        await conn.execute("LISTEN postbox_results")  # RESULTS_CHANNEL
+        wanted = str(job_id)
+        while True:
+            # Listening before reading: a NOTIFY after this read cannot be missed.
+            result = await get_result_async(conn, job_id)
+            if result is None:
+                raise LookupError(f"no job {job_id}")
+            if result.finished:
+                return result
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"job {job_id} not finished after {timeout}s (state {result.state})")
+            async for note in conn.notifies(timeout=remaining):
+                if wanted in note.payload.split(","):
+                    break
+    finally:
+        await conn.close()
