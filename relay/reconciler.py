@@ -101,6 +101,7 @@ class Reconciler:
         self.sweep_cursor = 0
         self.next_sweep = clock() + sweep_interval
         self.republished_total = 0
+        self.sweeps = 0  # sweeps completed (tests wait on it)
         self._recovered = 0
 
     @property
@@ -142,6 +143,7 @@ class Reconciler:
         return any(int(n) == 0 for n in found)
 
     async def _start_recovery(self, conn: AsyncConnection[Any], reason: str) -> None:
+        first_check = self.token is None
         self.token = uuid.uuid4().hex
         await self.redis.set(self.key, RECOVERING + self.token)
         self.publisher.forget_groups()
@@ -151,7 +153,10 @@ class Reconciler:
         self.cutoff = row[0]
         self.cursor = 0
         self._recovered = 0
-        log.warning("Redis lost data: republishing unfinished jobs", extra={"reason": reason})
+        if first_check:  # a fresh Redis looks like a lost one: republishing is harmless either way
+            log.info("no epoch in Redis: republishing unfinished jobs, if any", extra={"reason": reason})
+        else:
+            log.warning("Redis lost data: republishing unfinished jobs", extra={"reason": reason})
         if self.on_loss is not None:
             self.on_loss()
 
@@ -182,6 +187,12 @@ class Reconciler:
         if self.recovering or (not force and self.clock() < self.next_sweep):
             return []
         self.next_sweep = self.clock() + self.sweep_interval
+        try:
+            return await self._sweep(conn)
+        finally:
+            self.sweeps += 1
+
+    async def _sweep(self, conn: AsyncConnection[Any]) -> list[int]:
         cur = await conn.execute(
             sql.RELAY_SELECT_INFLIGHT,
             {"after": self.sweep_cursor, "min_age": self.sweep_min_age, "limit": self.sweep_batch},

@@ -115,6 +115,7 @@ class Relay:
         self.republished_total = 0
         self.session: LeaderSession | None = None
         self.notifier: Notifier | None = None
+        self.reconciler: Reconciler | None = None
         self._stop = asyncio.Event()
         self._wake: asyncio.Event | None = None
 
@@ -241,6 +242,7 @@ class Relay:
             on_republished=self._on_republished,
             on_loss=lambda: _fire(self.signals.redis_loss),
         )
+        self.reconciler = reconciler
         next_beat = 0.0
         next_check = 0.0
         redis_down = False

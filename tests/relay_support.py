@@ -23,8 +23,8 @@ from relay import Relay, RelaySignals
 Predicate = Callable[[], Any]
 
 
-async def wait_until(predicate: Predicate, timeout: float, interval: float = 0.02, what: str = "condition") -> float:
-    """Poll ``predicate`` (sync or async) until truthy; return seconds waited; fail after ``timeout``."""
+async def wait_until(predicate: Predicate, within: float, interval: float = 0.02, what: str = "condition") -> float:
+    """Poll ``predicate`` (sync or async) until truthy; return seconds waited; fail after ``within`` seconds."""
     start = time.monotonic()
     while True:
         value = predicate()
@@ -32,8 +32,8 @@ async def wait_until(predicate: Predicate, timeout: float, interval: float = 0.0
             value = await value
         if value:
             return time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if time.monotonic() - start > within:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
         await asyncio.sleep(interval)
 
 
@@ -48,13 +48,13 @@ def wait_until_sync(
     return time.monotonic() - start
 
 
-async def get_within(queue: asyncio.Queue[Any], timeout: float) -> Any:
-    return await asyncio.wait_for(queue.get(), timeout=timeout)
+async def get_within(queue: asyncio.Queue[Any], within: float) -> Any:
+    return await asyncio.wait_for(queue.get(), timeout=within)
 
 
-async def event_within(event: asyncio.Event | None, timeout: float) -> None:
+async def event_within(event: asyncio.Event | None, within: float) -> None:
     assert event is not None
-    await asyncio.wait_for(event.wait(), timeout=timeout)
+    await asyncio.wait_for(event.wait(), timeout=within)
 
 
 @asynccontextmanager
@@ -134,7 +134,7 @@ def relay_processes(env: dict[str, str], n: int, log_dir: Any) -> Iterator[list[
     files = []
     try:
         for i in range(n):
-            log_file = open(os.path.join(str(log_dir), f"relay-{i}.log"), "wb")  # noqa: SIM115
+            log_file = open(os.path.join(str(log_dir), f"relay-{i}.log"), "wb")
             files.append(log_file)
             procs.append(
                 subprocess.Popen(

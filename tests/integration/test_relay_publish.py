@@ -9,8 +9,10 @@ from typing import Any
 import psycopg
 import redis.asyncio as aioredis
 
+from jobs import sql
 from jobs.settings import Settings
 from jobs.streams import GROUP, stream_key
+from relay.publisher import Publisher, ensure_group
 from tests.relay_support import (
     enqueue_sql,
     entries,
@@ -26,7 +28,7 @@ from tests.relay_support import (
 async def test_publishes_committed_rows_to_their_stream_and_marks_them(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
 ) -> None:
-    async with running_relay(settings) as (relay, signals):
+    async with running_relay(settings) as (_relay, signals):
         await event_within(signals.leader, 10)
         ids = enqueue_sql(conn, 3, queue="mail", priority=7)
         got: list[int] = []
@@ -54,7 +56,7 @@ async def test_backlog_is_published_in_batches_in_id_order(
 ) -> None:
     ids = enqueue_sql(conn, 25)
     batches: list[list[int]] = []
-    async with running_relay(settings.model_copy(update={"relay_batch_size": 10})) as (relay, signals):
+    async with running_relay(settings.model_copy(update={"relay_batch_size": 10})) as (_relay, signals):
         assert signals.published is not None
         while sum(len(b) for b in batches) < 25:
             batches.append(await get_within(signals.published, 5))
@@ -69,7 +71,7 @@ async def test_notify_wakes_the_relay_long_before_the_poll(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
 ) -> None:
     slow_poll = settings.model_copy(update={"poll_interval": 30.0})
-    async with running_relay(slow_poll, heartbeat_interval=30.0, epoch_check_interval=30.0) as (relay, signals):
+    async with running_relay(slow_poll, heartbeat_interval=30.0, epoch_check_interval=30.0) as (_relay, signals):
         await event_within(signals.listening, 10)
         assert signals.published is not None
         await asyncio.sleep(0)  # let the first idle wait begin
@@ -88,7 +90,7 @@ async def test_expired_rows_are_not_published(
     conn.execute("UPDATE outbox SET expires_at = now() - interval '1 second' WHERE id = %s", (stale,))
     conn.commit()
     [fresh] = enqueue_sql(conn, 1)
-    async with running_relay(settings) as (relay, signals):
+    async with running_relay(settings) as (_relay, signals):
         assert signals.published is not None
         assert await get_within(signals.published, 5) == [fresh]
     assert await entry_ids(redis, settings.redis_prefix) == [fresh]
@@ -96,35 +98,26 @@ async def test_expired_rows_are_not_published(
 
 
 async def test_a_row_claimed_before_the_mark_is_left_alone(
-    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: Any
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """The mark only touches rows still unpublished: a worker's claim wins."""
-    from relay.publisher import Publisher
-
+    """The mark only touches rows still unpublished: a worker's claim (between XADD and mark) wins."""
     [job] = enqueue_sql(conn, 1)
     await aconn.set_autocommit(True)
     publisher = Publisher(redis, settings.redis_prefix)
-    cur = await aconn.execute("SELECT 1")
-    assert await cur.fetchone() == (1,)
-    # XADD happens, then (before the mark) a worker claims the row.
-    rows = await (
-        await aconn.execute("SELECT id, queue, task, args::text, headers::text, priority, attempts, 0 FROM outbox")
-    ).fetchall()
-    ids, sids, refused = await publisher.xadd_rows(rows)
+    cur = await aconn.execute(sql.RELAY_SELECT_DUE, {"limit": 10})
+    ids, sids, refused = await publisher.xadd_rows(await cur.fetchall())
+    assert (ids, refused) == ([job], [])
     conn.execute(
-        "UPDATE outbox SET state='running', attempts=1, claimed_by='w', published_at=now(), lease_until=now()+interval '30 s'"
+        """UPDATE outbox SET state = 'running', attempts = 1, claimed_by = 'w', published_at = now(),
+                             lease_until = now() + interval '30 s'"""
     )
     conn.commit()
-    from jobs import sql
-
     cur = await aconn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids})
     assert cur.rowcount == 0
     assert states(conn) == {job: ("running", 0)}
 
 
 async def test_twenty_concurrent_ensure_group_calls_all_succeed(settings: Settings, redis: aioredis.Redis) -> None:
-    from relay.publisher import ensure_group
-
     key = stream_key(settings.redis_prefix, "race", 5)
     clients = [aioredis.Redis.from_url(str(settings.redis_url)) for _ in range(20)]
     try:
@@ -143,7 +136,7 @@ async def test_the_relay_never_trims_streams(
     """No MAXLEN on XADD: with a tiny stream_maxlen every entry is still there."""
     ids = enqueue_sql(conn, 150)
     tight = settings.model_copy(update={"stream_maxlen": 100, "relay_batch_size": 50})
-    async with running_relay(tight) as (relay, signals):
+    async with running_relay(tight) as (relay, _signals):
         await wait_until(lambda: relay.published_total >= 150, 10, what="150 published")
     key = stream_key(settings.redis_prefix, "default", 5)
     assert await redis.xlen(key) == 150
