@@ -1,12 +1,106 @@
-"""``bench worker``: not written yet (waits for the relay and worker components)."""
+"""``bench worker``: no-op jobs/s end to end, and a worker's peak memory.
+
+Each run: ``jobs`` no-op jobs are committed to the outbox first; then one relay
+and 1 (or 2) worker processes start (``python -m relay run``, ``python -m
+worker run --tasks app.bench.tasks --concurrency C``); the run ends when every
+job has a recorded outcome.  The rate is taken from PostgreSQL's
+``finished_at`` stamps (jobs after the first finished batch / time from the
+first outcome to the last), so process start-up is not counted and the bench
+costs the system nothing while it runs.  Variants: ``bench_noop`` with 1 and
+2 worker processes, and ``bench_tx`` (``ctx.transaction()``) with 1.
+
+Peak RSS is VmHWM of the (first) worker process, read from /proc just before
+it is stopped, after the 1-process no-op run at ``--concurrency``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from app.bench import outbox
+from app.bench.machine import peak_rss_mb
 from app.bench.params import Params
+from app.bench.procs import Children, bench_env, children
 from app.bench.progress import Progress
-from app.bench.report import Figure
+from app.bench.report import Figure, Target
 from app.bench.sandbox import Sandbox
+from app.bench.tasks import QUEUE
+
+SCENARIO = "worker"
+
+
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    label: str
+    task: str
+    processes: int
+    target: Target | None = None
+
+
+def variants(params: Params) -> list[Variant]:
+    n = f"{params.jobs:,}"
+    return [
+        Variant("worker.noop_1p", f"no-op jobs/s, 1 worker process ({n} jobs)", "bench_noop", 1, Target(">=", 4000)),
+        Variant("worker.noop_2p", f"no-op jobs/s, 2 worker processes ({n} jobs)", "bench_noop", 2),
+        Variant("worker.tx_1p", f"ctx.transaction() jobs/s, 1 process ({n} jobs)", "bench_tx", 1),
+    ]
+
+
+def worker_argv(concurrency: int) -> list[str]:
+    return ["worker", "run", "--tasks", "app.bench.tasks", "--queues", QUEUE, "--concurrency", str(concurrency)]
+
+
+def start_system(kids: Children, processes: int, concurrency: int) -> list[int]:
+    """A relay and ``processes`` workers; returns the workers' pids."""
+    kids.python("relay", ["relay", "run"])
+    return [kids.python(f"worker{i}", worker_argv(concurrency)).pid for i in range(processes)]
+
+
+def drain(conn: psycopg.Connection[Any], kids: Children, jobs: int) -> None:
+    outbox.wait_until(
+        lambda: outbox.scalar(conn, outbox.COUNT_UNFINISHED) == 0,
+        timeout=max(120.0, jobs / 200),
+        check=kids.check_alive,
+    )
+    found = outbox.states(conn)
+    if found != {"succeeded": jobs}:
+        raise RuntimeError(f"expected {jobs} succeeded jobs, found {found}")
 
 
 def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
-    raise NotImplementedError("the worker scenario is not written yet")
+    chosen = variants(params)
+    figures = {v.key: Figure(SCENARIO, v.key, v.label, "jobs/s", target=v.target) for v in chosen}
+    rss = Figure(
+        SCENARIO,
+        "worker.rss",
+        f"worker peak RSS at concurrency {params.concurrency}",
+        "MB",
+        target=Target("<=", 150),
+        higher_is_better=False,
+    )
+    env = bench_env(database_url, box.redis_url, box.prefix)
+    with psycopg.connect(database_url) as conn:
+        for rep in range(params.repeat):
+            for variant in chosen:
+                outbox.reset(conn)
+                box.clean_redis_prefix()
+                outbox.prefill(conn, variant.task, params.jobs, params.batch)
+                with children(env) as kids:
+                    pids = start_system(kids, variant.processes, params.concurrency)
+                    drain(conn, kids, params.jobs)
+                    peak = peak_rss_mb(pids[0])
+                span = outbox.span(conn, outbox.FINISH_SPAN)
+                figures[variant.key].values.append(span.rate)
+                if variant.key == "worker.noop_1p" and peak is not None:
+                    rss.values.append(peak)
+                progress.say(
+                    f"worker rep {rep + 1}/{params.repeat} {variant.task} x{variant.processes}: "
+                    f"{span.rate:,.0f} jobs/s" + (f", peak RSS {peak:.0f} MB" if peak is not None else "")
+                )
+        outbox.reset(conn)
+    box.clean_redis_prefix()
+    return [*figures.values(), rss]
