@@ -1,0 +1,212 @@
+"""Real relay processes (``python -m relay run``) and real signals: one leader, failover, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+
+from jobs.settings import Settings
+from tests.relay_support import (
+    enqueue_sql,
+    entries,
+    leader_pid,
+    relay_processes,
+    wait_until_sync,
+)
+
+pytestmark = pytest.mark.system
+
+
+def roles(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
+    conn.commit()
+    found = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT id, role, term FROM relays").fetchall()}
+    conn.commit()
+    return found
+
+
+def current_leader(conn: psycopg.Connection[Any]) -> str | None:
+    """The relay whose lock session holds the lock now (its registry row says leader, highest term)."""
+    conn.commit()
+    row = conn.execute("SELECT id FROM relays WHERE role = 'leader' ORDER BY term DESC LIMIT 1").fetchone()
+    conn.commit()
+    return str(row[0]) if row else None
+
+
+def unpublished(conn: psycopg.Connection[Any], ids: list[int]) -> list[int]:
+    conn.commit()
+    rows = conn.execute(
+        "SELECT id FROM outbox WHERE id = ANY(%s) AND published_at IS NULL ORDER BY id", (ids,)
+    ).fetchall()
+    conn.commit()
+    return [r[0] for r in rows]
+
+
+def publish_counts(conn: psycopg.Connection[Any]) -> dict[int, int]:
+    conn.commit()
+    found = dict(conn.execute("SELECT id, publish_count FROM outbox").fetchall())
+    conn.commit()
+    return found
+
+
+def log_text(tmp_path: Path, index: int) -> str:
+    return (tmp_path / f"relay-{index}.log").read_text()
+
+
+def start_pair(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """Wait until both relays registered and one leads; return (leader index, standby index)."""
+    wait_until_sync(
+        lambda: len(roles(conn)) == 2 and current_leader(conn) is not None, 15, what="two relays, one leader"
+    )
+    leader = current_leader(conn)
+    wait_until_sync(
+        lambda: sorted(role for role, _ in roles(conn).values()) == ["leader", "standby"], 5, what="a standby"
+    )
+    return (0, 1) if leader == "relay-t0" else (1, 0)
+
+
+async def stream_id_counts(settings: Settings) -> Counter[int]:
+    client = aioredis.Redis.from_url(str(settings.redis_url))
+    try:
+        return Counter(int(e["id"]) for e in await entries(client, settings.redis_prefix))
+    finally:
+        await client.aclose()
+
+
+def test_two_relays_exactly_one_publishes_and_every_row_once(
+    child_env: dict[str, str], conn: psycopg.Connection[Any], settings: Settings, tmp_path: Path
+) -> None:
+    with relay_processes(child_env, 2, tmp_path) as procs:
+        leader, standby = start_pair(conn)
+        ids: list[int] = []
+        for _ in range(20):
+            ids += enqueue_sql(conn, 10)
+        wait_until_sync(lambda: not unpublished(conn, ids), 10, what="every row published")
+        assert all(p.poll() is None for p in procs)
+        assert roles(conn)[f"relay-t{standby}"][0] == "standby"
+    assert publish_counts(conn) == {i: 1 for i in ids}
+    assert asyncio.run(stream_id_counts(settings)) == Counter({i: 1 for i in ids})
+    assert ": leader " in log_text(tmp_path, leader)
+    assert ": leader " not in log_text(tmp_path, standby)
+
+
+def test_sigkill_the_leader_and_the_standby_publishes_new_rows_within_5_s(
+    child_env: dict[str, str], conn: psycopg.Connection[Any], settings: Settings, tmp_path: Path
+) -> None:
+    with relay_processes(child_env, 2, tmp_path) as procs:
+        leader, standby = start_pair(conn)
+        before = enqueue_sql(conn, 5)
+        wait_until_sync(lambda: not unpublished(conn, before), 10, what="first rows published")
+        procs[leader].kill()
+        killed_at = time.monotonic()
+        procs[leader].wait(timeout=5)
+        after = enqueue_sql(conn, 5)
+        wait_until_sync(lambda: not unpublished(conn, after), 5, what="standby publishes")
+        took = time.monotonic() - killed_at
+        assert current_leader(conn) == f"relay-t{standby}"
+    assert took < 5.0
+    assert publish_counts(conn) == {i: 1 for i in before + after}
+    assert asyncio.run(stream_id_counts(settings)) == Counter({i: 1 for i in before + after})
+
+
+def test_terminating_the_leaders_session_moves_leadership(
+    child_env: dict[str, str], conn: psycopg.Connection[Any], settings: Settings, tmp_path: Path
+) -> None:
+    with relay_processes(child_env, 2, tmp_path) as procs:
+        leader, standby = start_pair(conn)
+        before = enqueue_sql(conn, 5)
+        wait_until_sync(lambda: not unpublished(conn, before), 10, what="first rows published")
+        old_pid = leader_pid(conn, settings.relay_lock_key)
+        assert old_pid is not None
+        conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
+        conn.commit()
+        terminated_at = time.monotonic()
+        after = enqueue_sql(conn, 5)
+        wait_until_sync(lambda: not unpublished(conn, after), 5, what="rows published after the takeover")
+        took = time.monotonic() - terminated_at
+        wait_until_sync(lambda: current_leader(conn) == f"relay-t{standby}", 5, what="the standby leads")
+        # the old leader noticed, and stands by on a new session
+        wait_until_sync(lambda: "lost leadership" in log_text(tmp_path, leader), 5, what="lost leadership logged")
+        wait_until_sync(lambda: roles(conn)[f"relay-t{leader}"][0] == "standby", 5, what="old leader stands by")
+        new_pid = leader_pid(conn, settings.relay_lock_key)
+        assert new_pid not in (None, old_pid)
+        assert all(p.poll() is None for p in procs)
+    assert took < 5.0
+    old_log = log_text(tmp_path, leader)
+    assert old_log.index("lost leadership") < old_log.rindex(": standby ")
+    assert publish_counts(conn) == {i: 1 for i in before + after}
+    assert asyncio.run(stream_id_counts(settings)) == Counter({i: 1 for i in before + after})
+
+
+def test_sigstop_the_leader_past_failover_then_sigcont_loses_nothing(
+    child_env: dict[str, str], conn: psycopg.Connection[Any], settings: Settings, tmp_path: Path
+) -> None:
+    env = dict(child_env, POSTBOX_RELAY_SESSION_TIMEOUT="1", POSTBOX_RELAY_BATCH_SIZE="50")
+    with relay_processes(env, 2, tmp_path) as procs:
+        leader, standby = start_pair(conn)
+        conn.execute("SELECT postbox_enqueue('noop', '{}'::jsonb) FROM generate_series(1, 2000)")
+        conn.commit()
+        procs[leader].send_signal(signal.SIGSTOP)  # most likely in the middle of the burst
+        stopped_at = time.monotonic()
+        conn.commit()
+        burst = [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY id").fetchall()]
+        conn.commit()
+        during = enqueue_sql(conn, 10)
+        wait_until_sync(lambda: not unpublished(conn, burst + during), 10, what="standby publishes everything")
+        failover = time.monotonic() - stopped_at
+        assert current_leader(conn) == f"relay-t{standby}"
+        procs[leader].send_signal(signal.SIGCONT)
+        wait_until_sync(lambda: "lost leadership" in log_text(tmp_path, leader), 5, what="resumed leader steps down")
+        wait_until_sync(lambda: roles(conn)[f"relay-t{leader}"][0] == "standby", 5, what="it stands by")
+        after = enqueue_sql(conn, 10)
+        wait_until_sync(lambda: not unpublished(conn, after), 5, what="rows after the resume")
+        assert all(p.poll() is None for p in procs)
+    every = burst + during + after
+    assert failover < 5.0
+    # nothing lost: every row marked exactly once (a stale leader cannot mark) ...
+    assert publish_counts(conn) == {i: 1 for i in every}
+    # ... and in the stream at least once; a duplicate entry carries the same outbox id
+    counts = asyncio.run(stream_id_counts(settings))
+    assert set(counts) == set(every)
+
+
+def test_sigterm_exits_0_within_2_s_and_releases_the_lock(
+    child_env: dict[str, str], conn: psycopg.Connection[Any], settings: Settings, tmp_path: Path
+) -> None:
+    with relay_processes(child_env, 2, tmp_path) as procs:
+        leader, standby = start_pair(conn)
+        held_by = leader_pid(conn, settings.relay_lock_key)
+        procs[leader].send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        code = procs[leader].wait(timeout=5)
+        exit_time = time.monotonic() - sent
+        # released, not left to die with the session: the standby has it at its next retry
+        wait_until_sync(lambda: current_leader(conn) == f"relay-t{standby}", 2, what="standby takes the lock")
+        assert leader_pid(conn, settings.relay_lock_key) not in (None, held_by)
+        assert roles(conn)[f"relay-t{leader}"][0] == "stopped"
+        rows = enqueue_sql(conn, 3)
+        wait_until_sync(lambda: not unpublished(conn, rows), 5, what="the new leader publishes")
+        procs[standby].send_signal(signal.SIGINT)
+        standby_code = procs[standby].wait(timeout=5)
+    assert code == 0
+    assert exit_time < 2.0
+    assert standby_code == 0
+    assert leader_pid(conn, settings.relay_lock_key) is None
+    assert {role for role, _ in roles(conn).values()} == {"stopped"}
+    assert "stopped" in log_text(tmp_path, leader)
+
+
+def test_relay_cli_refuses_bad_settings(child_env: dict[str, str]) -> None:
+    env = dict(child_env, POSTBOX_RELAY_BATCH_SIZE="0")
+    done = subprocess.run([sys.executable, "-m", "relay", "run"], env=env, capture_output=True, timeout=30)
+    assert done.returncode == 2
+    assert b"POSTBOX_RELAY_BATCH_SIZE" in done.stderr
