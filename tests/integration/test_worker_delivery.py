@@ -1,0 +1,260 @@
+"""Delivery rules on real servers: priority, duplicates, the fence, lost entries, control."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+from psycopg_pool import AsyncConnectionPool
+
+import jobs
+from jobs.settings import Settings
+from jobs.streams import GROUP, stream_key
+from relay import Relay
+from tests import tasks_worker as t
+from tests.harness.publish import publish_due, xadd_again
+from tests.worker_support import fetch, fetchval, finished, job_state, running_worker, wait_until, worker_settings
+from worker import claims
+from worker.completer import record_outcomes
+from worker.consumer import ensure_groups
+from worker.context import StaleAttempt, WorkerJobContext
+from worker.outcomes import Outcome
+
+
+@pytest.fixture
+async def effects(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+    await aconn.execute(t.EFFECTS_DDL)
+    await aconn.commit()
+    return aconn
+
+
+@pytest.fixture
+def wsettings(settings: Settings) -> Settings:
+    return worker_settings(settings)
+
+
+@pytest.fixture
+async def relay(wsettings: Settings) -> AsyncIterator[Relay]:
+    instance = Relay(wsettings)
+    task = asyncio.create_task(instance.run())
+    try:
+        yield instance
+    finally:
+        instance.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def enqueue(aconn: psycopg.AsyncConnection[Any], task: Any, args: dict[str, Any] | None = None, **kw: Any) -> int:
+    job_id = await jobs.enqueue_async(aconn, task, args, **kw)
+    await aconn.commit()
+    return job_id
+
+
+async def test_strict_priority_with_a_backlog_in_several_priorities(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    priorities = [p for p in (0, 2, 5, 7, 9) for _ in range(6)]
+    random.Random(7).shuffle(priorities)
+    items = [{"task": "w_record", "args": {"label": str(p)}, "priority": p} for p in priorities]
+    await jobs.enqueue_many_async(aconn, items)
+    await aconn.commit()
+    await publish_due(aconn, redis, wsettings.redis_prefix)
+    t.STARTED.clear()
+    async with running_worker(worker_settings(wsettings, concurrency=3)) as worker:
+        await finished(worker, len(items))
+    started = [int(label) for _, label in t.STARTED]
+    assert started == sorted(priorities, reverse=True)
+
+
+async def test_same_job_published_twice_to_two_workers_at_once_runs_once(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    aconn = effects
+    job_id = await enqueue(aconn, t.w_slow_effect, {"seconds": 0.3})
+    one = worker_settings(wsettings, concurrency=1)
+    async with running_worker(one) as a, running_worker(one) as b:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        await xadd_again(aconn, redis, wsettings.redis_prefix, [job_id])  # relay crashed before its mark
+        await wait_until(lambda: a.signals.skipped.qsize() + b.signals.skipped.qsize() == 1, 10, "one skip")  # type: ignore[union-attr]
+        done = await finished(a if a.signals.claimed.qsize() else b, 1)  # type: ignore[union-attr]
+        assert a.signals.started.qsize() + b.signals.started.qsize() == 1  # type: ignore[union-attr]
+    assert done == [(job_id, "succeeded")]
+    assert await fetchval(aconn, "SELECT count(*) FROM worker_effects") == 1
+    assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("succeeded", 1)]
+    stream = stream_key(wsettings.redis_prefix, t.QUEUE, 5)
+    assert await redis.xlen(stream) == 0
+
+
+async def test_ctx_transaction_counter_1000_jobs_each_delivered_twice(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    aconn = effects
+    ids = await jobs.enqueue_many_async(aconn, [{"task": "w_count"} for _ in range(1000)])
+    await aconn.commit()
+    await publish_due(aconn, redis, wsettings.redis_prefix)
+    await xadd_again(aconn, redis, wsettings.redis_prefix, ids)
+    many = worker_settings(wsettings, concurrency=25)
+    async with running_worker(many), running_worker(many):
+        await wait_until(
+            lambda: fetchval(aconn, "SELECT count(*) = 1000 FROM outbox WHERE state = 'succeeded'"), 60, "all done"
+        )
+        stream = stream_key(wsettings.redis_prefix, t.QUEUE, 5)
+        await wait_until(lambda: _xlen_is(redis, stream, 0), 10, "every entry acknowledged and deleted")
+    assert await fetchval(aconn, "SELECT value FROM worker_counter") == 1000
+    assert await fetchval(aconn, "SELECT count(*) FROM processed_jobs") == 1000
+    assert await fetchval(aconn, "SELECT max(attempts) FROM outbox") == 1
+
+
+async def _xlen_is(redis: aioredis.Redis, stream: str, n: int) -> bool:
+    return int(await redis.xlen(stream)) == n
+
+
+async def test_stale_attempts_outcome_is_rejected_by_the_fence(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    aconn = effects
+    job_id = await enqueue(aconn, t.w_noop)
+    await ensure_groups(redis, [stream_key(wsettings.redis_prefix, t.QUEUE, 5)])
+    await publish_due(aconn, redis, wsettings.redis_prefix)
+    from worker.consumer import Consumer
+
+    reader = Consumer(redis, consumer="worker-aaaaaaaa")
+    deliveries, _, _ = await reader.read([stream_key(wsettings.redis_prefix, t.QUEUE, 5)], 1)
+    async with AsyncConnectionPool(database_url, min_size=1, kwargs={"autocommit": True}) as pool:
+        first = await claims.claim(pool, deliveries, worker_id="worker-aaaaaaaa", lease=30)
+        [stale] = first.run
+        # Worker A stalls; its lease runs out and worker B takes the job over.
+        await aconn.execute("UPDATE outbox SET lease_until = now() - interval '1 second'")
+        await aconn.commit()
+        deliveries[0].reclaimed = True
+        second = await claims.claim(pool, deliveries, worker_id="worker-bbbbbbbb", lease=30)
+        [current] = second.run
+        assert (stale.attempt, current.attempt) == (1, 2)
+
+        async with pool.connection() as conn:
+            refused = await record_outcomes(
+                conn, "worker-aaaaaaaa", [(stale, Outcome("succeeded", "succeeded"))], lambda j: 60
+            )
+        assert refused == set()
+        assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM outbox") == [
+            ("running", 2, "worker-bbbbbbbb")
+        ]
+
+        # Through ctx.transaction(): the stale run's effects roll back with its refused outcome.
+        ctx = WorkerJobContext(
+            stale,
+            worker_id="worker-aaaaaaaa",
+            pool=pool,
+            registry=jobs.default_registry,
+            deadline=None,
+            record_in_transaction=lambda c, j, o: record_outcomes(c, "worker-aaaaaaaa", [(j, o)], lambda _: 60),
+        )
+        with pytest.raises(StaleAttempt):
+            async with ctx.transaction() as conn:
+                await conn.execute("UPDATE worker_counter SET value = value + 1")
+        assert await fetchval(aconn, "SELECT value FROM worker_counter") == 0
+        assert await fetchval(aconn, "SELECT count(*) FROM processed_jobs") == 0
+
+        async with pool.connection() as conn:
+            accepted = await record_outcomes(
+                conn, "worker-bbbbbbbb", [(current, Outcome("succeeded", "succeeded"))], lambda j: 60
+            )
+        assert accepted == {job_id}
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt") == [
+        (1, "worker-aaaaaaaa", "lost"),
+        (2, "worker-bbbbbbbb", "succeeded"),
+    ]
+
+
+async def test_xautoclaim_with_a_deleted_entry_still_completes_the_job(
+    settings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    s = worker_settings(settings, visibility_timeout=1.0)
+    job_id = await enqueue(aconn, t.w_add, {"a": 1, "b": 2})
+    stream = stream_key(s.redis_prefix, t.QUEUE, 5)
+    await ensure_groups(redis, [stream])
+    await publish_due(aconn, redis, s.redis_prefix)
+    # A consumer reads the entry and vanishes; the entry is then deleted (trimmed).
+    reply = await redis.xreadgroup(GROUP, "worker-dead0000", {stream: ">"}, count=1)
+    entry_id = reply[0][1][0][0]
+    await redis.xdel(stream, entry_id)
+    assert (await redis.xpending(stream, GROUP))["pending"] == 1
+    async with running_worker(s) as worker:
+        # XAUTOCLAIM reports the id deleted: the job is made publishable again, not lost.
+        lost = await asyncio.wait_for(worker.signals.lost.get(), 10)  # type: ignore[union-attr]
+        assert lost == [job_id]
+        assert await fetch(aconn, "SELECT state, published_at FROM outbox") == [("pending", None)]
+        assert await publish_due(aconn, redis, s.redis_prefix) == [job_id]  # the relay's next pass
+        assert await finished(worker, 1) == [(job_id, "succeeded")]
+    assert await fetch(aconn, "SELECT state, attempts, result, publish_count FROM outbox") == [("succeeded", 1, 3, 2)]
+    assert (await redis.xpending(stream, GROUP))["pending"] == 0
+
+
+async def test_pause_then_resume(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    async with running_worker(wsettings) as worker:
+        await aconn.execute("INSERT INTO queues (name, paused) VALUES (%s, true)", (t.QUEUE,))
+        await aconn.commit()
+        waited = await wait_until(lambda: t.QUEUE in worker.paused, 5, "pause noticed")
+        assert waited <= 2.0
+        job_id = await enqueue(aconn, t.w_noop)
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        # Paused: the entry stays unread for a while (a bounded negative check).
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(worker.signals.claimed.get(), 1.0)  # type: ignore[union-attr]
+        assert await job_state(aconn, job_id) == "queued"
+        await aconn.execute("UPDATE queues SET paused = false WHERE name = %s", (t.QUEUE,))
+        await aconn.commit()
+        resumed = time.monotonic()
+        assert await finished(worker, 1) == [(job_id, "succeeded")]
+        assert time.monotonic() - resumed <= 2.5
+
+
+async def test_cancel_queued_job_never_runs(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    job_id = await enqueue(aconn, t.w_noop)
+    await publish_due(aconn, redis, wsettings.redis_prefix)
+    await aconn.execute("UPDATE outbox SET state = 'cancelled', finished_at = now() WHERE id = %s", (job_id,))
+    await aconn.commit()
+    async with running_worker(wsettings) as worker:
+        assert await asyncio.wait_for(worker.signals.skipped.get(), 10) == job_id  # type: ignore[union-attr]
+        assert worker.signals.started.qsize() == 0  # type: ignore[union-attr]
+    assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("cancelled", 0)]
+    assert await redis.xlen(stream_key(wsettings.redis_prefix, t.QUEUE, 5)) == 0
+
+
+async def test_cancel_running_job_cooperatively(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    job_id = await enqueue(aconn, t.w_wait_cancel)
+    async with running_worker(wsettings) as worker:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        assert await asyncio.wait_for(worker.signals.started.get(), 10) == job_id  # type: ignore[union-attr]
+        await aconn.execute("UPDATE outbox SET cancel_requested_at = now() WHERE id = %s", (job_id,))
+        await aconn.commit()
+        asked = time.monotonic()
+        assert await finished(worker, 1) == [(job_id, "cancelled")]
+        assert time.monotonic() - asked <= 2.5
+    assert await fetch(aconn, "SELECT state, attempts, finished_at IS NOT NULL FROM outbox") == [("cancelled", 1, True)]
+
+
+async def test_expired_job_is_never_run(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    soon = datetime.now(UTC) + timedelta(seconds=0.2)
+    job_id = await enqueue(aconn, t.w_noop, expires_at=soon)
+    await wait_until(lambda: fetchval(aconn, "SELECT expires_at < now() FROM outbox"), 5, "expiry")
+    await publish_due(aconn, redis, wsettings.redis_prefix)
+    async with running_worker(wsettings) as worker:
+        assert await finished(worker, 1) == [(job_id, "expired")]
+        assert worker.signals.started.qsize() == 0  # type: ignore[union-attr]
+    assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("expired", 0)]
