@@ -34,14 +34,14 @@ def make_client(settings: Settings, **overrides: Any) -> TestClient:
     return TestClient(app, raise_server_exceptions=False)
 
 
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
+@pytest.fixture(name="client")
+def client_fixture(settings: Settings) -> Iterator[TestClient]:
     with make_client(settings) as c:
         yield c
 
 
-@pytest.fixture
-def keyed_client(settings: Settings) -> Iterator[TestClient]:
+@pytest.fixture(name="keyed_client")
+def keyed_client_fixture(settings: Settings) -> Iterator[TestClient]:
     with make_client(settings, api_key=API_KEY) as c:
         yield c
 
