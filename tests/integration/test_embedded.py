@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import psycopg
@@ -233,7 +234,7 @@ def test_a_second_run_keeps_the_data(root: Path) -> None:
             assert conn.execute("SELECT v FROM kept").fetchall() == [(42,)]
         client = syncredis.Redis.from_url(redis_url)
         try:
-            entries = client.xrange("kept-stream")
+            entries: list[Any] = client.xrange("kept-stream")  # type: ignore[assignment]
             assert [fields for _, fields in entries] == [{b"v": b"42"}]
         finally:
             client.close()
