@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -86,3 +91,44 @@ def job_state(conn: psycopg.Connection[Any], job_id: int) -> str:
     conn.commit()
     assert row is not None
     return str(row[0])
+
+
+class Fleet:
+    """A real relay and worker process on the test's database and Redis prefix (killed at the end)."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = {**env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_HEARTBEAT_INTERVAL": "1"}
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *argv: str, name: str) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            self.procs.append(
+                subprocess.Popen([sys.executable, *argv], env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            )
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.log_dir.glob("*.log")))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@contextmanager
+def running_fleet(child_env: dict[str, str], log_dir: Path) -> Iterator[Fleet]:
+    fleet = Fleet(child_env, log_dir)
+    try:
+        fleet.start("-m", "relay", "run", name="relay")
+        fleet.start("-m", "worker", "run", "--queues", "apiq", "--concurrency", "2", name="worker")
+        yield fleet
+    finally:
+        fleet.close()
