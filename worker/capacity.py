@@ -32,7 +32,12 @@ class Capacity:
             self.used = 0
         self._freed.set()
 
+    def wake(self) -> None:
+        """Wake a waiter even without free capacity (the worker is stopping)."""
+        self._freed.set()
+
     async def wait_free(self) -> None:
-        while self.free <= 0:
+        """Return once a slot is free, or after :meth:`wake`."""
+        if self.free <= 0:
             self._freed.clear()
             await self._freed.wait()

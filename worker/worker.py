@@ -84,7 +84,7 @@ class Worker:
     def stop(self) -> None:
         """Stop reading and drain (safe to call from a signal handler on the loop)."""
         self._stopping.set()
-        self.capacity.release(0)
+        self.capacity.wake()
 
     @property
     def stopping(self) -> bool:
@@ -220,6 +220,8 @@ class Worker:
                 await self.capacity.wait_free()
                 if self._stopping.is_set():
                     return
+                if self.capacity.free <= 0:
+                    continue
                 streams = self.active_streams()
                 if not streams:
                     await self._sleep(control.POLL_INTERVAL / 2)

@@ -1,0 +1,231 @@
+"""Real worker processes, real signals: SIGKILL, SIGSTOP/SIGCONT, os._exit poison, SIGTERM drain.
+
+Every scenario runs the real relay process too (``python -m relay run``) and
+uses a 2 s visibility timeout. Processes are killed in teardown whatever happens.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import jobs
+from tests import tasks_worker as t
+
+pytestmark = pytest.mark.system
+
+VISIBILITY = 2.0
+
+
+class Fleet:
+    """Worker and relay processes started by a test; all killed on close."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = dict(env)
+        self.env.update(
+            POSTBOX_VISIBILITY_TIMEOUT=str(VISIBILITY),
+            POSTBOX_HEARTBEAT_INTERVAL="0.5",
+            POSTBOX_RETRY_BASE_DELAY="0.05",
+            POSTBOX_RETRY_MAX_DELAY="0.2",
+            POSTBOX_DRAIN_TIMEOUT="10",
+        )
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._files: list[Any] = []
+
+    def start(self, *argv: str, name: str, **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}-{len(self.procs)}.log", "wb")
+        self._files.append(log)
+        proc = subprocess.Popen([sys.executable, *argv], env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def relay(self) -> subprocess.Popen[bytes]:
+        return self.start("-m", "relay", "run", name="relay")
+
+    def worker(self, concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
+        return self.start(
+            "-m", "worker", "run", "--tasks", "tests.tasks_worker", "--queues", t.QUEUE,
+            "--concurrency", str(concurrency), name="worker", **env,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=10)
+        for log in self._files:
+            log.close()
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.log_dir.glob("*.log")))
+
+
+@pytest.fixture
+def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
+    procs = Fleet(child_env, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.close()
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(t.EFFECTS_DDL)
+        yield conn
+
+
+def wait_for(predicate: Callable[[], Any], within: float, what: str, fleet: Fleet | None = None) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > within:
+            raise AssertionError(f"timed out after {within}s waiting for {what}\n{fleet.logs() if fleet else ''}")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    return row[0] if row else None
+
+
+def worker_id_of(conn: psycopg.Connection[Any], proc: subprocess.Popen[bytes]) -> str | None:
+    return one(conn, "SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (proc.pid,))
+
+
+def test_sigkill_mid_job_another_worker_finishes_it_after_the_visibility_timeout(
+    fleet: Fleet, db: psycopg.Connection[Any]
+) -> None:
+    fleet.relay()
+    first = fleet.worker()
+    wait_for(lambda: worker_id_of(db, first), 20, "first worker up", fleet)
+    job_id = jobs.enqueue(db, t.w_slow_effect, {"seconds": 1.5})
+    first_id = worker_id_of(db, first)
+    wait_for(lambda: one(db, "SELECT claimed_by FROM outbox WHERE state = 'running'") == first_id, 20, "claim", fleet)
+    first.kill()
+    first.wait(10)
+    killed = time.monotonic()
+    second = fleet.worker()
+    wait_for(lambda: one(db, "SELECT state FROM outbox") == "succeeded", 30, "takeover", fleet)
+    assert time.monotonic() - killed >= VISIBILITY
+    second_id = worker_id_of(db, second)
+    assert db.execute("SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt").fetchall() == [
+        (1, first_id, "lost"),
+        (2, second_id, "succeeded"),
+    ]
+    assert db.execute("SELECT job_id, attempt, worker_id FROM worker_effects").fetchall() == [(job_id, 2, second_id)]
+
+
+def test_sigstop_for_twice_the_visibility_timeout_then_sigcont_effect_happens_once(
+    fleet: Fleet, db: psycopg.Connection[Any]
+) -> None:
+    fleet.relay()
+    stalled = fleet.worker()
+    wait_for(lambda: worker_id_of(db, stalled), 20, "worker up", fleet)
+    stalled_id = worker_id_of(db, stalled)
+    jobs.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
+    wait_for(lambda: one(db, "SELECT claimed_by FROM outbox WHERE state = 'running'") == stalled_id, 20, "claim", fleet)
+    stalled.send_signal(signal.SIGSTOP)
+    stopped = time.monotonic()
+    other = fleet.worker()
+    wait_for(lambda: one(db, "SELECT state FROM outbox") == "succeeded", 30, "takeover", fleet)
+    other_id = worker_id_of(db, other)
+    wait_for(lambda: time.monotonic() - stopped >= 2 * VISIBILITY, 10, "twice the visibility timeout")
+    stalled.send_signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    # The resumed worker finishes its stale run: its transaction finds the job
+    # already processed, and its outcome write is refused by the fence.
+    wait_for(
+        lambda: one(db, "SELECT in_flight = 0 AND last_seen > now() - interval '1 second' FROM workers WHERE id = %s",
+                    (stalled_id,)) and time.monotonic() - resumed > 1.5,
+        20, "stalled worker caught up", fleet,
+    )  # fmt: skip
+    assert stalled.poll() is None
+    assert one(db, "SELECT count(*) FROM worker_effects") == 1
+    assert db.execute("SELECT state, attempts, claimed_by FROM outbox").fetchall() == [("succeeded", 2, None)]
+    assert db.execute("SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt").fetchall() == [
+        (1, stalled_id, "lost"),
+        (2, other_id, "succeeded"),
+    ]
+
+
+def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
+    fleet: Fleet, db: psycopg.Connection[Any]
+) -> None:
+    fleet.relay()
+    workers = [fleet.worker(concurrency=4) for _ in range(2)]
+    wait_for(lambda: all(worker_id_of(db, w) for w in workers), 20, "workers up", fleet)
+    poison = jobs.enqueue(db, t.w_poison)
+    others = jobs.enqueue_many(db, [{"task": "w_noop"} for _ in range(40)])
+    deaths = 0
+
+    def settled() -> bool:
+        nonlocal deaths
+        for i, proc in enumerate(workers):  # a process manager restarts what died
+            if proc.poll() is not None:
+                assert proc.returncode == 1
+                deaths += 1
+                workers[i] = fleet.worker(concurrency=4)
+        return bool(
+            one(db, "SELECT state = 'dead' FROM outbox WHERE id = %s", (poison,))
+            and one(db, "SELECT count(*) FROM outbox WHERE id = ANY(%s) AND state = 'succeeded'", (others,)) == 40
+        )
+
+    wait_for(settled, 60, "poison dead and the rest done", fleet)
+    assert deaths == 3
+    assert db.execute("SELECT state, attempts, last_error_class FROM outbox WHERE id = %s", (poison,)).fetchall() == [
+        ("dead", 3, "AttemptsExhausted")
+    ]
+    assert db.execute(
+        "SELECT attempt, outcome FROM job_attempts WHERE outbox_id = %s ORDER BY attempt", (poison,)
+    ).fetchall() == [(1, "lost"), (2, "lost"), (3, "lost")]
+    assert one(db, "SELECT max(attempts) FROM outbox") <= 3
+
+
+def test_sigterm_with_a_job_in_flight_finishes_it_and_exits_0(fleet: Fleet, db: psycopg.Connection[Any]) -> None:
+    fleet.relay()
+    proc = fleet.worker()
+    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    wid = worker_id_of(db, proc)
+    job_id = jobs.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
+    wait_for(lambda: one(db, "SELECT state FROM outbox") == "running", 20, "job running", fleet)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert db.execute("SELECT state, attempts, claimed_by FROM outbox").fetchall() == [("succeeded", 1, None)]
+    assert db.execute("SELECT job_id, worker_id FROM worker_effects").fetchall() == [(job_id, wid)]
+    assert one(db, "SELECT stopped_at IS NOT NULL FROM workers WHERE id = %s", (wid,)) is True
+
+
+def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_another_worker(
+    fleet: Fleet, db: psycopg.Connection[Any]
+) -> None:
+    fleet.relay()
+    proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="0.3")
+    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    jobs.enqueue(db, t.w_slow_effect, {"seconds": 2.0})
+    wait_for(lambda: one(db, "SELECT state FROM outbox") == "running", 20, "job running", fleet)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(15) == 0
+    assert one(db, "SELECT state FROM outbox") == "running"  # nothing recorded, nothing acknowledged
+    assert one(db, "SELECT count(*) FROM worker_effects") == 0
+    successor = fleet.worker()
+    wait_for(lambda: one(db, "SELECT state FROM outbox") == "succeeded", 30, "successor finishes it", fleet)
+    assert db.execute("SELECT attempt, outcome FROM job_attempts ORDER BY attempt").fetchall() == [
+        (1, "lost"),
+        (2, "succeeded"),
+    ]
+    assert one(db, "SELECT worker_id FROM worker_effects") == worker_id_of(db, successor)
