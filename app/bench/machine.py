@@ -52,6 +52,7 @@ def describe(database_url: str, redis_url: str) -> dict[str, Any]:
         "postgresql": pg_row[0] if pg_row else "?",
         "synchronous_commit": pg_row[1] if pg_row else "?",
         "redis": info.get("redis_version", "?"),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2),
         "psycopg": psycopg.__version__,
         "redis_py": redis.__version__,
     }

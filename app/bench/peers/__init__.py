@@ -1,14 +1,162 @@
-"""Peers run through the same workloads: PgQueuer, Procrastinate, arq, SAQ (not written yet)."""
+"""Peers through the same workloads, same servers, same invocation: PgQueuer, Procrastinate, arq, SAQ.
+
+For each peer (its package installed with ``pip install -e .[bench]``):
+
+- ``worker`` scenario → no-op jobs/s for ``--jobs`` jobs enqueued with the
+  peer's bulk API before one worker process (``python -m
+  app.bench.peers.run <peer>``) starts, timed from the peer's own completion
+  stamps (first to last), like postbox's ``worker.noop_1p``;
+- ``latency`` scenario → enqueue-to-handler-start p50/p95/p99 at each
+  ``--rate``, with the same probe file and the same open-loop producer.
+
+Figures share postbox's keys, so the report prints postbox/peer ratios.
+PostgreSQL peers get a database each; Redis peers an empty Redis db number each.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
 
+from app.bench.outbox import Span, wait_until
 from app.bench.params import Params
+from app.bench.peers.common import PeerConfig, read_probe_file
+from app.bench.peers.registry import PEERS, adapter
+from app.bench.procs import Children, bench_env, children
 from app.bench.progress import Progress
-from app.bench.report import Report
+from app.bench.report import Figure, Report
 from app.bench.sandbox import Sandbox
+from app.bench.stats import Latency
+from app.bench.tasks import PROBE_FILE_ENV
+
+T = TypeVar("T")
+PG_PEERS = {"pgqueuer", "procrastinate"}
+
+
+def sync(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def start_worker(kids: Children, name: str, cfg: PeerConfig, probe: Path | None = None) -> None:
+    extra = cfg.env()
+    if probe is not None:
+        extra[PROBE_FILE_ENV] = str(probe)
+    kids.python(f"{name}-worker", ["app.bench.peers.run", name], extra)
+
+
+def wait_probed(probe: Path, ids: Iterable[str], check: Callable[[], None]) -> dict[str, float]:
+    wanted = set(ids)
+    found: dict[str, float] = {}
+
+    def done() -> bool:
+        found.clear()
+        found.update(read_probe_file(str(probe)))
+        return wanted <= found.keys()
+
+    wait_until(done, 120, interval=0.1, check=check)
+    return found
+
+
+def settled_span(peer: ModuleType, cfg: PeerConfig, ids: list[str], jobs: int, timeout: float = 5.0) -> Span:
+    """The peer's completion span once every job has its record (the last ones may lag the empty queue)."""
+    deadline = time.monotonic() + timeout
+    span = sync(peer.span(cfg, ids))
+    while span.count < jobs and time.monotonic() < deadline:
+        time.sleep(0.2)
+        span = sync(peer.span(cfg, ids))
+    return span
+
+
+def throughput(
+    peer: ModuleType, name: str, cfg: PeerConfig, env: dict[str, str], params: Params, progress: Progress
+) -> Figure:
+    figure = Figure(
+        "worker", "worker.noop_1p", f"no-op jobs/s, 1 worker process ({params.jobs:,} jobs)", "jobs/s", system=name
+    )
+    for rep in range(params.repeat):
+        sync(peer.reset(cfg))
+        ids = sync(peer.enqueue_bulk(cfg, params.jobs))
+        with children(env) as kids:
+            start_worker(kids, name, cfg)
+            wait_until(
+                lambda: sync(peer.remaining(cfg)) == 0,
+                timeout=max(180.0, params.jobs / 100),
+                check=kids.check_alive,
+            )
+        span = settled_span(peer, cfg, ids, params.jobs)
+        if span.count < params.jobs:
+            progress.say(f"peer {name}: only {span.count} of {params.jobs} jobs have a completion record")
+        if span.count < params.jobs * 0.99:
+            raise RuntimeError(f"{name}: {span.count} of {params.jobs} jobs recorded as succeeded")
+        figure.values.append(span.rate)
+        progress.say(f"peer {name} worker rep {rep + 1}/{params.repeat}: {span.rate:,.0f} jobs/s")
+    return figure
+
+
+def latency(
+    peer: ModuleType, name: str, cfg: PeerConfig, env: dict[str, str], params: Params, progress: Progress
+) -> list[Figure]:
+    figures = {
+        (rate, q): Figure(
+            "latency",
+            f"latency.{q}@{rate}",
+            f"commit-to-handler-start {q} @ {rate}/s",
+            "ms",
+            system=name,
+            higher_is_better=False,
+        )
+        for rate in params.rates
+        for q in ("p50", "p95", "p99")
+    }
+    folder = Path(tempfile.mkdtemp(prefix=f"postbox-bench-{name}-"))
+    for rep in range(params.repeat):
+        for rate in params.rates:
+            sync(peer.reset(cfg))
+            probe = folder / f"probe-{rep}-{rate}.txt"
+            with children(env) as kids:
+                start_worker(kids, name, cfg, probe)
+                warm = sync(peer.produce(cfg, rate, 1.0))
+                wait_probed(probe, warm.keys(), kids.check_alive)
+                commits = sync(peer.produce(cfg, rate, params.duration))
+                starts = wait_probed(probe, commits.keys(), kids.check_alive)
+            lat = Latency.of([starts[i] - t for i, t in commits.items()])
+            for q, value in (("p50", lat.p50), ("p95", lat.p95), ("p99", lat.p99)):
+                figures[(rate, q)].values.append(value)
+            progress.say(
+                f"peer {name} latency rep {rep + 1}/{params.repeat} @ {rate}/s: "
+                f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"
+            )
+            probe.unlink(missing_ok=True)
+    return list(figures.values())
 
 
 def run_peers(box: Sandbox, scenarios: Sequence[str], params: Params, progress: Progress, report: Report) -> None:
-    report.notes.append("peers: not written yet")
+    wanted = [s for s in scenarios if s in ("worker", "latency")]
+    if not wanted:
+        report.notes.append("peers: only the worker and latency scenarios have peer runs")
+        return
+    for name in PEERS:
+        try:
+            peer = adapter(name)
+            if name in PG_PEERS:
+                cfg = PeerConfig(database_url=box.database(name, migrated=False), concurrency=params.concurrency)
+            else:
+                cfg = PeerConfig(redis_url=box.redis_db(), concurrency=params.concurrency)
+            env = bench_env("", "", box.prefix)
+            sync(peer.install(cfg))
+            progress.say(f"peer {name}")
+            if "worker" in wanted:
+                report.add(throughput(peer, name, cfg, env, params, progress))
+            if "latency" in wanted:
+                for figure in latency(peer, name, cfg, env, params, progress):
+                    report.add(figure)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # one peer failing (or not installed) still prints the others
+            report.notes.append(f"peer {name}: failed: {type(exc).__name__}: {exc}")
+            progress.say(f"peer {name} failed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,99 @@
+"""Procrastinate (PostgreSQL, LISTEN/NOTIFY), used as its docs recommend for throughput.
+
+Settings: ``PsycopgConnector`` with a pool as large as the worker's
+concurrency; ``Task.batch_defer_async`` for bulk enqueue; one worker with
+``concurrency=50`` and ``listen_notify=True`` (the default); jobs are kept
+(``delete_jobs="never"``, the default), and the ``procrastinate_events``
+rows of type ``succeeded`` time the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, LiteralString
+
+from app.bench.outbox import Span
+from app.bench.peers.common import QUEUE, PeerConfig, Probe, load
+
+NAME = "procrastinate"
+
+
+def _app(cfg: PeerConfig, pool_size: int = 4) -> tuple[Any, Any]:
+    procrastinate = load("procrastinate")
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(conninfo=cfg.database_url, min_size=1, max_size=max(pool_size, 4))
+    )
+    probe = Probe()
+
+    @app.task(name="bench_noop", queue=QUEUE, pass_context=True)
+    async def bench_noop(context: Any) -> None:
+        probe.hit(context.job.id)
+
+    return app, bench_noop
+
+
+async def _sql(cfg: PeerConfig, query: LiteralString) -> Any:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(cfg.database_url, autocommit=True) as conn:
+        cur = await conn.execute(query)
+        return await cur.fetchone() if cur.description else None
+
+
+async def install(cfg: PeerConfig) -> None:
+    app, _ = _app(cfg)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+
+
+async def reset(cfg: PeerConfig) -> None:
+    await _sql(cfg, "TRUNCATE procrastinate_jobs CASCADE")
+
+
+async def enqueue_bulk(cfg: PeerConfig, n: int) -> list[str]:
+    app, task = _app(cfg)
+    ids: list[str] = []
+    async with app.open_async():
+        for start in range(0, n, 10_000):
+            size = min(10_000, n - start)
+            got = await task.batch_defer_async(*({} for _ in range(size)))
+            ids += [str(i) for i in got]
+    return ids
+
+
+async def produce(cfg: PeerConfig, rate: float, seconds: float) -> dict[str, float]:
+    app, task = _app(cfg)
+    commits: dict[str, float] = {}
+    async with app.open_async():
+        start = time.perf_counter()
+        for i in range(max(1, int(rate * seconds))):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            job_id = await task.defer_async()
+            commits[str(job_id)] = time.time()
+    return commits
+
+
+async def remaining(cfg: PeerConfig) -> int:
+    row = await _sql(cfg, "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')")
+    return int(row[0])
+
+
+async def span(cfg: PeerConfig, ids: list[str]) -> Span:
+    row = await _sql(
+        cfg,
+        "SELECT min(at), max(at), count(*),"
+        " count(*) FILTER (WHERE at = (SELECT min(at) FROM procrastinate_events WHERE type = 'succeeded'))"
+        " FROM procrastinate_events WHERE type = 'succeeded'",
+    )
+    if row is None or row[0] is None:
+        return Span(0.0, 0, 0)
+    return Span((row[1] - row[0]).total_seconds(), int(row[2]), int(row[3]))
+
+
+async def work(cfg: PeerConfig) -> None:
+    app, _ = _app(cfg, pool_size=cfg.concurrency)
+    async with app.open_async():
+        await app.run_worker_async(queues=[QUEUE], concurrency=cfg.concurrency, wait=True, listen_notify=True)

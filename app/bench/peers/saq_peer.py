@@ -1,0 +1,100 @@
+"""SAQ (Redis lists + blocking pops), used as its docs recommend.
+
+Settings: ``Queue.from_url``; ``Queue.enqueue`` sent concurrently, 500 at a
+time (SAQ has no batch enqueue apart from ``map``, which also waits for the
+results); a worker with ``concurrency=50`` (default 10); finished jobs are
+kept for their default TTL, and their ``completed`` stamps (ms) time the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from app.bench.outbox import Span
+from app.bench.peers.common import QUEUE, PeerConfig, Probe, load
+
+NAME = "saq"
+_probe = Probe()
+
+
+async def bench_noop(ctx: dict[str, Any]) -> None:
+    _probe.hit(ctx["job"].key)
+
+
+def _queue(cfg: PeerConfig) -> Any:
+    return load("saq").Queue.from_url(cfg.redis_url, name=QUEUE)
+
+
+async def install(cfg: PeerConfig) -> None:
+    return None
+
+
+async def reset(cfg: PeerConfig) -> None:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(cfg.redis_url)
+    try:
+        await client.flushdb()  # the peer's own, otherwise empty, db number
+    finally:
+        await client.aclose()
+
+
+async def enqueue_bulk(cfg: PeerConfig, n: int) -> list[str]:
+    queue = _queue(cfg)
+    ids: list[str] = []
+    try:
+        for start in range(0, n, 500):
+            jobs = await asyncio.gather(*(queue.enqueue("bench_noop") for _ in range(min(500, n - start))))
+            ids += [job.key for job in jobs if job is not None]
+    finally:
+        await queue.disconnect()
+    return ids
+
+
+async def produce(cfg: PeerConfig, rate: float, seconds: float) -> dict[str, float]:
+    queue = _queue(cfg)
+    commits: dict[str, float] = {}
+    try:
+        start = time.perf_counter()
+        for i in range(max(1, int(rate * seconds))):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            job = await queue.enqueue("bench_noop")
+            if job is not None:
+                commits[job.key] = time.time()
+    finally:
+        await queue.disconnect()
+    return commits
+
+
+async def remaining(cfg: PeerConfig) -> int:
+    queue = _queue(cfg)
+    try:
+        return int(await queue.count("incomplete"))
+    finally:
+        await queue.disconnect()
+
+
+async def span(cfg: PeerConfig, ids: list[str]) -> Span:
+    queue = _queue(cfg)
+    try:
+        finished: list[int] = []
+        for start in range(0, len(ids), 1000):
+            jobs = await queue.jobs(ids[start : start + 1000])
+            finished += [job.completed for job in jobs if job is not None and job.completed]
+    finally:
+        await queue.disconnect()
+    if not finished:
+        return Span(0.0, 0, 0)
+    finished.sort()
+    first = sum(1 for t in finished if t == finished[0])
+    return Span((finished[-1] - finished[0]) / 1000, len(finished), first)
+
+
+async def work(cfg: PeerConfig) -> None:
+    queue = _queue(cfg)
+    worker = load("saq").Worker(queue, functions=[("bench_noop", bench_noop)], concurrency=cfg.concurrency)
+    await worker.start()
