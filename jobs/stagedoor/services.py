@@ -42,7 +42,7 @@ class Services:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             settings.require_database_url(),
             min_size=1,
-            max_size=max(2, settings.concurrency),
+            max_size=max(2, min(settings.concurrency, 8)),  # handlers hold a connection only briefly
             kwargs={"autocommit": True, "application_name": "postbox-stagedoor"},
             check=AsyncConnectionPool.check_connection,
             open=False,
