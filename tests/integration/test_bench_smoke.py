@@ -1,0 +1,65 @@
+"""`postbox bench enqueue` end to end on the test servers, tiny sizes (a smoke test, not a timed test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import psycopg
+import redis as syncredis
+
+from tests.harness.servers import Servers
+
+
+def test_bench_enqueue_runs_prints_figures_and_cleans_up(servers: Servers) -> None:
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("POSTBOX_") and k not in ("DATABASE_URL", "REDIS_URL")
+    }
+    env.update(POSTBOX_DATABASE_URL=servers.database_url, POSTBOX_REDIS_URL=servers.redis_url)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app",
+            "bench",
+            "enqueue",
+            "--repeat",
+            "1",
+            "--duration",
+            "0.2",
+            "--jobs",
+            "400",
+            "--batch",
+            "200",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["machine"]["cores"] == os.cpu_count()
+    assert report["machine"]["postgresql"] and report["machine"]["redis"]
+    assert report["parameters"]["repeat"] == 1 and report["parameters"]["jobs"] == 400
+    figures = {f["key"]: f for f in report["figures"]}
+    assert sorted(figures) == ["enqueue.bulk", "enqueue.plain_tps", "enqueue.ratio", "enqueue.with_job_tps"]
+    for figure in figures.values():
+        assert figure["runs"] == 1 and figure["median"] > 0 and figure["system"] == "postbox"
+    assert figures["enqueue.ratio"]["target"] == ">= 0.80"
+    assert report["notes"] == []
+    # progress went to stderr, and the run's own database and keys are gone
+    match = re.search(r"database (postbox_bench_[0-9a-f]{8}), redis prefix (\S+)", done.stderr)
+    assert match is not None, done.stderr
+    with psycopg.connect(servers.database_url, autocommit=True) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_database WHERE datname LIKE %s", (match.group(1) + "%",))
+        assert left.fetchone() == (0,)
+    client = syncredis.Redis.from_url(servers.redis_url)
+    try:
+        assert list(client.scan_iter(match=match.group(2) + "*")) == []
+    finally:
+        client.close()
