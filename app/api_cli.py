@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from jobs import logs
 from jobs.errors import SettingsError
@@ -51,5 +54,28 @@ def main(argv: Sequence[str]) -> int:
     except (ImportError, SettingsError) as exc:
         print(f"postbox api: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=settings.api_host, port=settings.api_port, log_config=None, proxy_headers=False)
-    return 0
+    config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_config=None, proxy_headers=False)
+    server = _server_class()(config)
+    server.run()
+    return 0 if server.started else 1
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but SIGTERM/SIGINT end it gracefully with exit 0 (not re-raised)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
