@@ -7,6 +7,7 @@ app's lifespan, never at import time. Tasks are loaded from ``POSTBOX_TASKS``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Request, Response
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from app.api import errors, routes_dlq, routes_jobs, routes_queues, routes_system, stagedoor
+from app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_system, stagedoor
 from app.api.events_hub import EventHub
 from app.api.metrics import ApiMetrics
 from app.api.state import ApiState, request_id
@@ -62,6 +63,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             hub=hub,
             metrics=metrics,
             head_revision=migrate.head_revision(),
+            waiters=asyncio.Semaphore(results.MAX_WAITERS),
         )
         try:
             yield

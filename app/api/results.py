@@ -1,70 +1,59 @@
-"""``GET /jobs/{id}/result?wait=``: a job's outcome, waiting for it without busy polling.
+"""``GET /jobs/{id}/result?wait=``: a job's outcome, waiting for it without polling.
 
-The wait listens on the lifecycle events (Redis pub/sub, through the app's
-:class:`EventHub`) for the job's terminal event and re-reads PostgreSQL when
-one arrives; PostgreSQL stays the truth, so it is also re-read every second in
-case an event was lost. (To be switched to ``jobs.results.wait_result`` once the
-worker's results module lands; the answer's shape stays the same.)
+Reads with :func:`jobs.results.get_result_async` on a pooled connection; waits
+with :func:`jobs.results.wait_result` (LISTEN on the workers' result
+notifications). Each wait holds one PostgreSQL connection of its own, so at
+most ``MAX_WAITERS`` wait at once; a request beyond that waits for a slot
+within its own deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
-from app.api.events_hub import ClientBuffer
-from jobs import sql
 from jobs.control import NotFoundError
-from jobs.events import TERMINAL_EVENTS
-from jobs.states import is_terminal
+from jobs.results import JobResult, get_result_async
+from jobs.results import wait_result as wait_finished
 
 if TYPE_CHECKING:
     from app.api.state import ApiState
 
-RECHECK = 1.0
+MAX_WAITERS = 32
 
 
-async def read_result(st: ApiState, job_id: int) -> dict[str, Any]:
-    async with st.pool.connection() as conn:
-        cur = await conn.execute(sql.SELECT_RESULT, {"id": job_id})
-        row = await cur.fetchone()
-    if row is None:
-        raise NotFoundError(f"job {job_id} not found", details={"id": job_id})
-    state, result, error_class, error = row
-    finished = is_terminal(state)
+def _answer(result: JobResult) -> dict[str, Any]:
     return {
-        "id": job_id,
-        "state": state,
-        "finished": finished,
-        "result": result if state == "succeeded" else None,
-        "error_class": error_class if finished and state != "succeeded" else None,
-        "error": error if finished and state != "succeeded" else None,
+        "id": result.job_id,
+        "state": result.state,
+        "finished": result.finished,
+        "result": result.value if result.ok else None,
+        "error_class": result.error_class if result.finished and not result.ok else None,
+        "error": result.error if result.finished and not result.ok else None,
     }
+
+
+async def read_result(st: ApiState, job_id: int) -> JobResult:
+    async with st.pool.connection() as conn:
+        result = await get_result_async(conn, job_id)
+    if result is None:
+        raise NotFoundError(f"job {job_id} not found", details={"id": job_id})
+    return result
 
 
 async def wait_result(st: ApiState, job_id: int, wait: float) -> dict[str, Any]:
     deadline = time.monotonic() + wait
-    answer = await read_result(st, job_id)
-    if answer["finished"] or wait <= 0:
-        return answer
-    buffer = ClientBuffer(cap=16, accept=lambda e: e.get("job_id") == job_id and e.get("type") in TERMINAL_EVENTS)
-    subscribed = True
+    result = await read_result(st, job_id)
+    if result.finished or wait <= 0:
+        return _answer(result)
     try:
-        await st.hub.add(buffer, wait=min(wait, 2.0))
+        async with asyncio.timeout(wait):
+            async with st.waiters:
+                remaining = max(0.0, deadline - time.monotonic())
+                result = await wait_finished(job_id, remaining, database_url=st.settings.require_database_url())
     except TimeoutError:
-        subscribed = False  # Redis unreachable: fall back to re-reading PostgreSQL
-    try:
-        while True:
-            answer = await read_result(st, job_id)
-            remaining = deadline - time.monotonic()
-            if answer["finished"] or remaining <= 0:
-                return answer
-            with contextlib.suppress(TimeoutError):
-                if subscribed:
-                    await asyncio.wait_for(buffer.next(), min(RECHECK, remaining))
-                else:
-                    await asyncio.sleep(min(RECHECK / 2, remaining))
-    finally:
-        st.hub.remove(buffer)
+        result = await read_result(st, job_id)
+    except LookupError:
+        raise NotFoundError(f"job {job_id} not found", details={"id": job_id}) from None
+    return _answer(result)

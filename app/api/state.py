@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -34,6 +35,7 @@ class ApiState:
     hub: EventHub
     metrics: ApiMetrics
     head_revision: str
+    waiters: asyncio.Semaphore  # bounds the result waits (each holds a connection)
 
 
 def api_state(request: Request) -> ApiState:

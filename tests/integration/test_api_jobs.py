@@ -7,12 +7,9 @@ import time
 from typing import Any
 
 import psycopg
-import redis as syncredis
 from fastapi.testclient import TestClient
 
-from jobs.events import encode, event
 from jobs.settings import Settings
-from jobs.streams import events_channel
 from tests.integration.api_support import client_fixture, insert_job, job_state, make_client  # noqa: F401
 
 
@@ -233,21 +230,22 @@ def test_result_immediate_and_waiting(client: TestClient, conn: psycopg.Connecti
     r = client.get(f"/api/v1/jobs/{waiting}/result", params={"wait": 0})
     assert r.json()["finished"] is False and r.json()["state"] == "pending"
     assert client.get("/api/v1/jobs/777777/result").status_code == 404
+    assert client.get("/api/v1/jobs/777777/result", params={"wait": 1}).status_code == 404
+    started = time.monotonic()
+    timed_out = client.get(f"/api/v1/jobs/{waiting}/result", params={"wait": 0.5})
+    assert time.monotonic() - started >= 0.5
+    assert timed_out.status_code == 200 and timed_out.json()["finished"] is False
     assert client.get(f"/api/v1/jobs/{waiting}/result", params={"wait": 61}).status_code == 422
 
     def finish() -> None:
-        # the "worker": record the outcome, then publish its terminal event
+        # the "worker": record the outcome and notify waiters in the same transaction
         with psycopg.connect(str(settings.database_url)) as c2:
             c2.execute(
                 "UPDATE outbox SET state = 'dead', last_error_class = 'PermanentError', last_error = 'no'"
                 " WHERE id = %s",
                 (waiting,),
             )
-        r2 = syncredis.Redis.from_url(str(settings.redis_url))
-        r2.publish(
-            events_channel(settings.redis_prefix), encode(event("dead", job_id=waiting, queue="apiq", task="api_echo"))
-        )
-        r2.close()
+            c2.execute("SELECT pg_notify('postbox_results', %s)", (f"1,{waiting}",))
 
     timer = threading.Timer(0.5, finish)
     started = time.monotonic()
