@@ -234,33 +234,38 @@ SELECT id FROM outbox WHERE id = ANY(%(ids)s::int8[]) AND state = 'running'
 # dead, cancelled. Retries go back through the outbox (the relay republishes
 # when due). Terminal outcomes wake result waiters with one NOTIFY per batch.
 WORKER_RECORD_OUTCOMES: LiteralString = """
-WITH o AS (
-    SELECT * FROM unnest(%(ids)s::int8[], %(attempts)s::int4[], %(states)s::text[], %(delays)s::float8[],
-                         %(results)s::text[], %(result_ttls)s::float8[], %(error_classes)s::text[],
-                         %(errors)s::text[], %(outcomes)s::text[])
-           AS u(id, attempt, state, delay, result, result_ttl, error_class, error, outcome)
+WITH fenced AS (
+    -- Rows are found by id and matched to their input by position: no join with
+    -- unnest() for the planner to get wrong on a table whose stats see few running rows.
+    SELECT j.id, array_position(%(ids)s::int8[], j.id) AS i
+      FROM outbox j
+     WHERE j.id = ANY(%(ids)s::int8[]) AND j.claimed_by = %(worker)s AND j.state = 'running'
+     ORDER BY j.id
+       FOR UPDATE
 ), done AS (
     UPDATE outbox j
-       SET state = o.state,
-           finished_at = CASE WHEN o.state = 'retrying' THEN NULL ELSE now() END,
-           available_at = CASE WHEN o.state = 'retrying' THEN now() + make_interval(secs => o.delay)
+       SET state = (%(states)s::text[])[f.i],
+           finished_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE now() END,
+           available_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying'
+                               THEN now() + make_interval(secs => (%(delays)s::float8[])[f.i])
                                ELSE j.available_at END,
-           published_at = CASE WHEN o.state = 'retrying' THEN NULL ELSE j.published_at END,
+           published_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE j.published_at END,
            claimed_by = NULL,
            lease_until = NULL,
-           result = o.result::jsonb,
-           result_expires_at = CASE WHEN o.result IS NULL THEN NULL
-                                    ELSE now() + make_interval(secs => o.result_ttl) END,
-           last_error_class = coalesce(o.error_class, j.last_error_class),
-           last_error = coalesce(o.error, j.last_error)
-      FROM o
-     WHERE j.id = o.id AND j.claimed_by = %(worker)s AND j.attempts = o.attempt AND j.state = 'running'
- RETURNING j.id, j.state
+           result = ((%(results)s::text[])[f.i])::jsonb,
+           result_expires_at = CASE WHEN (%(results)s::text[])[f.i] IS NULL THEN NULL
+                                    ELSE now() + make_interval(secs => (%(result_ttls)s::float8[])[f.i]) END,
+           last_error_class = coalesce((%(error_classes)s::text[])[f.i], j.last_error_class),
+           last_error = coalesce((%(errors)s::text[])[f.i], j.last_error)
+      FROM fenced f
+     WHERE j.id = f.id AND j.attempts = (%(attempts)s::int4[])[f.i]
+ RETURNING j.id, j.state, j.attempts, f.i
 ), history AS (
     UPDATE job_attempts a
-       SET finished_at = now(), outcome = o.outcome, error_class = o.error_class, error = o.error
-      FROM o JOIN done d ON d.id = o.id
-     WHERE a.outbox_id = o.id AND a.attempt = o.attempt
+       SET finished_at = now(), outcome = (%(outcomes)s::text[])[d.i],
+           error_class = (%(error_classes)s::text[])[d.i], error = (%(errors)s::text[])[d.i]
+      FROM done d
+     WHERE a.outbox_id = d.id AND a.attempt = d.attempts
 ), woken AS (
     SELECT pg_notify('postbox_results', string_agg(id::text, ',')) AS n
       FROM done WHERE state <> 'retrying' HAVING count(*) > 0

@@ -27,6 +27,12 @@ from worker.outcomes import Outcome
 
 log = logging.getLogger("postbox.worker.completer")
 
+# One command for a whole batch of lifecycle events (KEYS[1]: channel; ARGV: payloads).
+PUBLISH_SCRIPT = """
+for _, payload in ipairs(ARGV) do redis.call('PUBLISH', KEYS[1], payload) end
+return #ARGV
+"""
+
 EVENT_OF_STATE = {"succeeded": "succeeded", "retrying": "retrying", "dead": "dead", "cancelled": "cancelled"}
 
 
@@ -94,6 +100,7 @@ class Completer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
+        self._publish = redis.register_script(PUBLISH_SCRIPT)
 
     def add(self, item: Finished) -> None:
         self._items.append(item)
@@ -205,8 +212,8 @@ class Completer:
                 for stream, ids in acks.items():
                     pipe.xack(stream, GROUP, *ids)
                     pipe.xdel(stream, *ids)
-                for payload in pending_events:
-                    pipe.publish(self._channel, payload)
+                if pending_events:
+                    await self._publish(keys=[self._channel], args=pending_events, client=pipe)
                 await pipe.execute(raise_on_error=False)
         except Exception:
             # The outcomes are committed; unacknowledged entries are reclaimed

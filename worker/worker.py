@@ -42,6 +42,7 @@ from worker.signals import WorkerSignals, fire
 log = logging.getLogger("postbox.worker")
 
 MAX_READ = 1000  # most entries taken by one read, whatever the free capacity
+MAX_DISPATCHES = 2  # claims in flight at once (the next read overlaps the last claim)
 IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
 
 
@@ -76,6 +77,7 @@ class Worker:
         self.ready = asyncio.Event()
         self._rand = rand
         self._stopping = asyncio.Event()
+        self._last_dispatch: asyncio.Future[None] | None = None
         self._lease = settings.visibility_timeout
         self._prefix = settings.redis_prefix
 
@@ -215,36 +217,54 @@ class Worker:
 
     async def _consume(self) -> None:
         delay = 0.05
-        while not self._stopping.is_set():
-            try:
-                await self.capacity.wait_free()
-                if self._stopping.is_set():
-                    return
-                if self.capacity.free <= 0:
-                    continue
-                streams = self.active_streams()
-                if not streams:
-                    await self._sleep(control.POLL_INTERVAL / 2)
-                    continue
-                taken = self.capacity.take(min(self.capacity.free, MAX_READ))
+        dispatching: set[asyncio.Task[None]] = set()
+        try:
+            while not self._stopping.is_set():
                 try:
-                    deliveries, malformed, tails = await self._consumer.read(streams, taken)
-                except BaseException:
-                    self.capacity.release(taken)
+                    await self.capacity.wait_free()
+                    if self._stopping.is_set():
+                        return
+                    if self.capacity.free <= 0:
+                        continue
+                    streams = self.active_streams()
+                    if not streams:
+                        await self._sleep(control.POLL_INTERVAL / 2)
+                        continue
+                    taken = self.capacity.take(min(self.capacity.free, MAX_READ))
+                    try:
+                        deliveries, malformed, tails = await self._consumer.read(streams, taken)
+                    except BaseException:
+                        self.capacity.release(taken)
+                        raise
+                    self.capacity.release(taken - len(deliveries))
+                    self._drop_malformed(malformed)
+                    if deliveries:
+                        # Claim in the background and read on: the next read overlaps this claim.
+                        task = asyncio.create_task(self._dispatch_logged(deliveries))
+                        dispatching.add(task)
+                        task.add_done_callback(dispatching.discard)
+                        if len(dispatching) >= MAX_DISPATCHES:
+                            await asyncio.wait(dispatching, return_when=asyncio.FIRST_COMPLETED)
+                    elif tails:
+                        await self._wait_new(tails)
+                    delay = 0.05
+                except asyncio.CancelledError:
                     raise
-                self.capacity.release(taken - len(deliveries))
-                self._drop_malformed(malformed)
-                if deliveries:
-                    await self._dispatch(deliveries)
-                elif tails:
-                    await self._wait_new(tails)
-                delay = 0.05
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("reading streams failed; retrying")
-                await self._sleep(delay)
-                delay = min(delay * 2, 2.0)
+                except Exception:
+                    log.exception("reading streams failed; retrying")
+                    await self._sleep(delay)
+                    delay = min(delay * 2, 2.0)
+        finally:
+            if dispatching:
+                await asyncio.gather(*dispatching, return_exceptions=True)
+
+    async def _dispatch_logged(self, deliveries: list[Delivery]) -> None:
+        try:
+            await self._dispatch(deliveries)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("claiming a batch failed; its entries stay pending and will be reclaimed")
 
     async def _wait_new(self, tails: dict[str, str]) -> None:
         reader = asyncio.ensure_future(self._consumer.wait_for_new(tails, IDLE_BLOCK))
@@ -286,13 +306,27 @@ class Worker:
             self._completer.add(Finished(Delivery(stream, entry_id, 0, "", "", "", "", 0, 0)))
 
     async def _dispatch(self, deliveries: list[Delivery]) -> None:
-        """Claim what was read (capacity for all of it is held) and start what may run."""
+        """Claim what was read (capacity for all of it is held) and start what may run.
+
+        Claims of consecutive reads may overlap; their jobs still start in read order.
+        """
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        previous, self._last_dispatch = self._last_dispatch, mine
         try:
-            batch = await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
-        except BaseException:
-            self.capacity.release(len(deliveries))
-            raise  # the entries stay pending; they are reclaimed after the visibility timeout
-        self.capacity.release(len(deliveries) - len(batch.run))
+            try:
+                batch = await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
+            except BaseException:
+                self.capacity.release(len(deliveries))
+                raise  # the entries stay pending; they are reclaimed after the visibility timeout
+            if previous is not None and not previous.done():
+                await asyncio.shield(previous)
+            self._start(batch, len(deliveries))
+        finally:
+            if not mine.done():
+                mine.set_result(None)
+
+    def _start(self, batch: claims.ClaimBatch, read: int) -> None:
+        self.capacity.release(read - len(batch.run))
         for delivery in batch.skip:
             self.metrics.count(delivery.queue, delivery.task, "skipped")
             self._completer.add(Finished(delivery))
@@ -311,7 +345,7 @@ class Worker:
     def _on_start(self, job: Job) -> None:
         d = job.delivery
         self.metrics.count(d.queue, d.task, "started")
-        self.metrics.latency.labels(d.queue, d.task).observe(max(0.0, time.time() - job.enq_ms / 1000))
+        self.metrics.observe_latency(d.queue, d.task, max(0.0, time.time() - job.enq_ms / 1000))
         self.metrics.in_flight.inc()
         self._completer.publish(
             events.event("started", job_id=d.job_id, queue=d.queue, task=d.task, attempt=job.attempt, worker_id=self.id)
@@ -331,7 +365,7 @@ class Worker:
             self.capacity.release(1)
         self.metrics.in_flight.dec()
         d = job.delivery
-        self.metrics.duration.labels(d.queue, d.task).observe(time.monotonic() - started)
+        self.metrics.observe_duration(d.queue, d.task, time.monotonic() - started)
         self._completer.add(Finished(d, job, outcome))
 
     def _on_done(self, items: list[Finished]) -> None:
