@@ -124,6 +124,11 @@ class Settings(BaseSettings):
     )
     provider_timeout: float = Field(default=5.0, gt=0, description="Seconds before a provider call times out.")
     blob_dir: str = Field(default="", description="Folder of the local blob store; empty = <state_dir>/blobs.")
+    stagedoor_claim_ttl: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds after which an unsent Stagedoor email claim counts as stale and may be taken over.",
+    )
 
     # --- retention -------------------------------------------------------------
     retention_finished_days: float = Field(

@@ -19,7 +19,8 @@ from jobs.settings import Settings, load_settings
 from jobs.stagedoor.blobs import BlobStore, blob_root
 from jobs.stagedoor.mail import MailClient
 
-# An unsent claim older than this may be taken over (DESIGN.md §6: two minutes).
+# An unsent claim older than this may be taken over (DESIGN.md §6: two minutes);
+# the setting POSTBOX_STAGEDOOR_CLAIM_TTL, whose default this is, can change it.
 CLAIM_TTL_SECONDS = 120.0
 
 
@@ -48,6 +49,7 @@ class Services:
             open=False,
         )
         await pool.open()
+        overrides.setdefault("claim_ttl", settings.stagedoor_claim_ttl)
         return cls(
             settings=settings,
             pool=pool,

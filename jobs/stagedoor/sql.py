@@ -77,10 +77,7 @@ CLAIM_SEND: LiteralString = """
 """
 
 SELECT_SEND: LiteralString = """
-    SELECT claimed_at, claimed_by, sent_at,
-           greatest(0, extract(epoch FROM claimed_at + make_interval(secs => %(claim_ttl)s)
-                                - coalesce(%(now)s, now())))::float8 AS stale_in
-      FROM email_sends WHERE order_id = %(order_id)s AND kind = %(kind)s
+    SELECT claimed_at, claimed_by, sent_at FROM email_sends WHERE order_id = %(order_id)s AND kind = %(kind)s
 """
 
 MARK_SENT: LiteralString = """
