@@ -129,6 +129,8 @@ class EventHub:
                 raise
             except Exception as exc:
                 self._subscribed.clear()
+                if not self.clients:
+                    return  # nobody listens: the next client starts a new subscription
                 log.warning("event subscription lost: %s", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
