@@ -346,7 +346,6 @@ class Worker:
         d = job.delivery
         self.metrics.count(d.queue, d.task, "started")
         self.metrics.observe_latency(d.queue, d.task, max(0.0, time.time() - job.enq_ms / 1000))
-        self.metrics.in_flight.inc()
         self._completer.publish(
             events.event("started", job_id=d.job_id, queue=d.queue, task=d.task, attempt=job.attempt, worker_id=self.id)
         )
@@ -354,6 +353,7 @@ class Worker:
 
     async def _execute(self, job: Job) -> None:
         started = time.monotonic()
+        self.metrics.in_flight.inc()
         try:
             outcome = await self._executor.run(job)
         except asyncio.CancelledError:
@@ -363,7 +363,7 @@ class Worker:
             raise
         finally:
             self.capacity.release(1)
-        self.metrics.in_flight.dec()
+            self.metrics.in_flight.dec()
         d = job.delivery
         self.metrics.observe_duration(d.queue, d.task, time.monotonic() - started)
         self._completer.add(Finished(d, job, outcome))
