@@ -35,6 +35,7 @@ from app.bench.stats import Latency
 from app.bench.tasks import PROBE_FILE_ENV
 
 T = TypeVar("T")
+PEER_DRAIN_BUDGET = 60.0  # seconds a peer may take to drain --jobs before it is measured on what it finished
 PG_PEERS = {"pgqueuer", "procrastinate"}
 
 
@@ -81,18 +82,23 @@ def throughput(
     for rep in range(params.repeat):
         sync(peer.reset(cfg))
         ids = sync(peer.enqueue_bulk(cfg, params.jobs))
+        expected = params.jobs
         with children(env) as kids:
             start_worker(kids, name, cfg)
-            wait_until(
-                lambda: sync(peer.remaining(cfg)) == 0,
-                timeout=max(180.0, params.jobs / 100),
-                check=kids.check_alive,
-            )
-        span = settled_span(peer, cfg, ids, params.jobs)
-        if span.count < params.jobs:
-            progress.say(f"peer {name}: only {span.count} of {params.jobs} jobs have a completion record")
-        if span.count < params.jobs * 0.99:
-            raise RuntimeError(f"{name}: {span.count} of {params.jobs} jobs recorded as succeeded")
+            try:
+                wait_until(lambda: sync(peer.remaining(cfg)) == 0, timeout=PEER_DRAIN_BUDGET, check=kids.check_alive)
+            except TimeoutError:
+                # A slow peer is measured on what it finished within the budget (its steady rate).
+                expected = params.jobs - sync(peer.remaining(cfg))
+                progress.say(f"peer {name}: {expected:,} of {params.jobs:,} jobs done in {PEER_DRAIN_BUDGET:.0f} s")
+                figure.label = (
+                    f"no-op jobs/s, 1 worker process ({params.jobs:,} jobs; slow peers: {PEER_DRAIN_BUDGET:.0f} s)"
+                )
+        span = settled_span(peer, cfg, ids, expected)
+        if span.count < expected:
+            progress.say(f"peer {name}: only {span.count} of {expected} jobs have a completion record")
+        if span.count < expected * 0.99 or span.count < 2:
+            raise RuntimeError(f"{name}: {span.count} of {expected} jobs recorded as succeeded")
         figure.values.append(span.rate)
         progress.say(f"peer {name} worker rep {rep + 1}/{params.repeat}: {span.rate:,.0f} jobs/s")
     return figure
