@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -330,11 +330,20 @@ async def cancel_job(conn: AsyncConnection[Any], job_id: int, actor: Actor) -> d
     return result
 
 
-async def enqueue_job(conn: AsyncConnection[Any], row: JobRow, *, max_queue_depth: int = 0) -> tuple[int, bool]:
+async def enqueue_job(
+    conn: AsyncConnection[Any],
+    row: JobRow,
+    *,
+    max_queue_depth: int = 0,
+    before_commit: Callable[[int], Awaitable[None]] | None = None,
+) -> tuple[int, bool]:
     """Insert a prepared job (own transaction); (id, created). A live dedup key returns (existing id, False).
 
     With ``max_queue_depth`` > 0, a queue holding that many waiting jobs (pending,
     queued, retrying) refuses new ones with :class:`QueueFullError`.
+    ``before_commit(id)`` runs for a new job just before COMMIT: the API publishes
+    its ``enqueued`` event there, so it always precedes the relay's ``published``
+    (the relay cannot see the row before the commit).
     """
     params = row.params()
     async with conn.transaction(), conn.cursor() as cur:
@@ -357,6 +366,8 @@ async def enqueue_job(conn: AsyncConnection[Any], row: JobRow, *, max_queue_dept
             await cur.execute(sql.INSERT_JOB, params)
             inserted = await cur.fetchone()
             if inserted is not None:
+                if before_commit is not None:
+                    await before_commit(int(inserted[0]))
                 return int(inserted[0]), True
             await cur.execute(sql.SELECT_DEDUP, params)
             found = await cur.fetchone()

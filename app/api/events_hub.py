@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from jobs.events import TERMINAL_EVENTS, decode
+from jobs.events import TERMINAL_EVENTS, EventType, decode, encode, event
 from jobs.streams import events_channel
 
 log = logging.getLogger("postbox.api.events")
@@ -139,3 +140,41 @@ class EventHub:
                     await pubsub.aclose()
                 with contextlib.suppress(Exception):
                     await client.aclose()
+
+
+class EventPublisher:
+    """PUBLISHes the API's own events (enqueued, cancelled), never slowing a request for long.
+
+    Each publish gives up after ``timeout``; after a failure, publishing pauses for
+    ``mute`` seconds, so a Redis outage costs one short wait, not one per request.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        prefix: str,
+        *,
+        timeout: float = 0.5,
+        mute: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.redis = redis
+        self.channel = events_channel(prefix)
+        self.timeout = timeout
+        self.mute = mute
+        self.clock = clock
+        self.muted_until = 0.0
+
+    async def publish(self, type_: EventType, *, job_id: int, queue: str, task: str, attempt: int = 0) -> bool:
+        if self.clock() < self.muted_until:
+            return False
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.redis.publish(
+                    self.channel, encode(event(type_, job_id=job_id, queue=queue, task=task, attempt=attempt))
+                )
+        except Exception as exc:  # events are a view, never a dependency
+            self.muted_until = self.clock() + self.mute
+            log.warning("events muted for %.0fs: %s", self.mute, type(exc).__name__)
+            return False
+        return True

@@ -20,7 +20,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_system, stagedoor
-from app.api.events_hub import EventHub
+from app.api.events_hub import EventHub, EventPublisher
 from app.api.metrics import ApiMetrics
 from app.api.state import ApiState, request_id
 from jobs import migrate
@@ -61,6 +61,7 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             pool=pool,
             redis=client,
             hub=hub,
+            events=EventPublisher(client, settings.redis_prefix),
             metrics=metrics,
             head_revision=migrate.head_revision(),
             waiters=asyncio.Semaphore(results.MAX_WAITERS),

@@ -81,9 +81,15 @@ async def enqueue(
         registry=st.registry,
         limits=Limits(max_payload_bytes=st.settings.max_payload_bytes),
     )
+
+    async def announce(job_id: int) -> None:
+        await st.events.publish("enqueued", job_id=job_id, queue=row.queue, task=row.task)
+
     async with st.pool.connection() as conn:
         try:
-            job_id, created = await control.enqueue_job(conn, row, max_queue_depth=st.settings.max_queue_depth)
+            job_id, created = await control.enqueue_job(
+                conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
+            )
         except control.QueueFullError:
             st.metrics.enqueued.labels(row.queue, "queue_full").inc()
             raise
@@ -91,9 +97,6 @@ async def enqueue(
     st.metrics.enqueued.labels(row.queue, "created" if created else "duplicate").inc()
     if created:
         log.info("enqueued", extra={"outbox_id": job_id, "task": row.task, "queue": row.queue})
-        await control.publish_event(
-            st.redis, st.settings.redis_prefix, "enqueued", job_id=job_id, queue=row.queue, task=row.task
-        )
     else:
         response.status_code = 200
     job["duplicate"] = not created
@@ -151,13 +154,7 @@ async def cancel(
     st = api_state(request)
     outcome = await control.cancel_job(conn, job_id, actor)
     if not outcome["cancel_requested"]:
-        await control.publish_event(
-            st.redis,
-            st.settings.redis_prefix,
-            "cancelled",
-            job_id=job_id,
-            queue=outcome["queue"],
-            task=outcome["task"],
-            attempt=outcome["attempts"],
+        await st.events.publish(
+            "cancelled", job_id=job_id, queue=outcome["queue"], task=outcome["task"], attempt=outcome["attempts"]
         )
     return outcome

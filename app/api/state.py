@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from app.api.errors import ApiError
-from app.api.events_hub import EventHub
+from app.api.events_hub import EventHub, EventPublisher
 from app.api.metrics import ApiMetrics
 from jobs.control import Actor
 from jobs.registry import Registry
@@ -33,6 +33,7 @@ class ApiState:
     pool: AsyncConnectionPool[AsyncConnection[Any]]
     redis: Any  # redis.asyncio.Redis (commands; short socket timeouts)
     hub: EventHub
+    events: EventPublisher
     metrics: ApiMetrics
     head_revision: str
     waiters: asyncio.Semaphore  # bounds the result waits (each holds a connection)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psycopg
@@ -137,6 +138,12 @@ def test_ready_is_503_naming_redis_when_redis_is_stopped(
         # reads that do not need Redis still work; queue stats say why stream numbers are missing
         stats = c.get("/api/v1/queues")
         assert stats.status_code == 200
+        assert {q["queue"]: q for q in stats.json()}["apiq"]["redis_error"] is not None
+        # enqueues go on (events are muted after the first failure, so only one request waits)
+        started = time.monotonic()
+        for _ in range(5):
+            assert c.post("/api/v1/jobs", json={"task": "api_echo"}).status_code == 201
+        assert time.monotonic() - started < 4
 
 
 def test_ready_is_503_when_migrations_are_behind(client: TestClient, conn: psycopg.Connection[Any]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.admin.common import parse_duration, positive_id
-from app.api.events_hub import ClientBuffer
+from app.api.events_hub import ClientBuffer, EventPublisher
 from app.api.state import key_matches
 from jobs.control import (
     ARCHIVE_STRIDE,
@@ -20,6 +20,7 @@ from jobs.control import (
     history_entries,
     split_attempt,
 )
+from jobs.events import decode
 
 
 def test_cursor_round_trip_and_refusals() -> None:
@@ -147,3 +148,43 @@ def test_cli_parsers() -> None:
     for bad in ("0", "-1", "x", str(2**63)):
         with pytest.raises(argparse.ArgumentTypeError):
             positive_id(bad)
+
+
+class _FailingRedis:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        self.calls += 1
+        raise ConnectionError("down")
+
+
+class _Redis:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    async def publish(self, channel: str, data: bytes) -> int:
+        self.sent.append((channel, data))
+        return 1
+
+
+async def test_event_publisher_mutes_after_a_failure() -> None:
+    now = [100.0]
+    redis = _FailingRedis()
+    pub = EventPublisher(redis, "pfx", mute=5.0, clock=lambda: now[0])
+    assert await pub.publish("enqueued", job_id=1, queue="q", task="t") is False
+    assert await pub.publish("enqueued", job_id=2, queue="q", task="t") is False
+    assert redis.calls == 1  # muted: the second call did not touch Redis
+    now[0] = 105.1
+    assert await pub.publish("enqueued", job_id=3, queue="q", task="t") is False
+    assert redis.calls == 2
+
+
+async def test_event_publisher_sends_on_the_events_channel() -> None:
+    redis = _Redis()
+    pub = EventPublisher(redis, "pfx")
+    assert await pub.publish("cancelled", job_id=7, queue="q", task="t", attempt=2) is True
+    channel, data = redis.sent[0]
+    assert channel == "pfx:events"
+    evt = decode(data)
+    assert (evt["type"], evt["job_id"], evt["attempt"]) == ("cancelled", 7, 2)
