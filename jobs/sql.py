@@ -298,11 +298,33 @@ RETURNING id
 # jobs publishable again. Queued rows go back to the relay's work list; running
 # rows under a stale claim too (their lost attempt stays counted).
 WORKER_REPUBLISH_LOST: LiteralString = """
-UPDATE outbox
-   SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
+WITH target AS (
+    SELECT id, state AS old_state, attempts
+      FROM outbox
+     WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+       AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
+     ORDER BY id
+       FOR UPDATE
+), rescued AS (
+    UPDATE outbox o
+       SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
+      FROM target t
+     WHERE o.id = t.id
+ RETURNING o.id
+), lost AS (
+    UPDATE job_attempts a SET finished_at = now(), outcome = 'lost'
+      FROM target t
+     WHERE t.old_state = 'running' AND a.outbox_id = t.id AND a.attempt = t.attempts AND a.finished_at IS NULL
+)
+SELECT id FROM rescued
+"""
+
+# Vanished entries whose job still runs under a live claim: looked at again
+# once that claim may have gone stale.
+WORKER_RUNNING_BY_STREAM_ID: LiteralString = """
+SELECT stream_id FROM outbox
  WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
-   AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
-RETURNING id
+   AND state = 'running'
 """
 
 WORKER_UPSERT: LiteralString = """

@@ -97,21 +97,29 @@ class Reclaimer:
                     break
         return out
 
-    async def rescue_lost(self, deleted: dict[str, list[bytes]]) -> list[int]:
-        """Make the jobs of vanished entries publishable again; acknowledge the ids."""
+    async def rescue_lost(self, deleted: dict[str, list[bytes]]) -> tuple[list[int], dict[str, list[bytes]]]:
+        """Make the jobs of vanished entries publishable again; acknowledge the ids.
+
+        Returns the rescued job ids, and the entry ids whose job still runs under
+        a live claim (its owner may be alive; look again once the lease may be stale).
+        """
         rescued: list[int] = []
+        still_running: dict[str, list[bytes]] = {}
         async with self._pool.connection() as conn:
             for stream, ids in deleted.items():
                 queue, priority = parse_stream_key(self._prefix, stream)
                 texts = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
-                cur = await conn.execute(
-                    sql.WORKER_REPUBLISH_LOST, {"queue": queue, "priority": priority, "stream_ids": texts}
-                )
+                params = {"queue": queue, "priority": priority, "stream_ids": texts}
+                cur = await conn.execute(sql.WORKER_REPUBLISH_LOST, params)
                 rescued += [row[0] for row in await cur.fetchall()]
+                cur = await conn.execute(sql.WORKER_RUNNING_BY_STREAM_ID, params)
+                running = [row[0].encode() for row in await cur.fetchall()]
+                if running:
+                    still_running[stream] = running
         async with self._redis.pipeline(transaction=False) as pipe:
             for stream, ids in deleted.items():
                 pipe.xack(stream, GROUP, *ids)
             await pipe.execute(raise_on_error=False)
         if rescued:
             log.warning("entries lost in transport; jobs made publishable again", extra={"count": len(rescued)})
-        return rescued
+        return rescued, still_running

@@ -78,6 +78,7 @@ class Worker:
         self._rand = rand
         self._stopping = asyncio.Event()
         self._last_dispatch: asyncio.Future[None] | None = None
+        self._lost_watch: dict[tuple[str, bytes], float] = {}  # vanished entries of running jobs
         self._lease = settings.visibility_timeout
         self._prefix = settings.redis_prefix
 
@@ -279,9 +280,34 @@ class Worker:
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             raise reader.exception()  # type: ignore[misc]
 
+    async def _rescue(self, deleted: dict[str, list[bytes]]) -> None:
+        """Rescue jobs whose entries vanished; watch those still running under a live claim."""
+        now = time.monotonic()
+        for stream, ids in deleted.items():
+            for entry_id in ids:
+                self._lost_watch.setdefault((stream, entry_id), now + 3 * self.settings.visibility_timeout)
+        due: dict[str, list[bytes]] = {}
+        for (stream, entry_id), until in list(self._lost_watch.items()):
+            if until < now:
+                del self._lost_watch[(stream, entry_id)]  # the relay's sweep is the backstop
+            else:
+                due.setdefault(stream, []).append(entry_id)
+        if not due:
+            return
+        rescued, still_running = await self._reclaimer.rescue_lost(due)
+        for stream, ids in due.items():
+            keep = set(still_running.get(stream, []))
+            for entry_id in ids:
+                if entry_id not in keep:
+                    self._lost_watch.pop((stream, entry_id), None)
+        if rescued:
+            fire(self.signals.lost, rescued)
+
     async def _reclaim_once(self) -> None:
         if self._stopping.is_set():
             return
+        if self._lost_watch:
+            await self._rescue({})
         taken = self.capacity.take(min(self.capacity.free, MAX_READ))
         if taken == 0:
             return
@@ -292,9 +318,7 @@ class Worker:
             raise
         self.capacity.release(taken - len(got.deliveries))
         self._drop_malformed(got.malformed)
-        if got.deleted:
-            rescued = await self._reclaimer.rescue_lost(got.deleted)
-            fire(self.signals.lost, rescued)
+        await self._rescue(got.deleted)
         if got.deliveries:
             log.info("reclaimed idle entries", extra={"count": len(got.deliveries), "worker_id": self.id})
             fire(self.signals.reclaimed, [d.job_id for d in got.deliveries])

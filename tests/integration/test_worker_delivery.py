@@ -258,3 +258,28 @@ async def test_expired_job_is_never_run(
         assert await finished(worker, 1) == [(job_id, "expired")]
         assert worker.signals.started.qsize() == 0  # type: ignore[union-attr]
     assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("expired", 0)]
+
+
+async def test_deleted_entry_of_a_dead_workers_running_job_is_rescued(
+    settings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    s = worker_settings(settings, visibility_timeout=1.0)
+    job_id = await enqueue(aconn, t.w_add, {"a": 2, "b": 2})
+    stream = stream_key(s.redis_prefix, t.QUEUE, 5)
+    await ensure_groups(redis, [stream])
+    await publish_due(aconn, redis, s.redis_prefix)
+    from worker.consumer import Consumer
+
+    deliveries, _, _ = await Consumer(redis, consumer="worker-dead0001").read([stream], 1)
+    async with AsyncConnectionPool(database_url, min_size=1, kwargs={"autocommit": True}) as pool:
+        claimed = await claims.claim(pool, deliveries, worker_id="worker-dead0001", lease=1.0)
+    assert [job.id for job in claimed.run] == [job_id]
+    await redis.xdel(stream, deliveries[0].entry_id)  # the worker dies; its entry is gone too
+    async with running_worker(s) as worker:
+        assert await asyncio.wait_for(worker.signals.lost.get(), 10) == [job_id]  # type: ignore[union-attr]
+        assert await publish_due(aconn, redis, s.redis_prefix) == [job_id]
+        assert await finished(worker, 1) == [(job_id, "succeeded")]
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt") == [
+        (1, "worker-dead0001", "lost"),
+        (2, worker.id, "succeeded"),
+    ]
