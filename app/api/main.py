@@ -115,7 +115,13 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         metrics.duration.labels(request.method, template).observe(time.perf_counter() - started)
 
     app.include_router(routes_system.router)
-    for router in (routes_jobs.router, routes_queues.queues, routes_queues.workers, routes_dlq.router):
+    for router in (
+        routes_jobs.router,
+        routes_queues.queues,
+        routes_queues.workers,
+        routes_dlq.router,
+        routes_queues.audit,
+    ):
         app.include_router(router, prefix="/api/v1")
     app.include_router(stagedoor.router, prefix="/api/v1")
     return app

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from psycopg import AsyncConnection
 
 from app.api.errors import responses
-from app.api.schemas import QUEUE_PATTERN, QueueState, QueueStats, Worker
+from app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
 from app.api.state import Destructive, api_state, db, read_access
 from jobs import control
 from jobs.control import Actor
 
 queues = APIRouter(prefix="/queues", tags=["queues"], dependencies=[Depends(read_access)])
 workers = APIRouter(prefix="/workers", tags=["workers"], dependencies=[Depends(read_access)])
+audit = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(read_access)])
 
 QueueName = Annotated[str, Path(pattern=QUEUE_PATTERN, description="Queue name.")]
 WorkerId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
@@ -61,3 +62,13 @@ async def get_worker(
     worker_id: WorkerId, request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]
 ) -> dict[str, Any]:
     return await control.get_worker(conn, worker_id, heartbeat_interval=api_state(request).settings.heartbeat_interval)
+
+
+@audit.get("", response_model=AuditPage, summary="The audit log, newest first", responses=responses(400, 401, 422))
+async def list_audit(
+    conn: Annotated[AsyncConnection[Any], Depends(db)],
+    limit: Annotated[int, Query(ge=1, le=control.MAX_PAGE)] = 50,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+) -> dict[str, Any]:
+    page = await control.list_audit(conn, limit=limit, cursor=cursor)
+    return {"items": page.items, "next_cursor": page.next_cursor}

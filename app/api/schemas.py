@@ -182,3 +182,18 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: str
     checks: dict[str, str]
+
+
+class AuditEntry(BaseModel):
+    id: int
+    at: datetime
+    actor: str = Field(description="api:key, api:anonymous or cli:<os user>.")
+    action: str = Field(description="job.cancel, queue.pause, queue.resume, dlq.requeue, dlq.discard, dlq.purge.")
+    target: str = Field(description="job:<id> or queue:<name>.")
+    request_id: str | None
+    details: dict[str, Any]
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEntry]
+    next_cursor: str | None

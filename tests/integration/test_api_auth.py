@@ -77,6 +77,10 @@ def test_destructive_endpoint_needs_the_key_and_is_audited(
     assert ok.status_code in (200, 202), ok.text
     assert ok.headers["x-request-id"] == "req-42"
     assert audit_rows(conn) == [("api:key", action, target, "req-42")]
+    listed = keyed_client.get("/api/v1/audit").json()
+    assert [(e["actor"], e["action"], e["target"], e["request_id"]) for e in listed["items"]] == [
+        ("api:key", action, target, "req-42")
+    ]
 
 
 def test_reads_and_enqueue_stay_open_with_a_key(keyed_client: TestClient) -> None:
