@@ -14,6 +14,7 @@ from psycopg import AsyncConnection
 from app.api.stagedoor import connection, router
 from jobs.stagedoor.errors import InvalidEmailError, InvalidOrderError, NotEnoughSeatsError, UnknownEventError
 from jobs.stagedoor.orders import create_event, place_order
+from tests.integration.api_support import make_client
 
 
 async def counts(conn: AsyncConnection[Any]) -> dict[str, int]:
@@ -172,3 +173,22 @@ async def test_api_refuses_bad_event(api: httpx.AsyncClient, aconn: AsyncConnect
     assert bad_json.status_code == 422
     cur = await aconn.execute("SELECT count(*) FROM events")
     assert await cur.fetchone() == (0,)
+
+
+def test_routes_in_the_real_api_app(settings: Any, conn: Any) -> None:
+    """Through create_app (its pool, its request-id middleware, its error shape)."""
+    with make_client(settings) as client:
+        event = client.post("/api/v1/events", json={"name": "Real app", "capacity": 2}).json()
+        placed = client.post(
+            "/api/v1/orders",
+            json={"event_id": event["id"], "seats": 2, "email": "d@example.org"},
+            headers={"X-Request-ID": "real-app-1"},
+        )
+        refused = client.post("/api/v1/orders", json={"event_id": event["id"], "seats": 1, "email": "e@example.org"})
+        documented = client.get("/openapi.json").json()["paths"]["/api/v1/orders"]["post"]["responses"]
+    assert placed.status_code == 201 and placed.headers["X-Request-ID"] == "real-app-1"
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "NOT_ENOUGH_SEATS"
+    assert {"201", "404", "409", "422"} <= set(documented)
+    rows = conn.execute("SELECT task, headers->>'request_id' FROM outbox ORDER BY id").fetchall()
+    assert rows == [("render_tickets", "real-app-1"), ("update_sales_counter", "real-app-1")]
+    assert conn.execute("SELECT count(*) FROM orders").fetchone() == (1,)
