@@ -374,7 +374,7 @@ def _postmaster_pid(pgdata: Path) -> int | None:
         pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return pid if _is_process(pid, "postgres") else None
+    return pid if _is_process(pid, "postgres", pgdata) else None
 
 
 def _valkey_pid(valkey_dir: Path) -> int | None:
@@ -382,15 +382,26 @@ def _valkey_pid(valkey_dir: Path) -> int | None:
         pid = int((valkey_dir / "valkey.pid").read_text().strip())
     except (OSError, ValueError):
         return None
-    return pid if _is_process(pid, "valkey") else None
+    return pid if _is_process(pid, "valkey", valkey_dir) else None
 
 
-def _is_process(pid: int, name: str) -> bool:
+def _is_process(pid: int, name: str, home: Path) -> bool:
+    """True if ``pid`` is a live ``name`` process working in ``home``.
+
+    A stale pid file may name a pid since reused by another process, even one of
+    the machine's own PostgreSQL servers: only a process whose command line or
+    working directory is our data folder counts as ours.
+    """
     import psutil
 
     try:
-        return name in psutil.Process(pid).name()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        proc = psutil.Process(pid)
+        if name not in proc.name() or proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if str(home) in proc.cmdline():
+            return True
+        return Path(proc.cwd()).resolve() == home.resolve()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
         return False
 
 
