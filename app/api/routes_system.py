@@ -58,7 +58,7 @@ async def ready(request: Request) -> Any:
     st = api_state(request)
     (postgres, migrations), redis = await asyncio.gather(_check_postgres(st), _check_redis(st))
     checks = {"postgresql": postgres, "redis": redis, "migrations": migrations}
-    failing = [name for name, value in checks.items() if value != "ok"]
+    failing = [name for name, value in checks.items() if value not in ("ok", "unknown")]
     if failing:
         return error_response(
             503,

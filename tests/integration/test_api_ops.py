@@ -146,6 +146,16 @@ def test_ready_is_503_naming_redis_when_redis_is_stopped(
         assert time.monotonic() - started < 4
 
 
+def test_ready_is_503_naming_postgresql_when_it_is_unreachable(settings: Settings) -> None:
+    with make_client(settings, database_url="postgresql://postgres@127.0.0.1:1/none") as c:
+        r = c.get("/ready")
+        assert r.status_code == 503
+        details = r.json()["error"]["details"]
+        assert details["failing"] == ["postgresql"]
+        assert details["checks"]["redis"] == "ok" and details["checks"]["migrations"] == "unknown"
+        assert c.get("/health").status_code == 200
+
+
 def test_ready_is_503_when_migrations_are_behind(client: TestClient, conn: psycopg.Connection[Any]) -> None:
     conn.execute("UPDATE alembic_version SET version_num = '0001_outbox'")
     conn.commit()
