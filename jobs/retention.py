@@ -20,6 +20,10 @@ the clock (tests); production leaves it None and the database's ``now()`` is use
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,6 +36,7 @@ from jobs import sql
 from jobs.settings import Settings
 
 SECONDS_PER_DAY = 86_400.0
+log = logging.getLogger("postbox.retention")
 
 
 @dataclass(frozen=True)
@@ -180,3 +185,75 @@ async def prune_async(
             if rows < limit:
                 break
     return report
+
+
+class PruneDuty:
+    """Periodic pruning for a long-running process (the leading relay).
+
+    Call :meth:`kick` from the process's loop as often as you like: when
+    ``prune_interval`` has passed since the last round and no round is running,
+    it starts one in the background on a connection of its own (never the
+    caller's session), bounded to ``max_batches`` batches. :meth:`stop` cancels
+    a running round (e.g. when leadership is lost). ``prune_interval = 0`` turns
+    it off. ``clock`` is injectable for tests.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        database_url: str,
+        *,
+        max_batches: int = 50,
+        clock: Callable[[], float] = time.monotonic,
+        on_report: Callable[[PruneReport], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.database_url = database_url
+        self.max_batches = max_batches
+        self.clock = clock
+        self.on_report = on_report
+        self.next_at = clock()  # the first kick runs a round
+        self.task: asyncio.Task[PruneReport] | None = None
+        self.last: PruneReport | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.prune_interval > 0
+
+    def kick(self) -> bool:
+        """Start a round if one is due; True if it did."""
+        if not self.enabled or (self.task is not None and not self.task.done()):
+            return False
+        now = self.clock()
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.settings.prune_interval
+        self.task = asyncio.get_running_loop().create_task(self._round(), name="postbox-prune")
+        return True
+
+    async def _round(self) -> PruneReport:
+        try:
+            conn = await AsyncConnection.connect(self.database_url, autocommit=True, application_name="postbox-prune")
+            try:
+                report = await prune_async(conn, self.settings, max_batches=self.max_batches)
+            finally:
+                await conn.close()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a failed round is retried at the next interval
+            log.warning("pruning failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            raise
+        self.last = report
+        if report.total:
+            log.info("pruned", extra=report.as_dict())
+        if self.on_report is not None:
+            self.on_report(report)
+        return report
+
+    async def stop(self) -> None:
+        task, self.task = self.task, None
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            with contextlib.suppress(BaseException):
+                await task

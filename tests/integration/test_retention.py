@@ -239,3 +239,46 @@ def test_cli_prunes_with_the_database_clock(
     monkeypatch.setenv("POSTBOX_PRUNE_BATCH_SIZE", "0")
     assert prune_cli.main([]) == 2
     assert "POSTBOX_PRUNE_BATCH_SIZE" in capsys.readouterr().err
+
+
+async def test_prune_duty_runs_a_round_per_interval(
+    conn: psycopg.Connection[Any], database_url: str, settings: Settings
+) -> None:
+    insert = (
+        "INSERT INTO outbox (queue, task, state, finished_at)"
+        " SELECT 'default', 'noop', 'succeeded', now() - make_interval(days => 8) FROM generate_series(1, %s)"
+    )
+    conn.execute(insert, (5,))
+    conn.commit()
+    clock = [1000.0]
+    reports: list[retention.PruneReport] = []
+    duty = retention.PruneDuty(
+        settings.model_copy(update={"prune_interval": 60.0, "prune_batch_size": 2}),
+        database_url,
+        max_batches=2,
+        clock=lambda: clock[0],
+        on_report=reports.append,
+    )
+    try:
+        assert duty.kick() is True  # the first kick runs at once
+        assert duty.kick() is False  # a round is running / not due
+        assert duty.task is not None
+        first = await duty.task
+        assert first.batches == [("finished", 2), ("finished", 2)] and first.complete is False
+
+        clock[0] += 59.0
+        assert duty.kick() is False  # not due yet
+        clock[0] += 1.0
+        assert duty.kick() is True
+        second = await duty.task
+        assert second.batches == [("finished", 1)] and second.complete is True
+        assert reports == [first, second]
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+    finally:
+        await duty.stop()
+
+
+async def test_prune_duty_is_off_at_interval_zero(database_url: str, settings: Settings) -> None:
+    duty = retention.PruneDuty(settings.model_copy(update={"prune_interval": 0.0}), database_url)
+    assert duty.kick() is False
+    assert duty.task is None
