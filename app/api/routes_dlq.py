@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 from psycopg import AsyncConnection
 
 from app.api.errors import responses
-from app.api.routes_jobs import Cursor, JobId, Limit, QueueFilter, TaskFilter
+from app.api.params import Cursor, JobId, Limit, QueueFilter, TaskFilter
 from app.api.schemas import QUEUE_PATTERN, DeadLetter, DeadPage, DiscardResult, PurgeResult, RequeueResult
-from app.api.state import Destructive, api_state, db, read_access
+from app.api.state import Destructive, db, read_access
 from jobs import control
 from jobs.control import Actor
 
@@ -63,7 +63,7 @@ async def show(job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)]
     responses=responses(401, 404, 409, 422),
 )
 async def requeue(
-    job_id: JobId, request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
+    job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
     return await control.requeue_dead(conn, job_id, actor)
 
@@ -78,6 +78,3 @@ async def discard(
     job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
     return await control.discard_dead(conn, job_id, actor)
-
-
-__all__ = ["api_state", "router"]

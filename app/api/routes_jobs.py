@@ -5,28 +5,21 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from psycopg import AsyncConnection
 
 from app.api import results
 from app.api.errors import responses
+from app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
 from app.api.state import Destructive, api_state, db, read_access
 from jobs import control
 from jobs.control import Actor
 from jobs.errors import InvalidArgsError, InvalidOptionError
 from jobs.producer import Limits, prepare
-from jobs.states import ALL_STATES
 
 log = logging.getLogger("postbox.api")
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)])
-
-JobId = Annotated[int, Path(ge=1, le=control.MAX_BIGINT, description="The job's outbox id.")]
-QueueFilter = Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
-TaskFilter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
-Limit = Annotated[int, Query(ge=1, le=control.MAX_PAGE)]
-Cursor = Annotated[str | None, Query(max_length=64, description="next_cursor of the previous page.")]
-StateFilter = Annotated[str | None, Query(pattern="^(" + "|".join(ALL_STATES) + ")$")]
 
 
 def _reject_nul(value: Any, path: str = "args") -> None:
