@@ -47,6 +47,8 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                     higher_is_better=False,
                 )
             )
+    for rate in params.rates:
+        figures.append(Figure(SCENARIO, f"latency.offered@{rate}", f"offered rate achieved (asked {rate}/s)", "jobs/s"))
     by_key = {f.key: f for f in figures}
     folder = Path(tempfile.mkdtemp(prefix="postbox-bench-probe-"))
     with psycopg.connect(database_url) as conn:
@@ -59,13 +61,14 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                 with children(env) as kids:
                     kids.python("relay", ["relay", "run"])
                     kids.python("worker", worker_argv(params.concurrency))
-                    warm = produce(conn, "bench_probe", rate, 1.0)
+                    warm = produce(database_url, "bench_probe", rate, 1.0)
                     wait_started(probe, warm.commits.keys(), kids.check_alive)
-                    measured = produce(conn, "bench_probe", rate, params.duration)
+                    measured = produce(database_url, "bench_probe", rate, params.duration)
                     starts = wait_started(probe, measured.commits.keys(), kids.check_alive)
                 lat = Latency.of([starts[i] - t for i, t in measured.commits.items()])
                 for name, value in (("p50", lat.p50), ("p95", lat.p95), ("p99", lat.p99)):
                     by_key[f"latency.{name}@{rate}"].values.append(value)
+                by_key[f"latency.offered@{rate}"].values.append(measured.achieved_rate)
                 progress.say(
                     f"latency rep {rep + 1}/{params.repeat} @ {rate}/s (achieved {measured.achieved_rate:,.0f}/s): "
                     f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"

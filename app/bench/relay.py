@@ -85,6 +85,7 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
     p99 = Figure(
         SCENARIO, "relay.p99", f"commit-to-XADD p99 @ {rate}/s", "ms", target=Target("<=", 25), higher_is_better=False
     )
+    offered = Figure(SCENARIO, "relay.offered", f"offered rate achieved (asked {rate}/s)", "jobs/s")
     env = bench_env(database_url, box.redis_url, box.prefix)
     with psycopg.connect(database_url) as conn:
         for rep in range(params.repeat):
@@ -111,9 +112,9 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
             try:
                 with children(env) as kids:
                     kids.python("relay", ["relay", "run"])
-                    warm = produce(conn, "bench_noop", rate, 1.0)  # relay up and leading, caches warm
+                    warm = produce(database_url, "bench_noop", rate, 1.0)  # relay up and leading, caches warm
                     wait_seen(reader, warm.commits, kids.check_alive)
-                    measured = produce(conn, "bench_noop", rate, params.duration)
+                    measured = produce(database_url, "bench_noop", rate, params.duration)
                     wait_seen(reader, measured.commits, kids.check_alive)
             finally:
                 reader.stop()
@@ -123,10 +124,11 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
             p50.values.append(lat.p50)
             p95.values.append(lat.p95)
             p99.values.append(lat.p99)
+            offered.values.append(measured.achieved_rate)
             progress.say(
                 f"relay latency rep {rep + 1}/{params.repeat} @ {measured.achieved_rate:,.0f}/s: "
                 f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"
             )
         outbox.reset(conn)
     box.clean_redis_prefix()
-    return [throughput, p50, p95, p99]
+    return [throughput, p50, p95, p99, offered]

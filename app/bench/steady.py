@@ -2,16 +2,18 @@
 
 Open loop: job ``i`` is due at ``start + i / rate``; a producer that falls
 behind catches up without waiting, so a slow consumer cannot slow the offered
-load down (and hide its own latency).  The commit time of a job is
-``time.time()`` right after COMMIT returned — the moment the producer knows
-the job exists.
+load down (and hide its own latency).  Jobs are spread over a few producer
+connections (each its own thread), so a slow COMMIT on a busy machine delays
+one job, not the schedule.  The commit time of a job is ``time.time()`` right
+after COMMIT returned — the moment the producer knows the job exists.
 """
 
 from __future__ import annotations
 
+import math
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 
@@ -28,17 +30,41 @@ class Produced:
         return len(self.commits) / self.seconds if self.seconds > 0 else float("nan")
 
 
-def produce(conn: psycopg.Connection[Any], task: str, rate: float, seconds: float) -> Produced:
+def producers_for(rate: float) -> int:
+    """Producer connections for a rate: one per 125 jobs/s, 2 to 16."""
+    return max(2, min(16, math.ceil(rate / 125)))
+
+
+def produce(database_url: str, task: str, rate: float, seconds: float) -> Produced:
+    """Commit ``rate * seconds`` jobs of ``task`` on schedule, spread over a few connections."""
     out = Produced()
     total = max(1, int(rate * seconds))
-    interval = 1.0 / rate
-    start = time.perf_counter()
-    for i in range(total):
-        delay = start + i * interval - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        job_id = enqueue(conn, task, {"n": i})
-        conn.commit()
-        out.commits[job_id] = time.time()
+    lanes = producers_for(rate)
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.05
+
+    def lane(index: int) -> None:
+        try:
+            with psycopg.connect(database_url) as own:
+                for i in range(index, total, lanes):
+                    delay = start + i / rate - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                    job_id = enqueue(own, task, {"n": i})
+                    own.commit()
+                    committed = time.time()
+                    with lock:
+                        out.commits[job_id] = committed
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=lane, args=(i,), daemon=True) for i in range(lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     out.seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
     return out

@@ -9,11 +9,11 @@ read), results kept (default 1 h): their ``finish_time`` times the run.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from app.bench.outbox import Span
-from app.bench.peers.common import PeerConfig, Probe, load
+from app.bench.peers.common import PeerConfig, Probe, load, paced
+from app.bench.steady import producers_for
 
 NAME = "arq"
 _probe = Probe()
@@ -55,19 +55,15 @@ async def enqueue_bulk(cfg: PeerConfig, n: int) -> list[str]:
 
 async def produce(cfg: PeerConfig, rate: float, seconds: float) -> dict[str, float]:
     redis = await _pool(cfg)
-    commits: dict[str, float] = {}
+
+    async def one(i: int) -> str | None:
+        job = await redis.enqueue_job("bench_noop")
+        return None if job is None else str(job.job_id)
+
     try:
-        start = time.perf_counter()
-        for i in range(max(1, int(rate * seconds))):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            job = await redis.enqueue_job("bench_noop")
-            if job is not None:
-                commits[job.job_id] = time.time()
+        return await paced(rate, seconds, [one] * producers_for(rate))
     finally:
         await redis.aclose()
-    return commits
 
 
 async def remaining(cfg: PeerConfig) -> int:

@@ -19,9 +19,11 @@ Handlers are no-ops; with ``POSTBOX_BENCH_PROBE_FILE`` set they write
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +93,25 @@ def read_probe_file(path: str) -> dict[str, float]:
     return starts
 
 
-async def paced(rate: float, seconds: float) -> list[float]:
-    """Due times (perf_counter) of an open-loop schedule; callers sleep until each."""
-    start = time.perf_counter()
-    return [start + i / rate for i in range(max(1, int(rate * seconds)))]
+async def paced(
+    rate: float, seconds: float, lanes: Sequence[Callable[[int], Awaitable[str | None]]]
+) -> dict[str, float]:
+    """Open-loop schedule (job ``i`` due at ``start + i / rate``) spread over ``lanes`` enqueue callers.
+
+    Returns job id -> time the enqueue call returned (the job is committed then).
+    """
+    total = max(1, int(rate * seconds))
+    start = time.perf_counter() + 0.05
+    commits: dict[str, float] = {}
+
+    async def run_lane(index: int, call: Callable[[int], Awaitable[str | None]]) -> None:
+        for i in range(index, total, len(lanes)):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            job_id = await call(i)
+            if job_id is not None:
+                commits[job_id] = time.time()
+
+    await asyncio.gather(*(run_lane(i, call) for i, call in enumerate(lanes)))
+    return commits

@@ -11,12 +11,12 @@ the per-job log rows (their ``created`` stamps time the run).
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import timedelta
 from typing import Any
 
 from app.bench.outbox import Span
-from app.bench.peers.common import PeerConfig, Probe, load
+from app.bench.peers.common import PeerConfig, Probe, load, paced
+from app.bench.steady import producers_for
 
 NAME = "pgqueuer"
 ENTRYPOINT = "bench_noop"
@@ -62,20 +62,21 @@ async def enqueue_bulk(cfg: PeerConfig, n: int) -> list[str]:
 
 async def produce(cfg: PeerConfig, rate: float, seconds: float) -> dict[str, float]:
     pgq = load("pgqueuer")
-    conn = await _connect(cfg)
-    commits: dict[str, float] = {}
+    conns = [await _connect(cfg) for _ in range(producers_for(rate))]
     try:
-        queries = pgq.Queries(pgq.AsyncpgDriver(conn))
-        start = time.perf_counter()
-        for i in range(max(1, int(rate * seconds))):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            (job_id,) = await queries.enqueue(ENTRYPOINT, None)
-            commits[str(job_id)] = time.time()
+        lanes = []
+        for conn in conns:
+            queries = pgq.Queries(pgq.AsyncpgDriver(conn))
+
+            async def one(i: int, queries: Any = queries) -> str | None:
+                (job_id,) = await queries.enqueue(ENTRYPOINT, None)
+                return str(job_id)
+
+            lanes.append(one)
+        return await paced(rate, seconds, lanes)
     finally:
-        await conn.close()
-    return commits
+        for conn in conns:
+            await conn.close()
 
 
 async def remaining(cfg: PeerConfig) -> int:

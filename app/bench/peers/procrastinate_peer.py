@@ -9,12 +9,11 @@ rows of type ``succeeded`` time the run.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any, LiteralString
 
 from app.bench.outbox import Span
-from app.bench.peers.common import QUEUE, PeerConfig, Probe, load
+from app.bench.peers.common import QUEUE, PeerConfig, Probe, load, paced
+from app.bench.steady import producers_for
 
 NAME = "procrastinate"
 
@@ -63,17 +62,14 @@ async def enqueue_bulk(cfg: PeerConfig, n: int) -> list[str]:
 
 
 async def produce(cfg: PeerConfig, rate: float, seconds: float) -> dict[str, float]:
-    app, task = _app(cfg)
-    commits: dict[str, float] = {}
+    lanes = producers_for(rate)
+    app, task = _app(cfg, pool_size=lanes)
+
+    async def one(i: int) -> str | None:
+        return str(await task.defer_async())
+
     async with app.open_async():
-        start = time.perf_counter()
-        for i in range(max(1, int(rate * seconds))):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            job_id = await task.defer_async()
-            commits[str(job_id)] = time.time()
-    return commits
+        return await paced(rate, seconds, [one] * lanes)
 
 
 async def remaining(cfg: PeerConfig) -> int:

@@ -9,11 +9,11 @@ kept for their default TTL, and their ``completed`` stamps (ms) time the run.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from app.bench.outbox import Span
-from app.bench.peers.common import QUEUE, PeerConfig, Probe, load
+from app.bench.peers.common import QUEUE, PeerConfig, Probe, load, paced
+from app.bench.steady import producers_for
 
 NAME = "saq"
 _probe = Probe()
@@ -55,19 +55,15 @@ async def enqueue_bulk(cfg: PeerConfig, n: int) -> list[str]:
 
 async def produce(cfg: PeerConfig, rate: float, seconds: float) -> dict[str, float]:
     queue = _queue(cfg)
-    commits: dict[str, float] = {}
+
+    async def one(i: int) -> str | None:
+        job = await queue.enqueue("bench_noop")
+        return None if job is None else str(job.key)
+
     try:
-        start = time.perf_counter()
-        for i in range(max(1, int(rate * seconds))):
-            delay = start + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            job = await queue.enqueue("bench_noop")
-            if job is not None:
-                commits[job.key] = time.time()
+        return await paced(rate, seconds, [one] * producers_for(rate))
     finally:
         await queue.disconnect()
-    return commits
 
 
 async def remaining(cfg: PeerConfig) -> int:
