@@ -1,0 +1,48 @@
+"""Small pure helpers of the bench: URLs of its own database / Redis db, producer lanes, peer names."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.bench.peers.common import PeerConfig, read_probe_file
+from app.bench.peers.registry import PEERS, adapter
+from app.bench.sandbox import redis_db_of, with_database, with_redis_db
+from app.bench.steady import producers_for
+from app.bench.tasks import read_probes
+
+
+def test_urls_of_the_bench_database_and_redis_db() -> None:
+    url = "postgresql://u:p@db:5432/app?sslmode=disable"
+    assert (
+        with_database(url, "postbox_bench_ab12cd34")
+        == "postgresql://u:p@db:5432/postbox_bench_ab12cd34?sslmode=disable"
+    )
+    assert with_redis_db("redis://:pw@cache:6379/0", 14) == "redis://:pw@cache:6379/14"
+    assert redis_db_of("redis://cache:6379/3") == 3
+    assert redis_db_of("redis://cache:6379") == 0
+
+
+@pytest.mark.parametrize(("rate", "lanes"), [(1, 2), (200, 2), (500, 4), (1000, 8), (100_000, 16)])
+def test_producer_lanes_grow_with_the_rate(rate: int, lanes: int) -> None:
+    assert producers_for(rate) == lanes
+
+
+def test_probe_files_keep_the_first_start_of_each_job(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "probe.txt"
+    path.write_text("7 100.5\n8 101.25\n7 130.0\ngarbage\n")
+    assert read_probes(str(path)) == {7: 100.5, 8: 101.25}
+    assert read_probe_file(str(path)) == {"7": 100.5, "8": 101.25}
+    assert read_probes(str(tmp_path / "missing.txt")) == {}
+
+
+def test_peer_config_round_trips_through_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = PeerConfig(database_url="postgresql://h/db", redis_url="redis://h/5", concurrency=12)
+    for key, value in cfg.env().items():
+        monkeypatch.setenv(key, value)
+    assert PeerConfig.from_env() == cfg
+
+
+def test_unknown_peer_is_refused() -> None:
+    assert PEERS == ("pgqueuer", "procrastinate", "arq", "saq")
+    with pytest.raises(ValueError, match="unknown peer 'celery'"):
+        adapter("celery")
