@@ -99,12 +99,17 @@ SELECT id, queue, task, args::text, headers::text, priority, attempts,
 """
 
 # One statement for the whole batch; a row a worker already claimed (it set
-# published_at) is left alone.
+# published_at) is left alone. The rows are found by primary key first (the
+# ctid array): joined directly, a planner with stale statistics believes the
+# partial "unpublished" index is tiny and hashes all of it for every batch,
+# which costs O(backlog) per batch. A row updated in between (a worker's claim)
+# fails the ctid recheck and is skipped, which is what we want.
 RELAY_MARK_PUBLISHED: LiteralString = """
 UPDATE outbox AS o
    SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
   FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
- WHERE o.id = u.id AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
+ WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
+   AND o.id = u.id AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
 """
 
 RELAY_MARK_EXPIRED: LiteralString = """
@@ -167,7 +172,8 @@ UPDATE outbox AS o
    SET published_at = CASE WHEN o.state = 'queued' THEN now() ELSE o.published_at END,
        publish_count = o.publish_count + 1, stream_id = u.sid
   FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
- WHERE o.id = u.id AND o.state IN ('queued', 'running')
+ WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
+   AND o.id = u.id AND o.state IN ('queued', 'running')
 """
 
 # --- worker ----------------------------------------------------------------------

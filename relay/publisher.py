@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +26,12 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from jobs import events, sql
-from jobs.streams import GROUP, encode_entry, events_channel, stream_key
+from jobs.streams import GROUP, events_channel, stream_key
+from relay import resp
 
 log = logging.getLogger("postbox.relay")
+
+EVENTS_CHECK_INTERVAL = 1.0  # seconds between PUBSUB NUMSUB checks of the events channel
 
 # (id, queue, task, args, headers, priority, attempts, enq_ms, ...) as selected by sql.RELAY_SELECT_*
 Row = tuple[Any, ...]
@@ -63,15 +66,32 @@ class Publisher:
         prefix: str,
         *,
         batch_size: int = 1000,
-        emit_events: bool = True,
+        emit_events: bool | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        before_mark: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
         self.prefix = prefix
         self.batch_size = batch_size
-        self.emit_events = emit_events
+        self.emit_events = emit_events  # None: only while someone subscribes (checked every second)
+        self.monotonic = monotonic
+        self.before_mark = before_mark  # test hook: runs between the XADDs and the mark
+        self._subscribed = False
+        self._subscribers_checked = -1e9
         self.clock = clock
         self.known_groups: set[str] = set()
+
+    async def events_wanted(self) -> bool:
+        """Whether to PUBLISH ``published`` events: always, never, or while the channel has subscribers."""
+        if self.emit_events is not None:
+            return self.emit_events
+        now = self.monotonic()
+        if now - self._subscribers_checked >= EVENTS_CHECK_INTERVAL:
+            self._subscribers_checked = now
+            found = await self.redis.pubsub_numsub(events_channel(self.prefix))
+            self._subscribed = bool(found and int(found[0][1]) > 0)
+        return self._subscribed
 
     def forget_groups(self) -> None:
         """After Redis lost data: groups must be ensured again before the next XADD."""
@@ -83,33 +103,37 @@ class Publisher:
             self.known_groups.add(key)
 
     async def xadd_rows(self, rows: Sequence[Row]) -> tuple[list[int], list[str], list[int]]:
-        """XADD each row in one pipeline. Returns (ids added, their entry ids, ids refused)."""
+        """XADD each row, all in one write (see :mod:`relay.resp`). Returns (ids added, entry ids, ids refused)."""
         if not rows:
             return [], [], []
         keys = [stream_key(self.prefix, row[1], row[5]) for row in rows]
         await self.ensure_groups(keys)
+        emit = await self.events_wanted()
         now_ms = int(self.clock() * 1000)
-        channel = events_channel(self.prefix)
-        pipe = self.redis.pipeline(transaction=False)
+        channel = events_channel(self.prefix).encode()
+        key_bytes = {key: key.encode() for key in set(keys)}
+        chunks: list[bytes] = []
         for row, key in zip(rows, keys, strict=True):
             job_id, queue, task, args, headers, priority, attempts, enq_ms = row[:8]
-            fields = encode_entry(
-                job_id=job_id,
-                task=task,
-                args=args,
-                headers=headers,
-                attempt=attempts + 1,
-                queue=queue,
-                priority=priority,
-                enqueued_ms=enq_ms,
-                published_ms=now_ms,
+            chunks.append(
+                resp.xadd_entry(
+                    key_bytes[key],
+                    job_id=job_id,
+                    task=task.encode(),
+                    args=args.encode(),
+                    headers=headers.encode(),
+                    attempt=attempts + 1,
+                    queue=queue.encode(),
+                    priority=priority,
+                    enqueued_ms=enq_ms,
+                    published_ms=now_ms,
+                )
             )
-            pipe.xadd(key, fields)  # type: ignore[arg-type]  # no MAXLEN: the relay never trims
-            if self.emit_events:
+            if emit:
                 evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
-                pipe.publish(channel, events.encode(evt))
-        results = await pipe.execute(raise_on_error=False)
-        step = 2 if self.emit_events else 1
+                chunks.append(resp.publish(channel, events.encode(evt)))
+        results = await resp.send_batch(self.redis, b"".join(chunks), len(chunks))
+        step = 2 if emit else 1
         ids: list[int] = []
         sids: list[str] = []
         refused: list[int] = []
@@ -134,6 +158,8 @@ class Publisher:
         if result.expired:
             await conn.execute(sql.RELAY_MARK_EXPIRED, {"ids": result.expired})
         ids, sids, result.failed = await self.xadd_rows(live)
+        if ids and self.before_mark is not None:
+            await self.before_mark(ids)
         if ids:
             cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids})
             result.marked = cur.rowcount
@@ -142,7 +168,7 @@ class Publisher:
 
 
 async def publish_once(
-    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool = True
+    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool | None = None
 ) -> BatchResult:
     """Publish one batch of due rows with a throwaway :class:`Publisher` (tools, benchmarks).
 
@@ -153,7 +179,7 @@ async def publish_once(
 
 
 async def drain(
-    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool = True
+    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool | None = None
 ) -> int:
     """Publish batches until no row is due; return how many rows were published."""
     publisher = Publisher(redis, prefix, batch_size=batch_size, emit_events=emit_events)

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,7 @@ class RelaySignals:
     listening: asyncio.Event | None = None  # LISTEN (re)established
     redis_loss: asyncio.Event | None = None  # a Redis data loss was detected
     stopped: asyncio.Event | None = None
+    before_mark: Callable[[list[int]], Awaitable[None]] | None = None  # awaited between XADD and mark
 
     @classmethod
     def all(cls) -> RelaySignals:
@@ -94,7 +95,7 @@ class Relay:
         epoch_check_interval: float = 1.0,
         sweep_interval: float = 5.0,
         sweep_min_age: float = 5.0,
-        emit_events: bool = True,
+        emit_events: bool | None = None,
     ) -> None:
         self.settings = settings
         self.database_url = settings.require_database_url()
@@ -230,7 +231,13 @@ class Relay:
             wake.set()
         self.notifier = Notifier(self.database_url, wake, on_listening=lambda: _fire(self.signals.listening))
         listener = asyncio.create_task(self.notifier.run(), name=f"{self.id}-listener")
-        publisher = Publisher(redis, self.settings.redis_prefix, batch_size=batch_size, emit_events=self.emit_events)
+        publisher = Publisher(
+            redis,
+            self.settings.redis_prefix,
+            batch_size=batch_size,
+            emit_events=self.emit_events,
+            before_mark=self.signals.before_mark,
+        )
         reconciler = Reconciler(
             redis,
             self.settings.redis_prefix,

@@ -1,0 +1,158 @@
+"""Leadership in-process: one leader, a session lost between XADD and mark, stop, events, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+import redis.asyncio as aioredis
+
+from jobs.settings import Settings
+from jobs.streams import events_channel
+from relay import Relay, RelaySignals
+from tests.harness.redis_server import free_port
+from tests.relay_support import (
+    enqueue_sql,
+    entries,
+    event_within,
+    get_within,
+    leader_pid,
+    running_relay,
+    states,
+    wait_until,
+)
+
+
+async def test_of_two_relays_one_leads_and_the_other_stands_by(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    async with running_relay(settings, relay_id="relay-a") as (a, a_signals):
+        await event_within(a_signals.leader, 10)
+        async with running_relay(settings, relay_id="relay-b") as (b, b_signals):
+            await event_within(b_signals.standby, 10)
+            ids = enqueue_sql(conn, 5)
+            await wait_until(lambda: a.published_total == 5, 5, what="the leader publishes")
+            assert (a.role, b.role) == ("leader", "standby")
+            assert b.published_total == 0
+            assert b_signals.leader is not None and not b_signals.leader.is_set()
+            conn.commit()
+            assert dict(conn.execute("SELECT id, role FROM relays").fetchall()) == {
+                "relay-a": "leader",
+                "relay-b": "standby",
+            }
+            conn.commit()
+            a.stop()  # a clean stop hands over at b's next lock retry
+            await event_within(b_signals.leader, 5)
+            more = enqueue_sql(conn, 2)
+            await wait_until(lambda: b.published_total == 2, 5, what="the new leader publishes")
+    assert states(conn) == {i: ("queued", 1) for i in ids + more}
+    conn.commit()
+    assert dict(conn.execute("SELECT id, role FROM relays").fetchall()) == {"relay-a": "stopped", "relay-b": "stopped"}
+
+
+async def test_a_leader_whose_session_dies_between_xadd_and_mark_marks_nothing(
+    settings: Settings, conn: psycopg.Connection[Any], database_url: str, redis: aioredis.Redis
+) -> None:
+    """The mark runs on the lock session: once it is gone the old leader cannot mark; the new one publishes."""
+    killed: list[int] = []
+
+    async def terminate_own_session(ids: list[int]) -> None:
+        if killed:
+            return
+        assert a.session is not None
+        pid = a.session.backend_pid
+        killed.append(pid)
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as admin:
+            await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+            async def gone() -> bool:
+                cur = await admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,))
+                row = await cur.fetchone()
+                return row is not None and row[0] == 0
+
+            await wait_until(gone, 5, what="the backend to exit")
+
+    a_signals = RelaySignals.all()
+    a_signals.before_mark = terminate_own_session
+    a = Relay(settings, signals=a_signals, relay_id="relay-a")
+    a_task = asyncio.create_task(a.run())
+    try:
+        await event_within(a_signals.leader, 10)
+        async with running_relay(settings, relay_id="relay-b") as (b, b_signals):
+            await event_within(b_signals.standby, 10)
+            ids = enqueue_sql(conn, 3)
+            await event_within(a_signals.lost_leadership, 5)
+            await event_within(b_signals.leader, 5)
+            await wait_until(lambda: b.published_total == 3, 5, what="the new leader publishes the rows")
+            assert a.published_total == 0 and a_signals.published is not None and a_signals.published.empty()
+            assert leader_pid(conn, settings.relay_lock_key) == (b.session.backend_pid if b.session else None)
+            await wait_until(lambda: a.role == "standby", 5, what="the old leader stands by")
+    finally:
+        a.stop()
+        await asyncio.wait_for(a_task, 10)
+    # marked once (by the new leader); in the stream twice, both entries with the same outbox id
+    assert states(conn) == {i: ("queued", 1) for i in ids}
+    assert Counter(int(e["id"]) for e in await entries(redis, settings.redis_prefix)) == Counter({i: 2 for i in ids})
+
+
+async def test_stop_finishes_releases_the_lock_and_records_stopped(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    async with running_relay(settings, relay_id="relay-a") as (relay, signals):
+        await event_within(signals.leader, 10)
+        assert leader_pid(conn, settings.relay_lock_key) is not None
+        relay.stop()
+        await event_within(signals.stopped, 2)
+    assert leader_pid(conn, settings.relay_lock_key) is None
+    conn.commit()
+    assert conn.execute("SELECT role FROM relays WHERE id = 'relay-a'").fetchone() == ("stopped",)
+
+
+async def test_published_events_go_out_while_someone_listens(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(events_channel(settings.redis_prefix))
+    try:
+        async with running_relay(settings) as (_relay, signals):
+            ids = enqueue_sql(conn, 3, queue="mail")
+            got: list[int] = []
+            while len(got) < 3:
+                assert signals.published is not None
+                got += await get_within(signals.published, 5)
+            found: list[dict[str, Any]] = []
+            async with asyncio.timeout(5):
+                while len(found) < 3:
+                    # None when it read the subscribe confirmation (or nothing in time): read on
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+                    if message is not None:
+                        found.append(orjson.loads(message["data"]))
+    finally:
+        await pubsub.aclose()
+    assert [(e["type"], e["job_id"], e["queue"], e["task"], e["attempt"]) for e in found] == [
+        ("published", i, "mail", "noop", 1) for i in ids
+    ]
+
+
+async def test_metrics_endpoint_reports_the_relay(settings: Settings, conn: psycopg.Connection[Any]) -> None:
+    port = free_port()
+    delayed = settings.model_copy(update={"relay_metrics_port": port})
+    enqueue_sql(conn, 4)
+    async with running_relay(delayed) as (relay, _signals):
+        await wait_until(lambda: relay.published_total == 4, 5, what="4 published")
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")
+    }
+    assert values["postbox_relay_published_total"] == 4.0
+    assert values["postbox_relay_is_leader"] == 1.0
+    assert values["postbox_relay_batch_size_count"] >= 1.0
+    assert values["postbox_relay_batch_size_sum"] == 4.0
+    assert values["postbox_relay_republished_total"] == 0.0
+    assert "postbox_relay_backlog" in values
+    assert "postbox_relay_oldest_unpublished_age_seconds" in values
