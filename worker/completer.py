@@ -85,6 +85,7 @@ class Completer:
         on_done: Callable[[list[Finished]], None],
         flush_interval: float = 0.002,
         max_batch: int = 500,
+        parallel: int = 2,
     ) -> None:
         self._pool = pool
         self._redis = redis
@@ -94,6 +95,7 @@ class Completer:
         self._on_done = on_done
         self._flush_interval = flush_interval
         self._max_batch = max_batch
+        self._parallel = parallel  # batches written at once (their acks still leave in order)
         self._items: list[Finished] = []
         self._events: list[bytes] = []
         self._wake = asyncio.Event()
@@ -117,15 +119,30 @@ class Completer:
         await self._idle.wait()
 
     async def run(self) -> None:
+        flushing: set[asyncio.Task[None]] = set()
+        previous: asyncio.Future[None] | None = None
+
+        def flushed(task: asyncio.Task[None]) -> None:
+            flushing.discard(task)
+            self._wake.set()
+
         while True:
+            if not (self._items or self._events or flushing):
+                self._idle.set()
             await self._wake.wait()
             if len(self._items) < self._max_batch and not self._closing:
                 await asyncio.sleep(self._flush_interval)
             self._wake.clear()
             while self._items or self._events:
                 items, self._items = self._items[: self._max_batch], self._items[self._max_batch :]
-                await self._flush(items)
-            self._idle.set()
+                batch_events, self._events = self._events, []
+                acked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                task = asyncio.create_task(self._flush(items, batch_events, previous, acked))
+                previous = acked
+                flushing.add(task)
+                task.add_done_callback(flushed)
+                if len(flushing) >= self._parallel:
+                    await asyncio.wait(flushing, return_when=asyncio.FIRST_COMPLETED)
 
     async def close(self, wait: float = 10.0) -> None:
         self._closing = True
@@ -135,30 +152,43 @@ class Completer:
         except TimeoutError:
             log.warning("outcomes not flushed before shutdown; their entries will be redelivered")
 
-    async def _flush(self, items: list[Finished]) -> None:
-        writes: list[tuple[Job, Outcome]] = []
-        late_results: list[tuple[Job, str]] = []
-        for f in items:
-            if f.job is None or f.outcome is None:
-                continue
-            if _needs_write(f.outcome):
-                writes.append((f.job, f.outcome))
-            elif f.outcome.committed and f.outcome.result is not None:
-                late_results.append((f.job, f.outcome.result))
-        recorded: set[int] = set()
-        if writes or late_results:
-            recorded = await self._write(writes, late_results)
-        acks: dict[str, list[bytes]] = defaultdict(list)
-        for f in items:
-            if f.outcome is None:
-                f.recorded = f.ended_state is not None
-                acks[f.delivery.stream].append(f.delivery.entry_id)
-            elif f.outcome.committed or (f.job is not None and f.job.id in recorded):
-                f.recorded = True
-                acks[f.delivery.stream].append(f.delivery.entry_id)
-            self._event_for(f)
-        await self._acknowledge(acks)
-        self._on_done(items)
+    async def _flush(
+        self,
+        items: list[Finished],
+        batch_events: list[bytes],
+        previous: asyncio.Future[None] | None,
+        acked: asyncio.Future[None],
+    ) -> None:
+        """Write one batch's outcomes; then, in batch order, acknowledge and publish."""
+        try:
+            writes: list[tuple[Job, Outcome]] = []
+            late_results: list[tuple[Job, str]] = []
+            for f in items:
+                if f.job is None or f.outcome is None:
+                    continue
+                if _needs_write(f.outcome):
+                    writes.append((f.job, f.outcome))
+                elif f.outcome.committed and f.outcome.result is not None:
+                    late_results.append((f.job, f.outcome.result))
+            recorded: set[int] = set()
+            if writes or late_results:
+                recorded = await self._write(writes, late_results)
+            acks: dict[str, list[bytes]] = defaultdict(list)
+            for f in items:
+                if f.outcome is None:
+                    f.recorded = f.ended_state is not None
+                    acks[f.delivery.stream].append(f.delivery.entry_id)
+                elif f.outcome.committed or (f.job is not None and f.job.id in recorded):
+                    f.recorded = True
+                    acks[f.delivery.stream].append(f.delivery.entry_id)
+                self._event_for(f, batch_events)
+            if previous is not None and not previous.done():
+                await asyncio.shield(previous)  # events and acks leave in batch order
+            await self._acknowledge(acks, batch_events)
+            self._on_done(items)
+        finally:
+            if not acked.done():
+                acked.set_result(None)
 
     async def _write(self, writes: list[tuple[Job, Outcome]], late: list[tuple[Job, str]]) -> set[int]:
         delay = 0.05
@@ -181,7 +211,7 @@ class Completer:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
-    def _event_for(self, f: Finished) -> None:
+    def _event_for(self, f: Finished, out: list[bytes]) -> None:
         kind: str | None = None
         if f.ended_state is not None:
             kind = f.ended_state
@@ -190,7 +220,7 @@ class Completer:
         if kind is None:
             return
         d = f.delivery
-        self._events.append(
+        out.append(
             events.encode(
                 events.event(
                     kind,  # type: ignore[arg-type]
@@ -203,8 +233,7 @@ class Completer:
             )
         )
 
-    async def _acknowledge(self, acks: dict[str, list[bytes]]) -> None:
-        pending_events, self._events = self._events, []
+    async def _acknowledge(self, acks: dict[str, list[bytes]], pending_events: list[bytes]) -> None:
         if not acks and not pending_events:
             return
         try:
