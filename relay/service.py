@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from jobs import sql
+from jobs.retention import PruneDuty
 from jobs.settings import Settings
 from relay.leader import LeaderSession
 from relay.metrics import RelayMetrics
@@ -250,12 +251,16 @@ class Relay:
             on_loss=lambda: _fire(self.signals.redis_loss),
         )
         self.reconciler = reconciler
+        # Retention: the leader runs bounded pruning rounds on a connection of its own
+        # (POSTBOX_PRUNE_INTERVAL; 0 = off, e.g. when `postbox prune` runs from cron).
+        prune = PruneDuty(self.settings, self.database_url)
         next_beat = 0.0
         next_check = 0.0
         redis_down = False
         try:
             while not self.stopping:
                 wake.clear()
+                prune.kick()
                 now = time.monotonic()
                 if now >= next_beat:
                     await session.heartbeat()
@@ -297,6 +302,7 @@ class Relay:
                 await self._wait(wake, timeout)
         finally:
             self._wake = None
+            await prune.stop()
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener

@@ -156,3 +156,26 @@ async def test_metrics_endpoint_reports_the_relay(settings: Settings, conn: psyc
     assert values["postbox_relay_republished_total"] == 0.0
     assert "postbox_relay_backlog" in values
     assert "postbox_relay_oldest_unpublished_age_seconds" in values
+
+
+async def test_the_leader_prunes_finished_jobs_past_their_retention(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    old, recent, live = enqueue_sql(conn, 3)
+    conn.execute("UPDATE outbox SET state = 'succeeded', finished_at = now() - interval '8 days' WHERE id = %s", (old,))
+    conn.execute(
+        "UPDATE outbox SET state = 'succeeded', finished_at = now() - interval '1 day' WHERE id = %s", (recent,)
+    )
+    conn.commit()
+
+    def remaining() -> set[int]:
+        conn.commit()
+        found = {r[0] for r in conn.execute("SELECT id FROM outbox").fetchall()}
+        conn.commit()
+        return found
+
+    async with running_relay(settings.model_copy(update={"prune_interval": 0.2})) as (relay, signals):
+        await event_within(signals.leader, 10)
+        await wait_until(lambda: old not in remaining(), 5, what="the old job pruned")
+        await wait_until(lambda: relay.published_total == 1, 5, what="the live job published")
+    assert remaining() == {recent, live}
