@@ -46,7 +46,10 @@ class LeaderSession:
             autocommit=True,
             application_name=APPLICATION_NAME,
             connect_timeout=5,
-            options=f"-c idle_session_timeout={int(session_timeout * 1000)}",
+            # synchronous_commit=off: a mark lost in a PostgreSQL crash only means the row is
+            # published again (a duplicate the workers absorb), so the relay does not wait for
+            # the WAL flush of every batch.
+            options=f"-c idle_session_timeout={int(session_timeout * 1000)} -c synchronous_commit=off",
             keepalives=1,
             keepalives_idle=5,
             keepalives_interval=2,
