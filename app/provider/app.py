@@ -76,7 +76,7 @@ def create_app(database_url: str, faults: Faults | None = None, rand: Callable[[
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             database_url,
             min_size=1,
-            max_size=8,
+            max_size=5,
             kwargs={"autocommit": True, "application_name": "postbox-provider"},
             check=AsyncConnectionPool.check_connection,
             open=False,

@@ -49,8 +49,11 @@ SEED = 20261129
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while True:
-        if predicate():
-            return
+        try:
+            if predicate():
+                return
+        except psycopg.OperationalError:
+            pass  # the shared server refused a connection (too many clients): poll again
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
@@ -139,6 +142,25 @@ def leader_name(cluster: Cluster, database_url: str) -> str | None:
     return None
 
 
+def running_workers(cluster: Cluster, database_url: str, exclude: str | None) -> list[str]:
+    """Live worker processes that registered in the workers table (they are consuming)."""
+    by_pid = {cluster.procs[n].pid: n for n in cluster.alive("worker") if n != exclude}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        pids = {pid for (pid,) in conn.execute("SELECT pid FROM workers WHERE stopped_at IS NULL").fetchall()}
+    return sorted(name for pid, name in by_pid.items() if pid in pids)
+
+
+def pick_running_worker(rng: random.Random, cluster: Cluster, database_url: str, exclude: str | None) -> str:
+    found: list[str] = []
+
+    def some() -> bool:
+        found[:] = running_workers(cluster, database_url, exclude)
+        return bool(found)
+
+    wait_until(some, 30, what="a running worker")
+    return rng.choice(found)
+
+
 def place_orders(api_url: str, event_ids: list[int], total: int, rate: float, placed: list[dict[str, Any]]) -> None:
     """``total`` orders at ``rate`` per second, each one checked for its 201."""
     rng = random.Random(SEED)
@@ -156,7 +178,11 @@ def place_orders(api_url: str, event_ids: list[int], total: int, rate: float, pl
 
 
 def quiet(database_url: str, jobs_expected: int) -> bool:
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    try:
+        conn = psycopg.connect(database_url, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError:
+        return False  # the server is busy (too many clients): ask again at the next poll
+    with conn:
         row = conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE state NOT IN ('succeeded', 'dead', 'cancelled', 'expired'))"
             " FROM outbox"
@@ -209,8 +235,8 @@ def run_fault_scenario(
             if delay > 0:
                 time.sleep(delay)  # the fault timetable: a steady cadence, not a wait for a condition
             if fault == "kill-worker":
-                candidates = [n for n in cluster.alive("worker") if n != stopped]
-                victim = rng.choice(candidates)
+                # A worker that is up and working (registered), not one still starting.
+                victim = pick_running_worker(rng, cluster, database_url, exclude=stopped)
                 cluster.kill(victim)
                 cluster.start("worker")
             elif fault == "kill-leader":
@@ -220,7 +246,7 @@ def run_fault_scenario(
                 cluster.kill(victim)
                 cluster.start("relay")
             elif fault == "stop-worker":
-                stopped = rng.choice(cluster.alive("worker"))
+                stopped = pick_running_worker(rng, cluster, database_url, exclude=None)
                 cluster.procs[stopped].send_signal(signal.SIGSTOP)
             elif fault == "cont-worker":
                 assert stopped is not None
@@ -233,7 +259,7 @@ def run_fault_scenario(
                 finally:
                     client.close()
             elif fault == "terminate-sessions":
-                wait_until(lambda: terminate_worker_sessions(database_url) > 0, 10, what="worker sessions to end")
+                wait_until(lambda: terminate_worker_sessions(database_url) > 0, 30, what="worker sessions to end")
             applied.append(fault)
         thread.join(timeout=orders / rate + 120)
         assert not failures, failures
@@ -263,7 +289,7 @@ def terminate_worker_sessions(database_url: str) -> int:
             seen = conn.execute(
                 "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = current_database() GROUP BY 1"
             ).fetchall()
-            print(f"no worker session to terminate; sessions: {seen}")
+            print(f"no worker session to terminate yet; sessions: {seen}")
             return 0
     return int(ended[0])
 
