@@ -87,13 +87,15 @@ RETURNING term
 RELAY_HEARTBEAT: LiteralString = "UPDATE relays SET last_seen = now() WHERE id = %(id)s"
 
 # Due, unpublished rows in id order. Never a "last id" cursor: a transaction
-# that commits late carries a lower id, and this scan still finds it.
+# that commits late carries a lower id, and this scan still finds it. ``after``
+# is 0 except inside one burst, where it skips the batch still being marked.
 RELAY_SELECT_DUE: LiteralString = """
 SELECT id, queue, task, args::text, headers::text, priority, attempts,
        (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
        coalesce(expires_at < now(), false) AS expired
   FROM outbox
  WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+   AND id > %(after)s
  ORDER BY id
  LIMIT %(limit)s
 """

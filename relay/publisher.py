@@ -15,6 +15,7 @@ For benchmarks and tools, :func:`publish_once` publishes one batch and
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -146,25 +147,66 @@ class Publisher:
             sids.append(result.decode() if isinstance(result, bytes) else str(result))
         return ids, sids, refused
 
-    async def publish_batch(self, conn: AsyncConnection[Any], limit: int | None = None) -> BatchResult:
-        """Publish one batch of due rows on ``conn`` (the leader's session)."""
-        cur = await conn.execute(sql.RELAY_SELECT_DUE, {"limit": limit or self.batch_size})
-        rows = await cur.fetchall()
+    async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
+        """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
+        cur = await conn.execute(sql.RELAY_SELECT_DUE, {"after": after, "limit": limit or self.batch_size})
+        return await cur.fetchall()
+
+    async def _expire(self, conn: AsyncConnection[Any], rows: list[Row]) -> tuple[BatchResult, list[Row]]:
+        """Move rows past their ``expires_at`` to ``expired``; return the batch's result and the rows to send."""
         result = BatchResult(selected=len(rows))
-        if not rows:
-            return result
-        live = [row for row in rows if not row[8]]
         result.expired = [row[0] for row in rows if row[8]]
         if result.expired:
             await conn.execute(sql.RELAY_MARK_EXPIRED, {"ids": result.expired})
-        ids, sids, result.failed = await self.xadd_rows(live)
+            return result, [row for row in rows if not row[8]]
+        return result, rows
+
+    async def _mark(self, conn: AsyncConnection[Any], result: BatchResult, ids: list[int], sids: list[str]) -> None:
         if ids and self.before_mark is not None:
             await self.before_mark(ids)
         if ids:
             cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids})
             result.marked = cur.rowcount
         result.published = ids
+
+    async def publish_batch(self, conn: AsyncConnection[Any], limit: int | None = None) -> BatchResult:
+        """Publish one batch of due rows on ``conn`` (the leader's session): select, XADD, mark."""
+        rows = await self.select_due(conn, limit=limit)
+        result, live = await self._expire(conn, rows)
+        if live:
+            ids, sids, result.failed = await self.xadd_rows(live)
+            await self._mark(conn, result, ids, sids)
         return result
+
+    async def publish_burst(self, conn: AsyncConnection[Any], max_batches: int = 8) -> list[BatchResult]:
+        """Publish up to ``max_batches`` full batches back to back, marking one while sending the next.
+
+        While PostgreSQL marks batch N, the relay already sends batch N+1 to Redis:
+        batch N+1 is selected before N is marked, skipping N by id (``after``). That
+        skip lives only as long as the burst; every burst starts from the lowest
+        unpublished id again, so a late commit is never passed over for good.
+        Stops after a batch that was not full. Returns one result per batch.
+        """
+        rows = await self.select_due(conn)
+        result, live = await self._expire(conn, rows)
+        ids, sids, result.failed = await self.xadd_rows(live)
+        results: list[BatchResult] = []
+        while True:
+            results.append(result)
+            more = len(rows) == self.batch_size and len(results) < max_batches and not result.failed
+            next_rows = await self.select_due(conn, after=rows[-1][0]) if more else []
+            next_result, next_live = await self._expire(conn, next_rows)
+            marking = asyncio.ensure_future(self._mark(conn, result, ids, sids))
+            try:
+                if next_live:
+                    ids, sids, next_result.failed = await self.xadd_rows(next_live)
+                else:
+                    ids, sids = [], []
+            finally:
+                await marking
+            if not next_rows:
+                return results
+            rows, result = next_rows, next_result
 
 
 async def publish_once(
@@ -185,9 +227,10 @@ async def drain(
     publisher = Publisher(redis, prefix, batch_size=batch_size, emit_events=emit_events)
     total = 0
     while True:
-        result = await publisher.publish_batch(conn)
-        total += len(result.published)
-        if result.selected < batch_size and not result.failed:
+        results = await publisher.publish_burst(conn)
+        total += sum(len(result.published) for result in results)
+        last = results[-1]
+        if last.selected < batch_size and not last.failed:
             return total
-        if result.selected and not result.published and not result.expired:
-            raise RedisError(f"every XADD of a batch of {result.selected} was refused")
+        if last.selected and not last.published and not last.expired:
+            raise RedisError(f"every XADD of a batch of {last.selected} was refused")

@@ -271,7 +271,7 @@ class Relay:
                     if now >= next_check:
                         await reconciler.check(conn)
                         next_check = now + self.epoch_check_interval
-                    result = await publisher.publish_batch(conn)
+                    results = await publisher.publish_burst(conn)
                     await reconciler.step(conn)
                     await reconciler.sweep(conn)
                 except RedisError as exc:
@@ -284,11 +284,13 @@ class Relay:
                 if redis_down:
                     log.info("Redis available again", extra={"relay_id": self.id})
                     redis_down = False
-                self._record(result)
-                if result.failed and not result.published:
+                for result in results:
+                    self._record(result)
+                last = results[-1]
+                if last.failed and not last.published:
                     await self._wait(wake, 0.5)
                     continue
-                if result.selected >= batch_size or reconciler.busy():
+                if last.selected >= batch_size or reconciler.busy():
                     await asyncio.sleep(0)  # more is due: next batch at once
                     continue
                 timeout = min(self.settings.poll_interval, self.heartbeat_interval, self.epoch_check_interval)

@@ -104,7 +104,7 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
     [job] = enqueue_sql(conn, 1)
     await aconn.set_autocommit(True)
     publisher = Publisher(redis, settings.redis_prefix)
-    cur = await aconn.execute(sql.RELAY_SELECT_DUE, {"limit": 10})
+    cur = await aconn.execute(sql.RELAY_SELECT_DUE, {"after": 0, "limit": 10})
     ids, sids, refused = await publisher.xadd_rows(await cur.fetchall())
     assert (ids, refused) == ([job], [])
     conn.execute(
@@ -141,3 +141,27 @@ async def test_the_relay_never_trims_streams(
     key = stream_key(settings.redis_prefix, "default", 5)
     assert await redis.xlen(key) == 150
     assert await entry_ids(redis, settings.redis_prefix) == ids
+
+
+async def test_a_burst_marks_one_batch_while_sending_the_next_and_never_skips_a_late_commit(
+    settings: Settings,
+    conn: psycopg.Connection[Any],
+    database_url: str,
+    redis: aioredis.Redis,
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    await aconn.set_autocommit(True)
+    publisher = Publisher(redis, settings.redis_prefix, batch_size=10)
+    with psycopg.connect(database_url) as tx_a:
+        row = tx_a.execute("SELECT postbox_enqueue('noop', '{}'::jsonb)").fetchone()
+        assert row is not None
+        late = row[0]
+        ids = enqueue_sql(conn, 25)
+        results = await publisher.publish_burst(aconn)
+        assert [r.published for r in results] == [ids[0:10], ids[10:20], ids[20:25]]
+        assert [r.marked for r in results] == [10, 10, 5]
+        tx_a.commit()
+    again = await publisher.publish_burst(aconn)
+    assert [r.published for r in again] == [[late]]
+    assert await entry_ids(redis, settings.redis_prefix) == sorted([late, *ids])
+    assert states(conn) == {i: ("queued", 1) for i in [late, *ids]}
