@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,9 +81,14 @@ class Children:
                 raise RuntimeError(f"{child.name} exited with {child.process.returncode}:\n{child.tail()}")
 
     def stop_all(self) -> None:
+        """Stop every child; keep the folder of logs only if one of them failed (exit code other than 0 or -SIGTERM)."""
+        failed = False
         for child in reversed(self.started):
-            child.stop()
+            code = child.stop()
+            failed = failed or code not in (0, -signal.SIGTERM, -signal.SIGKILL)
         self.started.clear()
+        if not failed:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def bench_env(database_url: str, redis_url: str, prefix: str, **extra: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ PostgreSQL peers get a database each; Redis peers an empty Redis db number each.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -138,6 +139,7 @@ def latency(
                 f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"
             )
             probe.unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
     return list(figures.values())
 
 
