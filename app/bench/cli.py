@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -93,8 +94,14 @@ def _scenario(name: str) -> ScenarioRun:
     raise ValueError(f"unknown scenario {name!r}")
 
 
+def _terminate(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C: children are stopped and the sandbox is dropped on the way out.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         settings = load_settings()
         database_url = settings.require_database_url()
