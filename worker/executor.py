@@ -54,9 +54,20 @@ class Executor:
         self._threads = threads
         self._on_start = on_start
         self._rand = rand
+        self._handlers: dict[str, tuple[TaskSpec, bool, bool]] = {}
 
     def spec(self, task: str) -> TaskSpec | None:
         return self._registry.get(task) if task in self._registry else None
+
+    def _handler(self, task: str) -> tuple[TaskSpec, bool, bool] | None:
+        """(spec, is async, takes no args), looked up once per task name."""
+        found = self._handlers.get(task)
+        if found is None:
+            spec = self.spec(task)
+            if spec is None:
+                return None
+            found = self._handlers[task] = (spec, spec.is_async, not spec.args_model.model_fields)
+        return found
 
     def result_ttl(self, job: Job) -> float:
         spec = self.spec(job.delivery.task)
@@ -68,14 +79,15 @@ class Executor:
     async def run(self, job: Job) -> Outcome:
         """Run the attempt; never raises except CancelledError from a shutdown."""
         delivery = job.delivery
-        spec = self.spec(delivery.task)
-        if spec is None:
+        handler = self._handler(delivery.task)
+        if handler is None:
             return outcomes.dead("UnknownTaskError", f"no handler is registered for task {delivery.task!r}")
+        spec, is_async, no_args = handler
         try:
             raw = orjson.loads(delivery.args)
             if not isinstance(raw, dict):
                 raise InvalidArgsError("args must be a JSON object")
-            kwargs = spec.call_args(raw)
+            kwargs = {} if no_args and not raw else spec.call_args(raw)
         except (InvalidArgsError, orjson.JSONDecodeError) as exc:
             return outcomes.dead(outcomes.error_class(exc), str(exc))
         timeout = job.timeout or spec.timeout
@@ -90,12 +102,16 @@ class Executor:
         if self._on_start is not None:
             self._on_start(job)
         try:
-            async with asyncio.timeout(timeout):
-                if spec.is_async:
-                    value = await spec.fn(ctx, **kwargs)
-                else:
-                    loop = asyncio.get_running_loop()
-                    value = await loop.run_in_executor(self._threads, functools.partial(spec.fn, ctx, **kwargs))
+            if is_async and not timeout:
+                value = await spec.fn(ctx, **kwargs)
+            else:
+                async with asyncio.timeout(timeout):
+                    if is_async:
+                        value = await spec.fn(ctx, **kwargs)
+                    else:
+                        loop = asyncio.get_running_loop()
+                        call = functools.partial(spec.fn, ctx, **kwargs)
+                        value = await loop.run_in_executor(self._threads, call)
         except AlreadyProcessed:
             ctx.log.info("effects already committed by an earlier run; recorded as a duplicate")
             return Outcome("succeeded", "duplicate")

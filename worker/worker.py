@@ -99,7 +99,7 @@ class Worker:
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             s.require_database_url(),
             min_size=2,
-            max_size=min(s.concurrency, 32) + 4,
+            max_size=min(s.concurrency, 20) + 4,  # claims, outcomes, control + ctx.transaction()s
             kwargs={"autocommit": True, "application_name": f"postbox-{self.id}"},
             open=False,
         )

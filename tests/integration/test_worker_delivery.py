@@ -100,7 +100,7 @@ async def test_ctx_transaction_counter_1000_jobs_each_delivered_twice(
     await aconn.commit()
     await publish_due(aconn, redis, wsettings.redis_prefix)
     await xadd_again(aconn, redis, wsettings.redis_prefix, ids)
-    many = worker_settings(wsettings, concurrency=25)
+    many = worker_settings(wsettings, concurrency=10)
     async with running_worker(many), running_worker(many):
         await wait_until(
             lambda: fetchval(aconn, "SELECT count(*) = 1000 FROM outbox WHERE state = 'succeeded'"), 60, "all done"
