@@ -114,6 +114,16 @@ UPDATE outbox AS o
    AND o.id = u.id AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
 """
 
+# The planner's estimate of the unpublished rows. Right after a bulk load it can
+# be ~0 while a huge backlog waits (statistics from an emptier table); then it
+# hashes or bitmap-scans the whole backlog for every batch's mark. The relay
+# compares this estimate with a full batch it just read and ANALYZEs if it is low.
+RELAY_ESTIMATE_UNPUBLISHED: LiteralString = """
+EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox WHERE published_at IS NULL AND state IN ('pending', 'retrying')
+"""
+
+RELAY_ANALYZE: LiteralString = "ANALYZE outbox"
+
 RELAY_MARK_EXPIRED: LiteralString = """
 UPDATE outbox SET state = 'expired', finished_at = now()
  WHERE id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')

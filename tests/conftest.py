@@ -45,6 +45,7 @@ def servers() -> Iterator[Servers]:
 
 @pytest.fixture(scope="session")
 def template_db(servers: Servers) -> Iterator[str]:
+    databases.drop_abandoned(servers.database_url)
     name = databases.create_template(servers.database_url)
     yield name
     databases.drop(servers.database_url, name)
@@ -60,9 +61,7 @@ def database_url(servers: Servers, template_db: str) -> Iterator[str]:
 @pytest.fixture
 def empty_database_url(servers: Servers) -> Iterator[str]:
     """A database with no schema at all (for migration tests)."""
-    name = f"pbx_e_{uuid.uuid4().hex[:12]}"
-    with databases.admin_connect(servers.database_url) as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    name = databases.create(servers.database_url, "e")
     yield databases.with_database(servers.database_url, name)
     databases.drop(servers.database_url, name)
 
