@@ -33,6 +33,7 @@ from relay import resp
 log = logging.getLogger("postbox.relay")
 
 EVENTS_CHECK_INTERVAL = 1.0  # seconds between PUBSUB NUMSUB checks of the events channel
+STATISTICS_CHECK_INTERVAL = 30.0  # seconds between checks of the planner's backlog estimate (full batches only)
 
 # (id, queue, task, args, headers, priority, attempts, enq_ms, ...) as selected by sql.RELAY_SELECT_*
 Row = tuple[Any, ...]
@@ -78,6 +79,7 @@ class Publisher:
         self.emit_events = emit_events  # None: only while someone subscribes (checked every second)
         self.monotonic = monotonic
         self.before_mark = before_mark  # test hook: runs between the XADDs and the mark
+        self._statistics_checked = -1e9
         self._subscribed = False
         self._subscribers_checked = -1e9
         self.clock = clock
@@ -150,7 +152,29 @@ class Publisher:
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
         """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
         cur = await conn.execute(sql.RELAY_SELECT_DUE, {"after": after, "limit": limit or self.batch_size})
-        return await cur.fetchall()
+        rows = await cur.fetchall()
+        if len(rows) >= self.batch_size:
+            await self.check_statistics(conn)
+        return rows
+
+    async def check_statistics(self, conn: AsyncConnection[Any]) -> bool:
+        """After a full batch: ANALYZE the outbox if the planner believes fewer rows wait than we just read.
+
+        Checked at most every ``STATISTICS_CHECK_INTERVAL`` seconds; returns True when it analyzed.
+        """
+        now = self.monotonic()
+        if now - self._statistics_checked < STATISTICS_CHECK_INTERVAL:
+            return False
+        self._statistics_checked = now
+        cur = await conn.execute(sql.RELAY_ESTIMATE_UNPUBLISHED)
+        row = await cur.fetchone()
+        plan = row[0] if row else None
+        estimate = float(plan[0]["Plan"]["Plan Rows"]) if plan else 0.0
+        if estimate >= self.batch_size:
+            return False
+        log.info("outbox statistics are stale: analyzing", extra={"count": int(estimate)})
+        await conn.execute(sql.RELAY_ANALYZE)
+        return True
 
     async def _expire(self, conn: AsyncConnection[Any], rows: list[Row]) -> tuple[BatchResult, list[Row]]:
         """Move rows past their ``expires_at`` to ``expired``; return the batch's result and the rows to send."""

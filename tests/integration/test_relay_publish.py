@@ -165,3 +165,20 @@ async def test_a_burst_marks_one_batch_while_sending_the_next_and_never_skips_a_
     assert [r.published for r in again] == [[late]]
     assert await entry_ids(redis, settings.redis_prefix) == sorted([late, *ids])
     assert states(conn) == {i: ("queued", 1) for i in [late, *ids]}
+
+
+async def test_stale_planner_statistics_are_refreshed_when_a_full_batch_waits(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A bulk load into a never-analyzed outbox: the planner thinks ~1 row waits; the relay ANALYZEs once."""
+    await aconn.set_autocommit(True)
+    conn.execute("INSERT INTO outbox (queue, task) SELECT 'default', 'noop' FROM generate_series(1, 500)")
+    conn.commit()
+    publisher = Publisher(redis, settings.redis_prefix, batch_size=100)
+    assert await publisher.check_statistics(aconn) is True  # estimate < 100: analyzed
+    assert await publisher.check_statistics(aconn) is False  # not again within the interval
+    publisher._statistics_checked = -1e9
+    assert await publisher.check_statistics(aconn) is False  # the estimate is right now
+    conn.commit()
+    row = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'outbox'").fetchone()
+    assert row is not None and row[0] == 500
