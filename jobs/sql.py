@@ -285,8 +285,11 @@ WITH fenced AS (
       FROM done d
      WHERE a.outbox_id = d.id AND a.attempt = d.attempts
 ), woken AS (
-    SELECT pg_notify('postbox_results', string_agg(id::text, ',')) AS n
-      FROM done WHERE state <> 'retrying' HAVING count(*) > 0
+    -- Off inside a handler's ctx.transaction(): PostgreSQL serializes the commits
+    -- of transactions that NOTIFY, which would undo group commit across jobs.
+    SELECT pg_notify('postbox_results', concat_ws(',', string_agg(id::text, ','), %(also_notify)s::text)) AS n
+      FROM done WHERE %(notify)s AND state <> 'retrying'
+    HAVING count(*) > 0 OR %(also_notify)s::text IS NOT NULL
 )
 SELECT d.id, (SELECT count(*) FROM woken) FROM done d
 """

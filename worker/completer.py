@@ -46,7 +46,12 @@ class Finished:
 
 
 def outcome_params(
-    worker_id: str, items: Sequence[tuple[Job, Outcome]], result_ttl: Callable[[Job], float]
+    worker_id: str,
+    items: Sequence[tuple[Job, Outcome]],
+    result_ttl: Callable[[Job], float],
+    *,
+    notify: bool = True,
+    also_notify: Sequence[int] = (),
 ) -> dict[str, Any]:
     return {
         "worker": worker_id,
@@ -59,6 +64,8 @@ def outcome_params(
         "error_classes": [outcome.error_class for _, outcome in items],
         "errors": [outcome.error for _, outcome in items],
         "outcomes": [outcome.kind for _, outcome in items],
+        "notify": notify,
+        "also_notify": ",".join(map(str, also_notify)) if (notify and also_notify) else None,
     }
 
 
@@ -67,9 +74,17 @@ async def record_outcomes(
     worker_id: str,
     items: Sequence[tuple[Job, Outcome]],
     result_ttl: Callable[[Job], float],
+    *,
+    notify: bool = True,
+    also_notify: Sequence[int] = (),
 ) -> set[int]:
-    """Write outcomes fenced by (worker, attempt, running); returns the ids recorded."""
-    cur = await conn.execute(sql.WORKER_RECORD_OUTCOMES, outcome_params(worker_id, items, result_ttl))
+    """Write outcomes fenced by (worker, attempt, running); returns the ids recorded.
+
+    With ``notify`` the finished ids (and ``also_notify``: jobs whose success
+    committed in their own ctx.transaction()) wake result waiters.
+    """
+    params = outcome_params(worker_id, items, result_ttl, notify=notify, also_notify=also_notify)
+    cur = await conn.execute(sql.WORKER_RECORD_OUTCOMES, params)
     return {row[0] for row in await cur.fetchall()}
 
 
@@ -163,16 +178,19 @@ class Completer:
         try:
             writes: list[tuple[Job, Outcome]] = []
             late_results: list[tuple[Job, str]] = []
+            committed: list[int] = []
             for f in items:
                 if f.job is None or f.outcome is None:
                     continue
                 if _needs_write(f.outcome):
                     writes.append((f.job, f.outcome))
-                elif f.outcome.committed and f.outcome.result is not None:
-                    late_results.append((f.job, f.outcome.result))
+                elif f.outcome.committed:
+                    committed.append(f.job.id)
+                    if f.outcome.result is not None:
+                        late_results.append((f.job, f.outcome.result))
             recorded: set[int] = set()
-            if writes or late_results:
-                recorded = await self._write(writes, late_results)
+            if writes or committed:
+                recorded = await self._write(writes, late_results, committed)
             acks: dict[str, list[bytes]] = defaultdict(list)
             for f in items:
                 if f.outcome is None:
@@ -190,19 +208,25 @@ class Completer:
             if not acked.done():
                 acked.set_result(None)
 
-    async def _write(self, writes: list[tuple[Job, Outcome]], late: list[tuple[Job, str]]) -> set[int]:
+    async def _write(
+        self, writes: list[tuple[Job, Outcome]], late: list[tuple[Job, str]], committed: list[int]
+    ) -> set[int]:
+        """Record ``writes``; set results known only after their ctx.transaction(); wake waiters."""
         delay = 0.05
         while True:
             try:
                 async with self._pool.connection() as conn:
-                    recorded: set[int] = set()
-                    if writes:
-                        recorded = await record_outcomes(conn, self._worker_id, writes, self._result_ttl)
                     for job, result in late:
                         await conn.execute(
                             sql.WORKER_SET_RESULT, {"id": job.id, "result": result, "ttl": self._result_ttl(job)}
                         )
-                    return recorded
+                    if writes:
+                        return await record_outcomes(
+                            conn, self._worker_id, writes, self._result_ttl, also_notify=committed
+                        )
+                    if committed:
+                        await conn.execute(sql.WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, committed))})
+                    return set()
             except Exception:
                 if self._closing:
                     log.exception("cannot record outcomes while stopping; their entries will be redelivered")

@@ -74,7 +74,7 @@ class Executor:
         return spec.result_ttl if spec is not None else DEFAULT_RESULT_TTL
 
     async def _record_in_transaction(self, conn: AsyncConnection[Any], job: Job, outcome: Outcome) -> bool:
-        return bool(await record_outcomes(conn, self._worker_id, [(job, outcome)], self.result_ttl))
+        return bool(await record_outcomes(conn, self._worker_id, [(job, outcome)], self.result_ttl, notify=False))
 
     async def run(self, job: Job) -> Outcome:
         """Run the attempt; never raises except CancelledError from a shutdown."""

@@ -220,23 +220,27 @@ async def test_already_processed_job_is_absorbed_as_a_duplicate(
 
 
 async def test_wait_result_returns_value_of_finished_and_error_of_dead(
-    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay, database_url: str
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], relay: Relay, database_url: str
 ) -> None:
+    aconn = effects
     ok = await enqueue(aconn, t.w_add, {"a": 20, "b": 22})
     bad = await enqueue(aconn, t.w_permanent)
+    in_tx = await enqueue(aconn, t.w_flaky, {"fail_times": 0})  # succeeds inside ctx.transaction()
     waiters = [
-        asyncio.create_task(jobs.wait_result(ok, 20, database_url=database_url)),
-        asyncio.create_task(jobs.wait_result(bad, 20, database_url=database_url)),
+        asyncio.create_task(jobs.wait_result(job_id, 20, database_url=database_url)) for job_id in (ok, bad, in_tx)
     ]
     await asyncio.sleep(0)
     assert not any(w.done() for w in waiters)
     async with running_worker(wsettings):
-        good, dead = await asyncio.gather(*waiters)
+        good, dead, committed = await asyncio.gather(*waiters)
     assert (good.state, good.value, good.ok) == ("succeeded", 42, True)
     assert (dead.state, dead.error_class, dead.error, dead.ok) == ("dead", "PermanentError", "card declined", False)
+    assert (committed.state, committed.value) == ("succeeded", "ok on attempt 1")
     with psycopg.connect(database_url) as conn:
         assert jobs.get_result(conn, ok) == good
         assert jobs.get_result(conn, 10**9) is None
     with pytest.raises(TimeoutError):
         pending = await enqueue(aconn, t.w_add, {"a": 1, "b": 1}, delay=60)
         await jobs.wait_result(pending, 0.3, database_url=database_url)
+    with pytest.raises(LookupError):
+        await jobs.wait_result(10**9, 1, database_url=database_url)
