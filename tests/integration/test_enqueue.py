@@ -157,19 +157,24 @@ def test_sql_function_rejects_bad_input(conn: psycopg.Connection[Any], call: str
 
 
 def test_twenty_concurrent_producers_on_one_dedup_key(database_url: str) -> None:
-    barrier = threading.Barrier(20)
+    barrier = threading.Barrier(20, timeout=30)  # a producer that cannot connect breaks it, never hangs it
     results: list[int] = []
     lock = threading.Lock()
 
     def produce() -> None:
-        with psycopg.connect(database_url) as own:
+        try:
+            own = psycopg.connect(database_url)
+        except psycopg.OperationalError:
+            barrier.abort()
+            raise
+        with own:
             barrier.wait()
             with own.transaction():
                 job_id = jobs.enqueue(own, tasks_core.noop, dedup_key="race")
             with lock:
                 results.append(job_id)
 
-    threads = [threading.Thread(target=produce) for _ in range(20)]
+    threads = [threading.Thread(target=produce, daemon=True) for _ in range(20)]
     for thread in threads:
         thread.start()
     for thread in threads:
