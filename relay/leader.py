@@ -13,6 +13,11 @@ after ``relay_session_timeout`` seconds and a standby gets the lock.
 
 Connect directly to PostgreSQL, never through a transaction pooler: a pooler
 would move the lock and the statements onto different server sessions.
+
+Do not use psycopg's pipeline mode on this session: after a pipeline psycopg
+sends a Flush behind the Sync, which disarms PostgreSQL's idle-session timer
+(tested: the session then never times out), and a frozen leader would keep
+the lock forever.
 """
 
 from __future__ import annotations

@@ -157,6 +157,12 @@ class Publisher:
             await self.check_statistics(conn)
         return rows
 
+    async def next_due(self, conn: AsyncConnection[Any]) -> float | None:
+        """Seconds until the next delayed row is due (None: none waits)."""
+        cur = await conn.execute(sql.RELAY_NEXT_DUE)
+        row = await cur.fetchone()
+        return None if row is None or row[0] is None else max(0.0, float(row[0]))
+
     async def check_statistics(self, conn: AsyncConnection[Any]) -> bool:
         """After a full batch: ANALYZE the outbox if the planner believes fewer rows wait than we just read.
 

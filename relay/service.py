@@ -260,14 +260,10 @@ class Relay:
         try:
             while not self.stopping:
                 wake.clear()
-                prune.kick()
-                now = time.monotonic()
-                if now >= next_beat:
-                    await session.heartbeat()
-                    if self.track_backlog:
-                        await self._update_backlog(conn)
-                    next_beat = now + self.heartbeat_interval
                 try:
+                    # Redis-loss check first (so a loss is never mistaken for our own fresh
+                    # entries), then publish, then the other chores.
+                    now = time.monotonic()
                     if now >= next_check:
                         await reconciler.check(conn)
                         next_check = now + self.epoch_check_interval
@@ -279,6 +275,7 @@ class Relay:
                         log.warning("Redis unavailable", extra={"relay_id": self.id, "error": str(exc)})
                     redis_down = True
                     next_check = 0.0  # check the epoch as soon as Redis answers again
+                    await session.heartbeat()  # keep the lock session from going idle
                     await self._wait(wake, min(0.5, self.heartbeat_interval))
                     continue
                 if redis_down:
@@ -286,6 +283,13 @@ class Relay:
                     redis_down = False
                 for result in results:
                     self._record(result)
+                now = time.monotonic()
+                if now >= next_beat:
+                    await session.heartbeat()
+                    if self.track_backlog:
+                        await self._update_backlog(conn)
+                    next_beat = now + self.heartbeat_interval
+                prune.kick()
                 last = results[-1]
                 if last.failed and not last.published:
                     await self._wait(wake, 0.5)
@@ -294,10 +298,9 @@ class Relay:
                     await asyncio.sleep(0)  # more is due: next batch at once
                     continue
                 timeout = min(self.settings.poll_interval, self.heartbeat_interval, self.epoch_check_interval)
-                cur = await conn.execute(sql.RELAY_NEXT_DUE)
-                due = await cur.fetchone()
-                if due is not None and due[0] is not None:
-                    timeout = min(timeout, max(0.001, float(due[0])))
+                due = await publisher.next_due(conn)
+                if due is not None:
+                    timeout = min(timeout, max(0.001, due))
                 hint = reconciler.wait_hint()
                 if hint is not None:
                     timeout = min(timeout, max(0.001, hint))
