@@ -1,9 +1,11 @@
 """Publishing: due outbox rows → XADD to their (queue, priority) stream → mark published.
 
 One batch is three round trips: one SELECT (due, unpublished, in id order), one
-Redis pipeline (an XADD per row plus a best-effort ``published`` event per row),
-one UPDATE marking the whole batch with ``unnest`` arrays. The SELECT and the
-UPDATE run on the leader's lock session (see :mod:`relay.leader`).
+Redis write of the whole batch (an XADD per row, encoded by :mod:`relay.resp`,
+plus a best-effort ``published`` event per row while anyone subscribes to the
+events channel), one UPDATE marking the whole batch with ``unnest`` arrays. The
+SELECT and the UPDATE run on the leader's lock session (see :mod:`relay.leader`).
+A backlog goes out in bursts: batch N+1 is sent to Redis while batch N is marked.
 
 XADD is never given MAXLEN: the relay never trims. Streams stay bounded because
 workers XDEL an entry after its outcome is committed (only acknowledged entries
