@@ -164,12 +164,9 @@ class Relay:
     async def _session_loop(self, redis: Redis) -> None:
         session: LeaderSession | None = None
         try:
-            session = await LeaderSession.open(
-                self.database_url,
-                relay_id=self.id,
-                lock_key=self.settings.relay_lock_key,
-                session_timeout=self.settings.relay_session_timeout,
-            )
+            session = await self._open_session()
+            if session is None:
+                return  # stopped while connecting
             self.session = session
             await session.register("standby")
             self._set_role("standby")
@@ -202,6 +199,29 @@ class Relay:
                         await session.release()
                 with contextlib.suppress(psycopg.Error):
                     await session.close()
+
+    async def _open_session(self) -> LeaderSession | None:
+        """Connect the lock session; None if :meth:`stop` was called first (a stop never waits for a connect)."""
+        opening = asyncio.ensure_future(
+            LeaderSession.open(
+                self.database_url,
+                relay_id=self.id,
+                lock_key=self.settings.relay_lock_key,
+                session_timeout=self.settings.relay_session_timeout,
+            )
+        )
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({opening, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if opening.done():
+            return opening.result()
+        opening.cancel()
+        with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+            session = await opening
+            await session.close()
+        return None
 
     def _set_role(self, role: str) -> None:
         if role == self.role:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import time
 from collections import Counter
 from typing import Any
 
@@ -179,3 +181,20 @@ async def test_the_leader_prunes_finished_jobs_past_their_retention(
         await wait_until(lambda: old not in remaining(), 5, what="the old job pruned")
         await wait_until(lambda: relay.published_total == 1, 5, what="the live job published")
     assert remaining() == {recent, live}
+
+
+async def test_stop_does_not_wait_for_a_database_that_does_not_answer(settings: Settings) -> None:
+    """A server that accepts TCP but never speaks: connecting would take connect_timeout (5 s)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(8)
+        port = mute.getsockname()[1]
+        silent = settings.model_copy(update={"database_url": f"postgresql://postgres@127.0.0.1:{port}/postbox"})
+        relay = Relay(silent, signals=RelaySignals.all())
+        task = asyncio.create_task(relay.run())
+        await wait_until(lambda: len(asyncio.all_tasks()) > 2, 1)  # connecting
+        started = time.monotonic()
+        relay.stop()
+        await asyncio.wait_for(task, 2)
+        assert time.monotonic() - started < 1.0
+        assert relay.role == "stopped"
