@@ -78,7 +78,10 @@ async def send_batch(redis: Redis, payload: bytes, replies: int) -> list[Any]:
     if replies == 0:
         return []
     pool = redis.connection_pool
-    conn = await pool.get_connection()
+    try:
+        conn = await pool.get_connection()
+    except TypeError:  # redis-py < 5.3 requires a command name (5.3+ deprecates it)
+        conn = await pool.get_connection("XADD")  # type: ignore[call-arg,unused-ignore]
     try:
         await conn.send_packed_command(payload, check_health=False)
         results: list[Any] = []

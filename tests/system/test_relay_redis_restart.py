@@ -1,0 +1,67 @@
+"""A real relay process while its (private) Redis restarts empty: unfinished jobs come back, finished ones do not."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+
+from jobs.settings import Settings
+from jobs.streams import epoch_key
+from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
+from tests.relay_support import enqueue_sql, entries, relay_processes, wait_until_sync
+
+pytestmark = pytest.mark.system
+
+
+def stream_ids(url: str, prefix: str) -> list[int]:
+    async def read() -> list[int]:
+        client = aioredis.Redis.from_url(url)
+        try:
+            return sorted(int(e["id"]) for e in await entries(client, prefix))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(read())
+
+
+def test_redis_restart_without_persistence_under_a_relay_process(
+    child_env: dict[str, str],
+    conn: psycopg.Connection[Any],
+    settings: Settings,
+    private_redis: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    prefix = settings.redis_prefix
+    env = dict(child_env, POSTBOX_REDIS_URL=private_redis.url)
+    with relay_processes(env, 1, tmp_path) as procs:
+        ids = enqueue_sql(conn, 10)
+        wait_until_sync(lambda: stream_ids(private_redis.url, prefix) == ids, 15, what="10 published")
+        finished, running, queued = ids[:3], ids[3:5], ids[5:]
+        conn.execute("UPDATE outbox SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)", (finished,))
+        conn.execute(
+            """UPDATE outbox SET state = 'running', attempts = 1, claimed_by = 'gone',
+                                 lease_until = now() - interval '1 s' WHERE id = ANY(%s)""",
+            (running,),
+        )
+        conn.commit()
+        private_redis.restart()
+        assert stream_ids(private_redis.url, prefix) == []
+        wait_until_sync(
+            lambda: stream_ids(private_redis.url, prefix) == sorted(running + queued), 10, what="republished"
+        )
+        fresh = enqueue_sql(conn, 2)
+        wait_until_sync(
+            lambda: stream_ids(private_redis.url, prefix) == sorted(running + queued + fresh), 10, what="new jobs"
+        )
+        assert procs[0].poll() is None
+    assert private_redis.client().get(epoch_key(prefix)) is not None
+    conn.commit()
+    counts = dict(conn.execute("SELECT id, publish_count FROM outbox").fetchall())
+    assert counts == {**{i: 1 for i in finished + fresh}, **{i: 2 for i in running + queued}}
+    log = (tmp_path / "relay-0.log").read_text()
+    assert "Redis lost data" in log
