@@ -129,3 +129,9 @@ async def w_enqueue_child(ctx: Any, n: int) -> None:
     async with ctx.transaction():
         for i in range(n):
             await ctx.enqueue(w_add, {"a": i, "b": 1})
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_tx_noop(ctx: Any) -> None:
+    async with ctx.transaction():
+        pass

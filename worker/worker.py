@@ -227,6 +227,10 @@ class Worker:
                         return
                     if self.capacity.free <= 0:
                         continue
+                    if dispatching and self.capacity.free < max(1, self.capacity.size // 4):
+                        # A claim is in flight: overlap the next read only with a worthwhile batch.
+                        await asyncio.wait(dispatching, return_when=asyncio.FIRST_COMPLETED)
+                        continue
                     streams = self.active_streams()
                     if not streams:
                         await self._sleep(control.POLL_INTERVAL / 2)
