@@ -204,6 +204,10 @@ class Completer:
                 await asyncio.shield(previous)  # events and acks leave in batch order
             await self._acknowledge(acks, batch_events)
             self._on_done(items)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug here must not stop every later batch
+            log.exception("finishing an outcome batch failed; its entries will be redelivered")
         finally:
             if not acked.done():
                 acked.set_result(None)
