@@ -2,7 +2,8 @@
 
 Flags override the matching settings (``POSTBOX_TASKS``, ``POSTBOX_QUEUES``,
 ``POSTBOX_CONCURRENCY``). SIGTERM/SIGINT stop reading and drain in-flight jobs
-for up to ``POSTBOX_DRAIN_TIMEOUT`` seconds; the process then exits 0.
+for up to ``POSTBOX_DRAIN_TIMEOUT`` seconds; the process then exits 0. A second
+signal ends the drain at once (unfinished jobs stay unacknowledged).
 """
 
 from __future__ import annotations

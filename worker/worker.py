@@ -77,6 +77,7 @@ class Worker:
         self.ready = asyncio.Event()
         self._rand = rand
         self._stopping = asyncio.Event()
+        self._abort = asyncio.Event()
         self._last_dispatch: asyncio.Future[None] | None = None
         self._lost_watch: dict[tuple[str, bytes], float] = {}  # vanished entries of running jobs
         self._lease = settings.visibility_timeout
@@ -85,7 +86,13 @@ class Worker:
     # --- lifecycle -------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop reading and drain (safe to call from a signal handler on the loop)."""
+        """Stop reading and drain (safe to call from a signal handler on the loop).
+
+        Called again while draining, it ends the drain at once: unfinished jobs
+        are left unacknowledged for another worker, as at the drain timeout.
+        """
+        if self._stopping.is_set():
+            self._abort.set()
         self._stopping.set()
         self.capacity.wake()
 
@@ -174,7 +181,19 @@ class Worker:
         tasks = [job.task for job in self.running.values() if job.task is not None and not job.task.done()]
         if not tasks:
             return
-        _, unfinished = await asyncio.wait(tasks, timeout=self.settings.drain_timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.drain_timeout
+        abort: asyncio.Future[Any] = asyncio.ensure_future(self._abort.wait())
+        pending: set[asyncio.Future[Any]] = set(tasks)
+        try:
+            while pending and not abort.done() and loop.time() < deadline:
+                done, _ = await asyncio.wait(
+                    pending | {abort}, timeout=deadline - loop.time(), return_when=asyncio.FIRST_COMPLETED
+                )
+                pending -= done
+        finally:
+            abort.cancel()
+        unfinished = [t for t in tasks if not t.done()]
         if unfinished:
             log.warning(
                 "drain timeout: leaving unfinished jobs unacknowledged for another worker",

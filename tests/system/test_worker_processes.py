@@ -229,3 +229,17 @@ def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_anothe
         (2, "succeeded"),
     ]
     assert one(db, "SELECT worker_id FROM worker_effects") == worker_id_of(db, successor)
+
+
+def test_a_second_sigterm_ends_the_drain_at_once(fleet: Fleet, db: psycopg.Connection[Any]) -> None:
+    proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="60")
+    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    job_id = jobs.enqueue(db, t.w_slow_effect, {"seconds": 30.0})
+    fleet.relay()
+    wait_for(lambda: one(db, "SELECT state FROM outbox") == "running", 20, "job running", fleet)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "draining" in fleet.logs(), 10, "drain started", fleet)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    assert db.execute("SELECT id, state FROM outbox").fetchall() == [(job_id, "running")]  # left for another worker
+    assert one(db, "SELECT count(*) FROM worker_effects") == 0
