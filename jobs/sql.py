@@ -101,17 +101,26 @@ SELECT id, queue, task, args::text, headers::text, priority, attempts,
 """
 
 # One statement for the whole batch; a row a worker already claimed (it set
-# published_at) is left alone. The rows are found by primary key first (the
-# ctid array): joined directly, a planner with stale statistics believes the
-# partial "unpublished" index is tiny and hashes all of it for every batch,
-# which costs O(backlog) per batch. A row updated in between (a worker's claim)
-# fails the ctid recheck and is skipped, which is what we want.
+# published_at) is left alone. The term is checked first, in the same statement:
+# if a newer leader has been recorded, nothing is marked and ``leads`` is false.
+# %(term)s is NULL for tools that publish without the lock (publish_once, drain).
+# The rows are found by primary key first (the ctid array): joined directly, a
+# planner with stale statistics believes the partial "unpublished" index is tiny
+# and hashes all of it for every batch. A row updated in between (a worker's
+# claim) fails the ctid recheck and is skipped, which is what we want.
 RELAY_MARK_PUBLISHED: LiteralString = """
-UPDATE outbox AS o
-   SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
-  FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
- WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
-   AND o.id = u.id AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
+WITH lead AS (
+    SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM relays
+), marked AS (
+    UPDATE outbox AS o
+       SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
+      FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
+     WHERE (SELECT leads FROM lead)
+       AND o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
+       AND o.id = u.id AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
+    RETURNING 1
+)
+SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
 """
 
 # The planner's estimate of the unpublished rows. Right after a bulk load it can
@@ -180,12 +189,19 @@ SELECT id FROM outbox
 
 # Record a republish; only a row still without an outcome is touched.
 RELAY_MARK_REPUBLISHED: LiteralString = """
-UPDATE outbox AS o
-   SET published_at = CASE WHEN o.state = 'queued' THEN now() ELSE o.published_at END,
-       publish_count = o.publish_count + 1, stream_id = u.sid
-  FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
- WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
-   AND o.id = u.id AND o.state IN ('queued', 'running')
+WITH lead AS (
+    SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM relays
+), marked AS (
+    UPDATE outbox AS o
+       SET published_at = CASE WHEN o.state = 'queued' THEN now() ELSE o.published_at END,
+           publish_count = o.publish_count + 1, stream_id = u.sid
+      FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
+     WHERE (SELECT leads FROM lead)
+       AND o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
+       AND o.id = u.id AND o.state IN ('queued', 'running')
+    RETURNING 1
+)
+SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
 """
 
 # --- worker ----------------------------------------------------------------------

@@ -34,6 +34,10 @@ from jobs.db import connect_async
 APPLICATION_NAME = "postbox-relay"
 
 
+class LeadershipLost(RuntimeError):
+    """A mark found a newer leader's term recorded: this relay must stop publishing and stand by."""
+
+
 class LeaderSession:
     """One relay's lock session: try the lock, keep the registry row, release."""
 

@@ -24,13 +24,14 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from jobs import events, sql
 from jobs.streams import GROUP, events_channel, stream_key
 from relay import resp
+from relay.leader import LeadershipLost
 
 log = logging.getLogger("postbox.relay")
 
@@ -50,6 +51,14 @@ class BatchResult:
     expired: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)  # XADD refused; retried next batch
     marked: int = 0  # rows the UPDATE changed (a row a worker claimed first is not counted)
+
+
+async def check_term(cur: AsyncCursor[Any], term: int | None) -> int:
+    """Rows a term-checked mark changed; raise :class:`LeadershipLost` if a newer term was recorded."""
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        raise LeadershipLost(f"a leader newer than term {term} is recorded: nothing marked")
+    return int(row[1])
 
 
 async def ensure_group(redis: Redis, key: str) -> None:
@@ -82,6 +91,7 @@ class Publisher:
         self.monotonic = monotonic
         self.before_mark = before_mark  # test hook: runs between the XADDs and the mark
         self._statistics_checked = -1e9
+        self.term: int | None = None  # the leader's term, checked by every mark (None: no lock, tools only)
         self._subscribed = False
         self._subscribers_checked = -1e9
         self.clock = clock
@@ -197,8 +207,8 @@ class Publisher:
         if ids and self.before_mark is not None:
             await self.before_mark(ids)
         if ids:
-            cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids})
-            result.marked = cur.rowcount
+            cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": self.term})
+            result.marked = await check_term(cur, self.term)
         result.published = ids
 
     async def publish_batch(self, conn: AsyncConnection[Any], limit: int | None = None) -> BatchResult:

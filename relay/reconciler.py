@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 
 from jobs import sql
 from jobs.streams import epoch_key, stream_key
-from relay.publisher import Publisher, Row
+from relay.publisher import Publisher, Row, check_term
 
 log = logging.getLogger("postbox.relay")
 
@@ -209,6 +209,8 @@ class Reconciler:
         missing = [row for row, entries in zip(rows, found, strict=True) if not entries]
         if not missing:
             return []
+        if await self.check(conn):
+            return []  # not a lost entry: Redis lost everything, and the recovery now covers these rows
         granted = self.limiter.take(len(missing))
         if granted < len(missing):
             missing = missing[:granted]
@@ -228,7 +230,10 @@ class Reconciler:
         rows = [row for row in rows if row[0] in alive]
         ids, sids, _refused = await self.publisher.xadd_rows(rows)
         if ids:
-            await conn.execute(sql.RELAY_MARK_REPUBLISHED, {"ids": ids, "sids": sids})
+            cur = await conn.execute(
+                sql.RELAY_MARK_REPUBLISHED, {"ids": ids, "sids": sids, "term": self.publisher.term}
+            )
+            await check_term(cur, self.publisher.term)
             self.republished_total += len(ids)
             if self.on_republished is not None:
                 self.on_republished(ids)

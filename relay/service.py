@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from jobs import sql
 from jobs.retention import PruneDuty
 from jobs.settings import Settings
-from relay.leader import LeaderSession
+from relay.leader import LeaderSession, LeadershipLost
 from relay.metrics import RelayMetrics
 from relay.notifier import Notifier
 from relay.publisher import BatchResult, Publisher
@@ -179,7 +179,7 @@ class Relay:
                     await session.heartbeat()
                     next_beat = time.monotonic() + self.heartbeat_interval
                 await self._sleep(self.lock_retry_interval)
-        except psycopg.Error as exc:
+        except (psycopg.Error, LeadershipLost) as exc:
             if self.role == "leader":
                 log.warning(
                     "lost leadership",
@@ -259,6 +259,7 @@ class Relay:
             emit_events=self.emit_events,
             before_mark=self.signals.before_mark,
         )
+        publisher.term = session.term  # every mark checks that no newer leader was recorded
         reconciler = Reconciler(
             redis,
             self.settings.redis_prefix,

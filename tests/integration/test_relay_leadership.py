@@ -198,3 +198,23 @@ async def test_stop_does_not_wait_for_a_database_that_does_not_answer(settings: 
         await asyncio.wait_for(task, 2)
         assert time.monotonic() - started < 1.0
         assert relay.role == "stopped"
+
+
+async def test_a_mark_refuses_when_a_newer_term_is_recorded(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    """The term is checked in the mark itself: a newer leader on record → nothing marked, the relay steps down."""
+    async with running_relay(settings, relay_id="relay-a") as (relay, signals):
+        await event_within(signals.leader, 10)
+        assert relay.term == 1 and signals.leader is not None
+        conn.execute("INSERT INTO relays (id, host, pid, role, term) VALUES ('relay-z', 'elsewhere', 1, 'leader', 7)")
+        conn.commit()
+        signals.leader.clear()
+        [job] = enqueue_sql(conn, 1)
+        await event_within(signals.lost_leadership, 5)
+        # it stands by on a new session, gets the (free) lock again, and takes the next term
+        await event_within(signals.leader, 5)
+        assert relay.term == 8
+        await wait_until(lambda: relay.published_total == 1, 5, what="published in the new term")
+    assert states(conn) == {job: ("queued", 1)}  # marked once, by term 8
+    assert [int(e["id"]) for e in await entries(redis, settings.redis_prefix)] == [job, job]

@@ -112,8 +112,8 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
                              lease_until = now() + interval '30 s'"""
     )
     conn.commit()
-    cur = await aconn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids})
-    assert cur.rowcount == 0
+    cur = await aconn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
+    assert await cur.fetchone() == (True, 0)
     assert states(conn) == {job: ("running", 0)}
 
 

@@ -29,6 +29,13 @@ def stream_ids(url: str, prefix: str) -> list[int]:
     return asyncio.run(read())
 
 
+def marked(conn: psycopg.Connection[Any], ids: list[int]) -> bool:
+    conn.commit()
+    row = conn.execute("SELECT count(*) FROM outbox WHERE id = ANY(%s) AND published_at IS NOT NULL", (ids,)).fetchone()
+    conn.commit()
+    return row is not None and row[0] == len(ids)
+
+
 def test_redis_restart_without_persistence_under_a_relay_process(
     child_env: dict[str, str],
     conn: psycopg.Connection[Any],
@@ -51,13 +58,21 @@ def test_redis_restart_without_persistence_under_a_relay_process(
         conn.commit()
         private_redis.restart()
         assert stream_ids(private_redis.url, prefix) == []
-        wait_until_sync(
-            lambda: stream_ids(private_redis.url, prefix) == sorted(running + queued), 10, what="republished"
-        )
+        seen: list[list[int]] = []
+
+        def republished() -> bool:
+            seen.append(stream_ids(private_redis.url, prefix))
+            return seen[-1] == sorted(running + queued)
+
+        try:
+            wait_until_sync(republished, 10, what="republished")
+        except AssertionError:
+            raise AssertionError(f"stream holds {seen[-1]}, want {sorted(running + queued)}") from None
         fresh = enqueue_sql(conn, 2)
         wait_until_sync(
             lambda: stream_ids(private_redis.url, prefix) == sorted(running + queued + fresh), 10, what="new jobs"
         )
+        wait_until_sync(lambda: marked(conn, fresh), 5, what="new jobs marked")
         assert procs[0].poll() is None
     assert private_redis.client().get(epoch_key(prefix)) is not None
     conn.commit()
