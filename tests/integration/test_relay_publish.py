@@ -13,6 +13,7 @@ from jobs import sql
 from jobs.settings import Settings
 from jobs.streams import GROUP, stream_key
 from relay.publisher import Publisher, ensure_group
+from relay.service import run_until_published
 from tests.relay_support import (
     enqueue_sql,
     entries,
@@ -182,3 +183,16 @@ async def test_stale_planner_statistics_are_refreshed_when_a_full_batch_waits(
     conn.commit()
     row = conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'outbox'").fetchone()
     assert row is not None and row[0] == 500
+
+
+async def test_run_until_published_runs_a_relay_in_process_until_n_rows_are_out(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    ids = enqueue_sql(conn, 30)
+    seen: list[int] = []
+    relay = await run_until_published(
+        settings.model_copy(update={"relay_batch_size": 8}), 30, max_seconds=10, on_batch=seen.extend
+    )
+    assert relay.published_total == 30 and relay.role == "stopped"
+    assert seen == ids
+    assert await entry_ids(redis, settings.redis_prefix) == ids
