@@ -48,6 +48,7 @@ def test_redis_restart_without_persistence_under_a_relay_process(
     with relay_processes(env, 1, tmp_path) as procs:
         ids = enqueue_sql(conn, 10)
         wait_until_sync(lambda: stream_ids(private_redis.url, prefix) == ids, 15, what="10 published")
+        wait_until_sync(lambda: marked(conn, ids), 5, what="10 marked")
         finished, running, queued = ids[:3], ids[3:5], ids[5:]
         conn.execute("UPDATE outbox SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)", (finished,))
         conn.execute(
@@ -56,8 +57,7 @@ def test_redis_restart_without_persistence_under_a_relay_process(
             (running,),
         )
         conn.commit()
-        private_redis.restart()
-        assert stream_ids(private_redis.url, prefix) == []
+        private_redis.restart()  # the new server starts empty; the relay may refill it any moment now
         seen: list[list[int]] = []
 
         def republished() -> bool:
@@ -65,9 +65,12 @@ def test_redis_restart_without_persistence_under_a_relay_process(
             return seen[-1] == sorted(running + queued)
 
         try:
-            wait_until_sync(republished, 10, what="republished")
+            wait_until_sync(republished, 15, what="republished")
         except AssertionError:
-            raise AssertionError(f"stream holds {seen[-1]}, want {sorted(running + queued)}") from None
+            log = (tmp_path / "relay-0.log").read_text()
+            raise AssertionError(
+                f"stream holds {seen[-1]}, want {sorted(running + queued)}; relay log:\n{log}"
+            ) from None
         fresh = enqueue_sql(conn, 2)
         wait_until_sync(
             lambda: stream_ids(private_redis.url, prefix) == sorted(running + queued + fresh), 10, what="new jobs"
