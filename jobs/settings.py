@@ -83,7 +83,10 @@ class Settings(BaseSettings):
     stream_maxlen: int = Field(
         default=100_000,
         ge=100,
-        description="Approximate length above which the relay trims acknowledged stream entries.",
+        description=(
+            "Reserved; nothing trims by length today: the relay never trims (no MAXLEN on XADD) and "
+            "workers delete each entry (XACK + XDEL) once its outcome is committed."
+        ),
     )
 
     # --- worker ----------------------------------------------------------------
