@@ -220,14 +220,17 @@ class Publisher:
             await self._mark(conn, result, ids, sids)
         return result
 
-    async def publish_burst(self, conn: AsyncConnection[Any], max_batches: int = 8) -> list[BatchResult]:
+    async def publish_burst(
+        self, conn: AsyncConnection[Any], max_batches: int = 8, keep_going: Callable[[], bool] | None = None
+    ) -> list[BatchResult]:
         """Publish up to ``max_batches`` full batches back to back, marking one while sending the next.
 
         While PostgreSQL marks batch N, the relay already sends batch N+1 to Redis:
         batch N+1 is selected before N is marked, skipping N by id (``after``). That
         skip lives only as long as the burst; every burst starts from the lowest
         unpublished id again, so a late commit is never passed over for good.
-        Stops after a batch that was not full. Returns one result per batch.
+        Stops after a batch that was not full, or when ``keep_going()`` turns false
+        (a stopping relay finishes the batch in hand only). Returns one result per batch.
         """
         rows = await self.select_due(conn)
         result, live = await self._expire(conn, rows)
@@ -236,6 +239,7 @@ class Publisher:
         while True:
             results.append(result)
             more = len(rows) == self.batch_size and len(results) < max_batches and not result.failed
+            more = more and (keep_going is None or keep_going())
             next_rows = await self.select_due(conn, after=rows[-1][0]) if more else []
             next_result, next_live = await self._expire(conn, next_rows)
             marking = asyncio.ensure_future(self._mark(conn, result, ids, sids))

@@ -288,7 +288,7 @@ class Relay:
                     if now >= next_check:
                         await reconciler.check(conn)
                         next_check = now + self.epoch_check_interval
-                    results = await publisher.publish_burst(conn)
+                    results = await publisher.publish_burst(conn, keep_going=lambda: not self.stopping)
                     await reconciler.step(conn)
                     await reconciler.sweep(conn)
                 except RedisError as exc:
