@@ -221,7 +221,11 @@ class Publisher:
         return result
 
     async def publish_burst(
-        self, conn: AsyncConnection[Any], max_batches: int = 8, keep_going: Callable[[], bool] | None = None
+        self,
+        conn: AsyncConnection[Any],
+        max_batches: int = 8,
+        keep_going: Callable[[], bool] | None = None,
+        on_batch: Callable[[BatchResult], None] | None = None,
     ) -> list[BatchResult]:
         """Publish up to ``max_batches`` full batches back to back, marking one while sending the next.
 
@@ -230,7 +234,8 @@ class Publisher:
         skip lives only as long as the burst; every burst starts from the lowest
         unpublished id again, so a late commit is never passed over for good.
         Stops after a batch that was not full, or when ``keep_going()`` turns false
-        (a stopping relay finishes the batch in hand only). Returns one result per batch.
+        (a stopping relay finishes the batch in hand only). ``on_batch`` sees each batch
+        once it is marked (even if a later batch of the burst fails). Returns one result per batch.
         """
         rows = await self.select_due(conn)
         result, live = await self._expire(conn, rows)
@@ -250,6 +255,8 @@ class Publisher:
                     ids, sids = [], []
             finally:
                 await marking
+                if on_batch is not None:  # reached only when the mark succeeded
+                    on_batch(result)
             if not next_rows:
                 return results
             rows, result = next_rows, next_result

@@ -288,7 +288,9 @@ class Relay:
                     if now >= next_check:
                         await reconciler.check(conn)
                         next_check = now + self.epoch_check_interval
-                    results = await publisher.publish_burst(conn, keep_going=lambda: not self.stopping)
+                    results = await publisher.publish_burst(
+                        conn, keep_going=lambda: not self.stopping, on_batch=self._record
+                    )
                     await reconciler.step(conn)
                     await reconciler.sweep(conn)
                 except RedisError as exc:
@@ -302,8 +304,6 @@ class Relay:
                 if redis_down:
                     log.info("Redis available again", extra={"relay_id": self.id})
                     redis_down = False
-                for result in results:
-                    self._record(result)
                 now = time.monotonic()
                 if now >= next_beat:
                     await session.heartbeat()
