@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from jobs import events, sql
 from jobs.streams import GROUP, events_channel
@@ -26,12 +28,6 @@ from worker.delivery import Delivery, Job
 from worker.outcomes import Outcome
 
 log = logging.getLogger("postbox.worker.completer")
-
-# One command for a whole batch of lifecycle events (KEYS[1]: channel; ARGV: payloads).
-PUBLISH_SCRIPT = """
-for _, payload in ipairs(ARGV) do redis.call('PUBLISH', KEYS[1], payload) end
-return #ARGV
-"""
 
 EVENT_OF_STATE = {"succeeded": "succeeded", "retrying": "retrying", "dead": "dead", "cancelled": "cancelled"}
 
@@ -117,7 +113,12 @@ class Completer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closing = False
-        self._publish = redis.register_script(PUBLISH_SCRIPT)
+        # Lifecycle events cost Redis and CPU per job; they are built only while the
+        # events channel has subscribers. The check is made at flush time and kept
+        # for a second; until a check says "nobody listens", events are built.
+        self.events_wanted = True
+        self.events_check_interval = 1.0
+        self._events_checked = -1e9
 
     def add(self, item: Finished) -> None:
         self._items.append(item)
@@ -126,9 +127,27 @@ class Completer:
 
     def publish(self, evt: dict[str, Any]) -> None:
         """Queue a lifecycle event for the next pipeline (best effort)."""
+        if not self.events_maybe_wanted():
+            return
         self._events.append(events.encode(evt))
         self._idle.clear()
         self._wake.set()
+
+    def events_maybe_wanted(self) -> bool:
+        """False only while a fresh check found no subscriber to the events channel."""
+        return self.events_wanted or time.monotonic() - self._events_checked >= self.events_check_interval
+
+    async def _refresh_events_wanted(self) -> None:
+        now = time.monotonic()
+        if now - self._events_checked < self.events_check_interval:
+            return
+        self._events_checked = now
+        try:
+            found = await self._redis.pubsub_numsub(self._channel)
+        except RedisError:
+            self.events_wanted = True  # unknown: keep publishing, best effort as always
+            return
+        self.events_wanted = bool(found and int(found[0][1]) > 0)
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
@@ -191,6 +210,9 @@ class Completer:
             recorded: set[int] = set()
             if writes or committed:
                 recorded = await self._write(writes, late_results, committed)
+            await self._refresh_events_wanted()
+            if not self.events_wanted:
+                batch_events.clear()
             acks: dict[str, list[bytes]] = defaultdict(list)
             for f in items:
                 if f.outcome is None:
@@ -240,6 +262,8 @@ class Completer:
                 delay = min(delay * 2, 2.0)
 
     def _event_for(self, f: Finished, out: list[bytes]) -> None:
+        if not self.events_wanted:
+            return
         kind: str | None = None
         if f.ended_state is not None:
             kind = f.ended_state
@@ -269,8 +293,8 @@ class Completer:
                 for stream, ids in acks.items():
                     pipe.xack(stream, GROUP, *ids)
                     pipe.xdel(stream, *ids)
-                if pending_events:
-                    await self._publish(keys=[self._channel], args=pending_events, client=pipe)
+                for payload in pending_events:  # plain PUBLISH: no script, so no SCRIPT EXISTS round trip
+                    pipe.publish(self._channel, payload)
                 await pipe.execute(raise_on_error=False)
         except Exception:
             # The outcomes are committed; unacknowledged entries are reclaimed

@@ -393,9 +393,12 @@ class Worker:
         d = job.delivery
         self.metrics.count(d.queue, d.task, "started")
         self.metrics.observe_latency(d.queue, d.task, max(0.0, time.time() - job.enq_ms / 1000))
-        self._completer.publish(
-            events.event("started", job_id=d.job_id, queue=d.queue, task=d.task, attempt=job.attempt, worker_id=self.id)
-        )
+        if self._completer.events_maybe_wanted():
+            self._completer.publish(
+                events.event(
+                    "started", job_id=d.job_id, queue=d.queue, task=d.task, attempt=job.attempt, worker_id=self.id
+                )
+            )
         fire(self.signals.started, d.job_id)
 
     async def _execute(self, job: Job) -> None:

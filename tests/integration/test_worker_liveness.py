@@ -16,6 +16,7 @@ from jobs.settings import Settings
 from jobs.streams import queue_streams
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due
+from tests.harness.redis_server import RedisServer
 from tests.worker_support import fetch, fetchval, finished, running_worker, wait_until, worker_settings
 
 
@@ -127,3 +128,44 @@ async def test_metrics_count_outcomes_by_queue_and_task(
         for metric in registry.collect():
             for s_ in metric.samples:
                 assert set(s_.labels) <= {"queue", "task", "outcome", "le"}
+
+
+async def test_lifecycle_events_are_published_only_while_someone_subscribes(
+    settings: Settings, aconn: psycopg.AsyncConnection[Any], private_redis: RedisServer
+) -> None:
+    """On a private Redis, PUBLISH calls are counted exactly: none without a subscriber."""
+    from jobs import events
+    from jobs.streams import events_channel
+
+    def publishes() -> int:
+        stats = private_redis.client().info("commandstats")
+        return int(stats.get("cmdstat_publish", {}).get("calls", 0))
+
+    s = worker_settings(settings.model_copy(update={"redis_url": private_redis.url}))
+    redis = aioredis.Redis.from_url(private_redis.url)
+    async with running_worker(s) as worker:
+        worker._completer.events_check_interval = 0.0  # re-check subscribers at every flush
+        first = await enqueue(aconn, t.w_noop)
+        await publish_due(aconn, redis, s.redis_prefix)
+        assert await finished(worker, 1) == [(first, "succeeded")]
+        assert publishes() == 0  # nobody listened: no event was published
+
+        pubsub = redis.pubsub()
+        await pubsub.subscribe(events_channel(s.redis_prefix))
+        try:
+            second = await enqueue(aconn, t.w_noop)
+            await publish_due(aconn, redis, s.redis_prefix)
+            assert await finished(worker, 1) == [(second, "succeeded")]
+            got: list[str] = []
+            deadline = asyncio.get_running_loop().time() + 10
+            while "succeeded" not in got and asyncio.get_running_loop().time() < deadline:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is not None:
+                    evt = events.decode(message["data"])
+                    got.append(evt["type"])
+                    assert evt["job_id"] == second
+            assert got == ["started", "succeeded"]
+            assert publishes() == 2
+        finally:
+            await pubsub.aclose()
+            await redis.aclose()
