@@ -142,9 +142,11 @@ def main(argv: Sequence[str]) -> int:
             from app.bench.peers import run_peers
 
             run_peers(box, names, params, progress, report)
+        # The report first: dropping databases can wait on the server (DROP DATABASE needs
+        # every backend of the cluster to answer a barrier), and the figures must not wait with it.
+        if args.json:
+            print(json.dumps(report.as_dict(), indent=2), flush=True)
+        else:
+            print(render(report), end="", flush=True)
         progress.say("cleaning up")
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        print(render(report), end="")
     return 1 if failed else 0
