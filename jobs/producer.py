@@ -244,11 +244,32 @@ def _missing_keys(rows: Sequence[JobRow], inserted: list[tuple[int, str, str | N
     return {"queue": [q for q, _ in missing], "dedup_key": [k for _, k in missing if k is not None]}
 
 
+def _copy_rows(rows: Sequence[JobRow], ids: list[tuple[int, datetime]]) -> Iterable[tuple[Any, ...]]:
+    """COPY rows for jobs without dedup keys; ``ids`` are (id, database now()) pairs."""
+    now = ids[0][1]
+    for (job_id, _), row in zip(sorted(ids), rows, strict=True):
+        available = row.run_at if row.run_at is not None else now + timedelta(seconds=row.delay)
+        yield (
+            job_id, row.queue, row.task, row.args, row.priority, available, row.max_attempts,
+            row.headers, row.expires_at, row.timeout, row.keep_result,
+        )  # fmt: skip
+
+
 def enqueue_many(conn: Connection[Any], items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
-    """Insert many jobs in one statement in ``conn``'s transaction; ids in input order."""
+    """Insert many jobs in one statement in ``conn``'s transaction; ids in input order.
+
+    Without dedup keys the statement is a COPY; with any, an INSERT ... ON CONFLICT.
+    """
     rows = prepare_many(items, **common)
     if not rows:
         return []
+    if all(row.dedup_key is None for row in rows):
+        with conn.cursor() as cur:
+            ids = cur.execute(sql.NEXT_JOB_IDS, {"n": len(rows)}).fetchall()
+            with cur.copy(sql.COPY_JOBS) as copy:
+                for values in _copy_rows(rows, ids):
+                    copy.write_row(values)
+        return sorted(job_id for job_id, _ in ids)
     with conn.cursor() as cur:
         inserted = cur.execute(sql.INSERT_JOBS_BULK, _bulk_params(rows)).fetchall()
         missing = _missing_keys(rows, inserted)
@@ -266,6 +287,14 @@ async def enqueue_many_async(
     rows = prepare_many(items, **common)
     if not rows:
         return []
+    if all(row.dedup_key is None for row in rows):
+        async with conn.cursor() as cur:
+            await cur.execute(sql.NEXT_JOB_IDS, {"n": len(rows)})
+            ids = await cur.fetchall()
+            async with cur.copy(sql.COPY_JOBS) as copy:
+                for values in _copy_rows(rows, ids):
+                    await copy.write_row(values)
+        return sorted(job_id for job_id, _ in ids)
     async with conn.cursor() as cur:
         await cur.execute(sql.INSERT_JOBS_BULK, _bulk_params(rows))
         inserted = await cur.fetchall()

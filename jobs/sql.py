@@ -40,6 +40,18 @@ ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 RETURNING id, queue, dedup_key
 """
 
+# Bulk without dedup keys goes by COPY (about twice as fast as INSERT ... SELECT):
+# the ids are drawn first, so they come back in input order, and the
+# statement-level NOTIFY trigger fires for COPY as for INSERT.
+NEXT_JOB_IDS: LiteralString = """
+SELECT nextval(pg_get_serial_sequence('outbox', 'id')), now() FROM generate_series(1, %(n)s)
+"""
+
+COPY_JOBS: LiteralString = """
+COPY outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
+             expires_at, timeout_seconds, keep_result) FROM STDIN
+"""
+
 SELECT_DEDUP_MANY: LiteralString = """
 SELECT id, queue, dedup_key FROM outbox
  WHERE (queue, dedup_key) IN (SELECT * FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]))

@@ -233,3 +233,34 @@ def test_insert_notifies_the_relay_channel(conn: psycopg.Connection[Any], databa
             jobs.enqueue_many(conn, [{"task": "noop"}] * 50)
         got = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in got] == ["postbox_outbox"]
+
+
+def test_enqueue_many_without_keys_keeps_every_option_and_the_database_clock(conn: psycopg.Connection[Any]) -> None:
+    run_at = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
+    with conn.transaction():
+        ids = jobs.enqueue_many(
+            conn,
+            [
+                {"task": "noop"},
+                {"task": "noop", "delay": 60, "priority": 9, "headers": {"request_id": "r-9"}},
+                {"task": "send_welcome", "args": {"user_id": 5}, "run_at": run_at, "max_attempts": 2},
+            ],
+        )
+    rows = conn.execute(
+        "SELECT id, task, args, priority, max_attempts, headers, available_at - created_at, available_at, state"
+        " FROM outbox ORDER BY id"
+    ).fetchall()
+    assert [row[0] for row in rows] == ids == sorted(ids)
+    assert rows[0][1:7] == ("noop", {}, 5, 5, {}, timedelta(0))
+    assert rows[1][1:7] == ("noop", {}, 9, 5, {"request_id": "r-9"}, timedelta(seconds=60))
+    assert rows[2][1:5] == ("send_welcome", {"user_id": 5}, 7, 2) and rows[2][7] == run_at
+    assert {row[8] for row in rows} == {"pending"}
+
+
+async def test_enqueue_many_async_without_keys(aconn: psycopg.AsyncConnection[Any]) -> None:
+    async with aconn.transaction():
+        ids = await jobs.enqueue_many_async(
+            aconn, [{"task": "send_welcome", "args": {"user_id": i}} for i in range(500)]
+        )
+    rows = await (await aconn.execute("SELECT id, (args->>'user_id')::int FROM outbox ORDER BY id")).fetchall()
+    assert rows == list(zip(ids, range(500), strict=True))
