@@ -11,6 +11,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+import jobs
 from jobs.settings import Settings
 from tests import tasks_worker
 from worker import Worker, WorkerSignals
@@ -58,6 +59,13 @@ async def running_worker(settings: Settings, **options: Any) -> AsyncIterator[Wo
     finally:
         worker.stop()
         await asyncio.wait_for(task, timeout=30)
+
+
+async def enqueue(aconn: AsyncConnection[Any], task: Any, args: dict[str, Any] | None = None, **kw: Any) -> int:
+    """Enqueue one job and commit."""
+    job_id = await jobs.enqueue_async(aconn, task, args, **kw)
+    await aconn.commit()
+    return job_id
 
 
 async def wait_until(predicate: Callable[[], Any], within: float, what: str = "condition") -> float:

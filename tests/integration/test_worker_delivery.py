@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,44 +16,23 @@ from psycopg_pool import AsyncConnectionPool
 import jobs
 from jobs.settings import Settings
 from jobs.streams import GROUP, stream_key
-from relay import Relay
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due, xadd_again
-from tests.worker_support import fetch, fetchval, finished, job_state, running_worker, wait_until, worker_settings
+from tests.worker_support import (
+    enqueue,
+    fetch,
+    fetchval,
+    finished,
+    job_state,
+    running_worker,
+    wait_until,
+    worker_settings,
+)
 from worker import claims
 from worker.completer import record_outcomes
 from worker.consumer import ensure_groups
 from worker.context import StaleAttempt, WorkerJobContext
 from worker.outcomes import Outcome
-
-
-@pytest.fixture
-async def effects(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
-    await aconn.execute(t.EFFECTS_DDL)
-    await aconn.commit()
-    return aconn
-
-
-@pytest.fixture
-def wsettings(settings: Settings) -> Settings:
-    return worker_settings(settings)
-
-
-@pytest.fixture
-async def relay(wsettings: Settings) -> AsyncIterator[Relay]:
-    instance = Relay(wsettings)
-    task = asyncio.create_task(instance.run())
-    try:
-        yield instance
-    finally:
-        instance.stop()
-        await asyncio.wait_for(task, 10)
-
-
-async def enqueue(aconn: psycopg.AsyncConnection[Any], task: Any, args: dict[str, Any] | None = None, **kw: Any) -> int:
-    job_id = await jobs.enqueue_async(aconn, task, args, **kw)
-    await aconn.commit()
-    return job_id
 
 
 async def test_strict_priority_with_a_backlog_in_several_priorities(

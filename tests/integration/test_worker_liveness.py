@@ -8,29 +8,14 @@ import socket
 from typing import Any
 
 import psycopg
-import pytest
 import redis.asyncio as aioredis
 
-import jobs
 from jobs.settings import Settings
 from jobs.streams import queue_streams
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due
 from tests.harness.redis_server import RedisServer
-from tests.worker_support import fetch, fetchval, finished, running_worker, wait_until, worker_settings
-
-
-@pytest.fixture
-async def effects(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
-    await aconn.execute(t.EFFECTS_DDL)
-    await aconn.commit()
-    return aconn
-
-
-async def enqueue(aconn: psycopg.AsyncConnection[Any], task: Any, args: dict[str, Any] | None = None) -> int:
-    job_id = await jobs.enqueue_async(aconn, task, args)
-    await aconn.commit()
-    return job_id
+from tests.worker_support import enqueue, fetch, fetchval, finished, running_worker, wait_until, worker_settings
 
 
 async def test_a_long_handler_keeps_its_claim_and_entry_fresh(

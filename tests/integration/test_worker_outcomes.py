@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -15,37 +14,7 @@ from jobs.settings import Settings
 from relay import Relay
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due
-from tests.worker_support import fetch, fetchval, finished, running_worker, worker_settings
-
-
-@pytest.fixture
-async def effects(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
-    await aconn.execute(t.EFFECTS_DDL)
-    await aconn.commit()
-    return aconn
-
-
-@pytest.fixture
-def wsettings(settings: Settings) -> Settings:
-    return worker_settings(settings)
-
-
-@pytest.fixture
-async def relay(wsettings: Settings) -> AsyncIterator[Relay]:
-    """The real relay, in this event loop (retries go back through it)."""
-    instance = Relay(wsettings)
-    task = asyncio.create_task(instance.run())
-    try:
-        yield instance
-    finally:
-        instance.stop()
-        await asyncio.wait_for(task, 10)
-
-
-async def enqueue(aconn: psycopg.AsyncConnection[Any], task: Any, args: dict[str, Any] | None = None, **kw: Any) -> int:
-    job_id = await jobs.enqueue_async(aconn, task, args, **kw)
-    await aconn.commit()
-    return job_id
+from tests.worker_support import enqueue, fetch, fetchval, finished, running_worker
 
 
 async def history(aconn: psycopg.AsyncConnection[Any], job_id: int) -> list[tuple[Any, ...]]:

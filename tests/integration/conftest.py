@@ -1,0 +1,40 @@
+"""Fixtures the worker's integration tests share."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobs.settings import Settings
+from relay import Relay
+from tests import tasks_worker as t
+from tests.worker_support import worker_settings
+
+
+@pytest.fixture
+async def effects(aconn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+    """The test database with the worker tasks' effect tables."""
+    await aconn.execute(t.EFFECTS_DDL)
+    await aconn.commit()
+    return aconn
+
+
+@pytest.fixture
+def wsettings(settings: Settings) -> Settings:
+    return worker_settings(settings)
+
+
+@pytest.fixture
+async def relay(wsettings: Settings) -> AsyncIterator[Relay]:
+    """The real relay, in this event loop (retries go back through it)."""
+    instance = Relay(wsettings)
+    task = asyncio.create_task(instance.run())
+    try:
+        yield instance
+    finally:
+        instance.stop()
+        await asyncio.wait_for(task, 10)
