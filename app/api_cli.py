@@ -9,9 +9,8 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 
-from jobs import logs
 from jobs.errors import SettingsError
-from jobs.settings import load_settings
+from jobs.startup import process_settings
 
 
 def parser() -> argparse.ArgumentParser:
@@ -29,21 +28,9 @@ def main(argv: Sequence[str]) -> int:
         args = parser().parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
-    overrides: dict[str, object] = {}
-    if args.host:
-        overrides["api_host"] = args.host
-    if args.port is not None:
-        overrides["api_port"] = args.port
-    if args.tasks is not None:
-        overrides["tasks"] = args.tasks
-    try:
-        settings = load_settings(**overrides)
-        settings.require_database_url()
-        settings.require_redis_url()
-    except SettingsError as exc:
-        print(f"postbox api: {exc}", file=sys.stderr)
+    settings = process_settings("api", api_host=args.host or None, api_port=args.port, tasks=args.tasks)
+    if settings is None:
         return 2
-    logs.setup(json=settings.log_json, level=settings.log_level)
 
     import uvicorn
 

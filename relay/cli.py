@@ -11,13 +11,10 @@ import argparse
 import asyncio
 import logging
 import signal
-import sys
 from collections.abc import Sequence
-from typing import Any
 
-from jobs import logs
-from jobs.errors import SettingsError
-from jobs.settings import Settings, load_settings
+from jobs.settings import Settings
+from jobs.startup import process_settings, run_loop
 
 log = logging.getLogger("postbox.relay")
 
@@ -46,24 +43,12 @@ async def serve(settings: Settings, relay_id: str | None = None) -> int:
 
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
-    overrides: dict[str, Any] = {}
-    if args.batch_size is not None:
-        overrides["relay_batch_size"] = args.batch_size
-    if args.poll_interval is not None:
-        overrides["poll_interval"] = args.poll_interval
-    if args.metrics_port is not None:
-        overrides["relay_metrics_port"] = args.metrics_port
-    try:
-        settings = load_settings(**overrides)
-        settings.require_database_url()
-        settings.require_redis_url()
-    except SettingsError as exc:
-        print(f"postbox relay: {exc}", file=sys.stderr)
+    settings = process_settings(
+        "relay",
+        relay_batch_size=args.batch_size,
+        poll_interval=args.poll_interval,
+        relay_metrics_port=args.metrics_port,
+    )
+    if settings is None:
         return 2
-    logs.setup(json=settings.log_json, level=settings.log_level)
-    try:
-        import uvloop
-
-        return uvloop.run(serve(settings, args.relay_id))
-    except ImportError:
-        return asyncio.run(serve(settings, args.relay_id))
+    return run_loop(serve(settings, args.relay_id))

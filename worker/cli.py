@@ -13,12 +13,10 @@ import asyncio
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from jobs import logs
 from jobs.errors import SettingsError
 from jobs.registry import load_task_modules
-from jobs.settings import load_settings
+from jobs.startup import process_settings, run_loop
 
 
 def parser() -> argparse.ArgumentParser:
@@ -33,21 +31,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
-    overrides: dict[str, Any] = {}
-    if args.tasks is not None:
-        overrides["tasks"] = args.tasks
-    if args.queues is not None:
-        overrides["queues"] = args.queues
-    if args.concurrency is not None:
-        overrides["concurrency"] = args.concurrency
-    try:
-        settings = load_settings(**overrides)
-        settings.require_database_url()
-        settings.require_redis_url()
-    except SettingsError as exc:
-        print(f"postbox worker: {exc}", file=sys.stderr)
+    settings = process_settings("worker", tasks=args.tasks, queues=args.queues, concurrency=args.concurrency)
+    if settings is None:
         return 2
-    logs.setup(json=settings.log_json, level=settings.log_level)
     try:
         load_task_modules(settings.tasks)
     except ImportError as exc:
@@ -70,10 +56,5 @@ def main(argv: Sequence[str]) -> int:
             worker.metrics.serve(settings.worker_metrics_port)
         await worker.run()
 
-    try:
-        import uvloop  # the "fast" extra: a quicker event loop when installed
-    except ImportError:
-        asyncio.run(serve())
-    else:
-        uvloop.run(serve())
+    run_loop(serve())
     return 0
