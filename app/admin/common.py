@@ -102,6 +102,31 @@ def details(item: dict[str, Any], out: TextIO, skip: Sequence[str] = ()) -> None
         print(f"{key.ljust(width)}  {shown}", file=out)
 
 
+HISTORY_COLUMNS = ("life", "attempt", "worker_id", "started_at", "finished_at", "outcome", "error_class", "error")
+
+
+def show_job(job: dict[str, Any], as_json: bool, out: TextIO) -> None:
+    """One job (or dead letter): its fields, then one history row per attempt."""
+    if as_json:
+        print(to_json(job), file=out)
+        return
+    details(job, out, skip=("history",))
+    print("\nhistory:", file=out)
+    table(job["history"], HISTORY_COLUMNS, out)
+
+
+def show_page(
+    items: Sequence[dict[str, Any]], next_cursor: str | None, columns: Sequence[str], as_json: bool, out: TextIO
+) -> None:
+    """One page of a listing, with the flag that continues it."""
+    if as_json:
+        print(to_json({"items": items, "next_cursor": next_cursor}), file=out)
+        return
+    table(items, columns, out)
+    if next_cursor:
+        print(f"\nmore: --cursor {next_cursor}", file=out)
+
+
 class Session:
     """The command's connections: PostgreSQL always, Redis when configured."""
 

@@ -13,17 +13,16 @@ from app.admin.common import (
     Parser,
     Session,
     cli_actor,
-    details,
     parse_duration,
     positive_id,
     run,
-    table,
+    show_job,
+    show_page,
     to_json,
 )
 from jobs import control
 
 LIST_COLUMNS = ("id", "task", "queue", "attempts", "finished_at", "discarded", "last_error_class", "last_error")
-HISTORY_COLUMNS = ("life", "attempt", "worker_id", "started_at", "finished_at", "outcome", "error_class", "error")
 
 
 def parser() -> Parser:
@@ -57,23 +56,13 @@ async def cmd_list(s: Session, a: argparse.Namespace) -> int:
     page = await control.list_dead(
         s.conn, queue=a.queue, task=a.task, discarded=a.discarded, limit=a.limit, cursor=a.cursor
     )
-    if a.json:
-        print(to_json({"items": page.items, "next_cursor": page.next_cursor}))
-        return EXIT_OK
-    table(page.items, LIST_COLUMNS, sys.stdout)
-    if page.next_cursor:
-        print(f"\nmore: --cursor {page.next_cursor}")
+    show_page(page.items, page.next_cursor, LIST_COLUMNS, a.json, sys.stdout)
     return EXIT_OK
 
 
 async def cmd_show(s: Session, a: argparse.Namespace) -> int:
     job = await control.get_dead(s.conn, a.id)
-    if a.json:
-        print(to_json(job))
-        return EXIT_OK
-    details(job, sys.stdout, skip=("history",))
-    print("\nhistory:")
-    table(job["history"], HISTORY_COLUMNS, sys.stdout)
+    show_job(job, a.json, sys.stdout)
     return EXIT_OK
 
 

@@ -10,13 +10,23 @@ from typing import Any
 
 import orjson
 
-from app.admin.common import EXIT_OK, Parser, Session, UsageError, cli_actor, details, positive_id, run, table, to_json
+from app.admin.common import (
+    EXIT_OK,
+    Parser,
+    Session,
+    UsageError,
+    cli_actor,
+    positive_id,
+    run,
+    show_job,
+    show_page,
+    to_json,
+)
 from jobs import control
 from jobs.producer import prepare
 from jobs.registry import default_registry, load_task_modules
 
 LIST_COLUMNS = ("id", "task", "queue", "priority", "state", "attempts", "max_attempts", "created_at", "last_error")
-HISTORY_COLUMNS = ("life", "attempt", "worker_id", "started_at", "finished_at", "outcome", "error_class", "error")
 
 
 def parser() -> Parser:
@@ -50,23 +60,13 @@ def parser() -> Parser:
 
 async def cmd_get(s: Session, a: argparse.Namespace) -> int:
     job = await control.get_job(s.conn, a.id)
-    if a.json:
-        print(to_json(job))
-        return EXIT_OK
-    details(job, sys.stdout, skip=("history",))
-    print("\nhistory:")
-    table(job["history"], HISTORY_COLUMNS, sys.stdout)
+    show_job(job, a.json, sys.stdout)
     return EXIT_OK
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
     page = await control.list_jobs(s.conn, queue=a.queue, task=a.task, state=a.state, limit=a.limit, cursor=a.cursor)
-    if a.json:
-        print(to_json({"items": page.items, "next_cursor": page.next_cursor}))
-        return EXIT_OK
-    table(page.items, LIST_COLUMNS, sys.stdout)
-    if page.next_cursor:
-        print(f"\nmore: --cursor {page.next_cursor}")
+    show_page(page.items, page.next_cursor, LIST_COLUMNS, a.json, sys.stdout)
     return EXIT_OK
 
 
