@@ -86,6 +86,23 @@ class PruneReport:
     def add(self, kind: str, rows: int) -> None:
         setattr(self, kind, getattr(self, kind) + rows)
 
+    def batch_done(self, kind: str, rows: int, limit: int, on_batch: Callable[[str, int], None] | None) -> bool:
+        """Record one committed batch; True while the step may have more rows."""
+        if rows == 0:
+            return False
+        self.add(kind, rows)
+        self.batches.append((kind, rows))
+        if on_batch is not None:
+            on_batch(kind, rows)
+        return rows >= limit
+
+    def out_of_batches(self, max_batches: int | None) -> bool:
+        """True (and the report marked incomplete) once ``max_batches`` were used."""
+        if max_batches is not None and len(self.batches) >= max_batches:
+            self.complete = False
+            return True
+        return False
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
@@ -132,18 +149,11 @@ def prune(
             report.add(step.kind, int(row[0]) if row else 0)
             continue
         while True:
-            if max_batches is not None and len(report.batches) >= max_batches:
-                report.complete = False
+            if report.out_of_batches(max_batches):
                 return report
             with conn.transaction():
                 rows = len(conn.execute(step.delete, params).fetchall())
-            if rows == 0:
-                break
-            report.add(step.kind, rows)
-            report.batches.append((step.kind, rows))
-            if on_batch is not None:
-                on_batch(step.kind, rows)
-            if rows < limit:
+            if not report.batch_done(step.kind, rows, limit, on_batch):
                 break
     return report
 
@@ -170,19 +180,12 @@ async def prune_async(
             report.add(step.kind, int(row[0]) if row else 0)
             continue
         while True:
-            if max_batches is not None and len(report.batches) >= max_batches:
-                report.complete = False
+            if report.out_of_batches(max_batches):
                 return report
             async with conn.transaction():
                 cur = await conn.execute(step.delete, params)
                 rows = len(await cur.fetchall())
-            if rows == 0:
-                break
-            report.add(step.kind, rows)
-            report.batches.append((step.kind, rows))
-            if on_batch is not None:
-                on_batch(step.kind, rows)
-            if rows < limit:
+            if not report.batch_done(step.kind, rows, limit, on_batch):
                 break
     return report
 
