@@ -278,6 +278,17 @@ async def get_job(conn: AsyncConnection[Any], job_id: int) -> dict[str, Any]:
     return job
 
 
+def _listing(queue: str | None, task: str | None, cursor: str | None, limit: int, **extra: Any) -> dict[str, Any]:
+    """Parameters of a newest-first listing: checked filters, the cursor, one row more than a page."""
+    return {
+        "queue": None if queue is None else check_queue_name(queue),
+        "task": None if task is None else check_text(task, "task"),
+        "before": decode_cursor(cursor),
+        "limit": check_limit(limit) + 1,
+        **extra,
+    }
+
+
 async def list_jobs(
     conn: AsyncConnection[Any],
     *,
@@ -288,13 +299,7 @@ async def list_jobs(
     cursor: str | None = None,
 ) -> Page:
     """Jobs newest first, filtered; ``next_cursor`` continues the listing (None: no more)."""
-    params = {
-        "queue": None if queue is None else check_queue_name(queue),
-        "task": None if task is None else check_text(task, "task"),
-        "state": None if state is None else check_state(state),
-        "before": decode_cursor(cursor),
-        "limit": check_limit(limit) + 1,
-    }
+    params = _listing(queue, task, cursor, limit, state=None if state is None else check_state(state))
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.OPS_LIST_JOBS, params)
         rows = await cur.fetchall()
@@ -508,13 +513,7 @@ async def list_dead(
     cursor: str | None = None,
 ) -> Page:
     """Dead letters newest first (discarded ones too, flagged, unless ``discarded`` filters)."""
-    params = {
-        "queue": None if queue is None else check_queue_name(queue),
-        "task": None if task is None else check_text(task, "task"),
-        "discarded": discarded,
-        "before": decode_cursor(cursor),
-        "limit": check_limit(limit) + 1,
-    }
+    params = _listing(queue, task, cursor, limit, discarded=discarded)
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.OPS_LIST_DEAD, params)
         rows = await cur.fetchall()
