@@ -50,7 +50,6 @@ class Child:
 class Progress:
     placed: int = 0
     rejected: int = 0
-    started: float = field(default_factory=time.monotonic)
     last_succeeded: int = 0
     last_time: float = field(default_factory=time.monotonic)
 
