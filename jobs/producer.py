@@ -13,10 +13,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from psycopg import AsyncConnection, Connection
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from jobs import sql
 from jobs.errors import (
@@ -26,7 +28,9 @@ from jobs.errors import (
     PayloadTooLargeError,
     ScheduleConflictError,
 )
-from jobs.registry import Registry, check_max_attempts, check_priority, check_queue, default_registry
+from jobs.ids import take as take_id
+from jobs.ids import take_async as take_id_async
+from jobs.registry import Registry, TaskSpec, check_max_attempts, check_priority, check_queue, default_registry
 
 TaskRef = str | Callable[..., Any]
 MAX_HEADERS_BYTES = 8192
@@ -45,9 +49,12 @@ def _limits_from_settings() -> Limits:
     return Limits(max_payload_bytes=load_settings().max_payload_bytes)
 
 
-@dataclass(frozen=True, slots=True)
-class JobRow:
-    """A validated job, ready to insert (args and headers already JSON text)."""
+class JobRow(NamedTuple):
+    """A validated job, ready to insert (args and headers already JSON text).
+
+    A named tuple: immutable, and built about ten times faster than a frozen
+    dataclass, which counts when ``enqueue_many`` makes ten thousand of them.
+    """
 
     queue: str
     task: str
@@ -97,22 +104,52 @@ def prepare(
 ) -> JobRow:
     """Validate one job; raise a typed error, write nothing."""
     spec = (registry or default_registry).resolve(task)
+    limit = (limits or _limits_from_settings()).max_payload_bytes
+    payload = _args_payload(spec, args, limit)
+    template = _template(
+        spec,
+        queue=queue,
+        priority=priority,
+        delay=delay,
+        run_at=run_at,
+        max_attempts=max_attempts,
+        dedup_key=dedup_key,
+        headers=headers,
+        expires_at=expires_at,
+        keep_result=keep_result,
+    )
+    return _with_args(template, payload)
+
+
+def _args_payload(spec: TaskSpec, args: Mapping[str, Any] | None, limit: int) -> str:
     if args is None:
         args = {}
     if not isinstance(args, Mapping):
         raise InvalidArgsError(f"args must be a JSON object (a mapping), got {type(args).__name__}", field="args")
-    validated = spec.validate_args(args)
-    try:
-        payload = orjson.dumps(validated)
-    except TypeError as exc:
-        raise InvalidArgsError(f"args are not JSON-serialisable: {exc}", field="args") from None
-    limit = (limits or _limits_from_settings()).max_payload_bytes
+    payload = spec.args_json(args)
     if len(payload) > limit:
         raise PayloadTooLargeError(
             f"args are {len(payload)} bytes, over the {limit}-byte limit",
             field="args",
             details={"size": len(payload), "limit": limit},
         )
+    return payload.decode()
+
+
+def _template(
+    spec: TaskSpec,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    delay: float | timedelta | None = None,
+    run_at: datetime | None = None,
+    max_attempts: int | None = None,
+    dedup_key: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    expires_at: datetime | None = None,
+    keep_result: bool | None = None,
+) -> JobRow:
+    """Everything of a job but its args, checked (args is left empty)."""
     if delay is not None and run_at is not None:
         raise ScheduleConflictError("give delay or run_at, not both", field="delay")
     delay_s = _delay_seconds(delay)
@@ -126,7 +163,7 @@ def prepare(
     return JobRow(
         queue=check_queue(queue if queue is not None else spec.queue),
         task=spec.name,
-        args=payload.decode(),
+        args="",
         priority=check_priority(priority if priority is not None else spec.priority),
         run_at=run_at,
         delay=delay_s,
@@ -146,9 +183,19 @@ def enqueue(conn: Connection[Any], task: TaskRef, args: Mapping[str, Any] | None
     datetime), max_attempts, dedup_key, headers, expires_at, keep_result.
     With a dedup key that a live job of the same queue holds, nothing is
     inserted and that job's id is returned.
+
+    In pipeline mode (``with conn.pipeline():``) a job without a dedup key is
+    sent with an id drawn ahead (:mod:`jobs.ids`) and the call returns without
+    waiting: the INSERT travels with the next statement or the COMMIT, so it
+    costs the transaction no round trip. A server-side error then surfaces at
+    that next sync, and the transaction is rolled back as usual.
     """
     row = prepare(task, args, **options)
     params = row.params()
+    if row.dedup_key is None and conn.pgconn.pipeline_status:
+        params["id"] = take_id(conn)
+        conn.execute(sql.INSERT_JOB_WITH_ID, params)
+        return int(params["id"])
     with conn.cursor() as cur:
         while True:
             found = cur.execute(sql.INSERT_JOB, params).fetchone()
@@ -165,6 +212,10 @@ async def enqueue_async(
     """The async twin of :func:`enqueue`, on a psycopg ``AsyncConnection``."""
     row = prepare(task, args, **options)
     params = row.params()
+    if row.dedup_key is None and conn.pgconn.pipeline_status:
+        params["id"] = await take_id_async(conn)
+        await conn.execute(sql.INSERT_JOB_WITH_ID, params)
+        return int(params["id"])
     async with conn.cursor() as cur:
         while True:
             await cur.execute(sql.INSERT_JOB, params)
@@ -176,15 +227,83 @@ async def enqueue_async(
                 return int(found[0])
 
 
-def prepare_many(items: Iterable[Mapping[str, Any]], **common: Any) -> list[JobRow]:
-    """Validate every item first (each a dict with ``task``, ``args`` and options)."""
+def prepare_many(
+    items: Iterable[Mapping[str, Any]],
+    *,
+    registry: Registry | None = None,
+    limits: Limits | None = None,
+    **common: Any,
+) -> list[JobRow]:
+    """Validate every item first (each a dict with ``task``, ``args`` and options).
+
+    The fast path checks options once per distinct (task, options) and
+    validates each task's args as one list, in one call into pydantic-core.
+    Any bad item sends the batch through the one-by-one path, which raises the
+    error of the first bad item in input order, its index in the message.
+    """
+    reg = registry or default_registry
+    limit = (limits or _limits_from_settings()).max_payload_bytes
+    batch = items if isinstance(items, list) else list(items)
+    try:
+        return _prepare_batch(batch, reg, limit, common)
+    except (EnqueueError, TypeError, ValidationError, PydanticSerializationError):
+        return _prepare_each(batch, reg, limit, common)
+
+
+def _prepare_batch(
+    items: list[Mapping[str, Any]], registry: Registry, limit: int, common: dict[str, Any]
+) -> list[JobRow]:
+    templates: dict[Any, tuple[TaskSpec, JobRow]] = {}
+    groups: dict[str, tuple[TaskSpec, list[int], list[dict[str, Any]]]] = {}
+    plan: list[JobRow] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, Mapping) or "task" not in item:
+            raise InvalidOptionError("not a job item")
+        task = item["task"]
+        options = {k: v for k, v in item.items() if k != "task" and k != "args"}
+        # type(v) in the key: True == 1 and hashes alike, but is not a valid priority
+        key = (task, tuple((k, type(v), v) for k, v in options.items())) if options else task
+        cached = templates.get(key)  # TypeError (unhashable option, e.g. headers): one by one
+        if cached is None:
+            spec = registry.resolve(task)
+            cached = templates[key] = (spec, _template(spec, **common, **options))
+        spec, template = cached
+        args = item.get("args")
+        if args is None:
+            args = {}
+        elif type(args) is not dict:
+            if not isinstance(args, Mapping):
+                raise InvalidArgsError("not a mapping")
+            args = dict(args)
+        group = groups.get(spec.name)
+        if group is None:
+            group = groups[spec.name] = (spec, [], [])
+        group[1].append(index)
+        group[2].append(args)
+        plan.append(template)
+    rows = plan
+    for spec, indexes, arg_list in groups.values():
+        serializer = spec.args_model.__pydantic_serializer__
+        for index, model in zip(indexes, spec.validate_args_list(arg_list), strict=True):
+            payload = serializer.to_json(model, exclude_unset=True)
+            if len(payload) > limit:
+                raise PayloadTooLargeError("over the limit")
+            rows[index] = _with_args(plan[index], payload.decode())
+    return rows
+
+
+def _prepare_each(
+    items: list[Mapping[str, Any]], registry: Registry, limit: int, common: dict[str, Any]
+) -> list[JobRow]:
     rows = []
     for index, item in enumerate(items):
         if not isinstance(item, Mapping) or "task" not in item:
             raise InvalidOptionError(f"item {index}: each item is a mapping with a 'task' key", field=f"items.{index}")
-        options = {k: v for k, v in item.items() if k not in ("task", "args")}
+        options = {k: v for k, v in item.items() if k != "task" and k != "args"}
         try:
-            rows.append(prepare(item["task"], item.get("args"), **common, **options))
+            spec = registry.resolve(item["task"])
+            payload = _args_payload(spec, item.get("args"), limit)
+            rows.append(_with_args(_template(spec, **common, **options), payload))
         except EnqueueError as exc:
             exc.args = (f"item {index}: {exc.args[0]}",)
             exc.details.setdefault("index", index)
@@ -192,6 +311,10 @@ def prepare_many(items: Iterable[Mapping[str, Any]], **common: Any) -> list[JobR
         except TypeError as exc:
             raise InvalidOptionError(f"item {index}: {exc}", field=f"items.{index}") from None
     return rows
+
+
+def _with_args(template: JobRow, args: str) -> JobRow:
+    return JobRow(template[0], template[1], args, *template[3:])
 
 
 def _bulk_params(rows: Sequence[JobRow]) -> dict[str, list[Any]]:

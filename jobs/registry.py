@@ -6,9 +6,11 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+from pydantic_core import PydanticSerializationError
 
 from jobs.errors import (
     DuplicateTaskError,
@@ -51,8 +53,31 @@ class TaskSpec:
 
     def validate_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Validated args as JSON-ready values; raises :class:`InvalidArgsError`."""
+        return self._validated(args).model_dump(mode="json", exclude_unset=True)
+
+    def args_json(self, args: Mapping[str, Any]) -> bytes:
+        """Validated args as compact JSON (what the outbox stores); raises :class:`InvalidArgsError`.
+
+        Serialised by pydantic-core straight from the model: no intermediate
+        dict, which is most of the cost of a bulk enqueue.
+        """
+        model = self._validated(args)
         try:
-            model = self.args_model.model_validate(dict(args))
+            return self.args_model.__pydantic_serializer__.to_json(model, exclude_unset=True)
+        except PydanticSerializationError as exc:
+            raise InvalidArgsError(f"args are not JSON-serialisable: {exc}", field="args") from None
+
+    def validate_args_list(self, args: list[dict[str, Any]]) -> list[BaseModel]:
+        """Many items' args in one call into pydantic-core; raises pydantic's ``ValidationError``."""
+        return self._list_adapter.validate_python(args)
+
+    @cached_property
+    def _list_adapter(self) -> TypeAdapter[list[BaseModel]]:
+        return TypeAdapter(list[self.args_model])  # type: ignore[name-defined]
+
+    def _validated(self, args: Mapping[str, Any]) -> BaseModel:
+        try:
+            return self.args_model.model_validate(args if type(args) is dict else dict(args))
         except ValidationError as exc:
             problems = [
                 {"field": ".".join(str(p) for p in err["loc"]) or "args", "message": err["msg"]}
@@ -64,7 +89,6 @@ class TaskSpec:
                 field=f"args.{first['field']}",
                 details={"errors": problems},
             ) from None
-        return model.model_dump(mode="json", exclude_unset=True)
 
     def call_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Args as the handler receives them (validated, typed, defaults applied)."""

@@ -23,6 +23,18 @@ ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
 RETURNING id
 """
 
+# The same row with an id drawn ahead (jobs/ids.py): what a pipelined enqueue
+# sends, and needs no reply for. Only for jobs without a dedup key.
+INSERT_JOB_WITH_ID: LiteralString = """
+INSERT INTO outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
+                    expires_at, timeout_seconds, keep_result)
+OVERRIDING SYSTEM VALUE
+VALUES (%(id)s, %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+        %(max_attempts)s, %(headers)s::jsonb, %(expires_at)s::timestamptz, %(timeout)s::float8,
+        %(keep_result)s)
+"""
+
 SELECT_DEDUP: LiteralString = """
 SELECT id FROM outbox WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
 """

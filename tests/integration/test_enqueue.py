@@ -264,3 +264,53 @@ async def test_enqueue_many_async_without_keys(aconn: psycopg.AsyncConnection[An
         )
     rows = await (await aconn.execute("SELECT id, (args->>'user_id')::int FROM outbox ORDER BY id")).fetchall()
     assert rows == list(zip(ids, range(500), strict=True))
+
+
+def test_pipelined_enqueue_commits_and_rolls_back_with_the_business_row(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    conn.execute("CREATE TABLE biz (id int GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text)")
+    conn.commit()
+    ids: list[int] = []
+    with conn.pipeline() as pipe:
+        for i in range(40):  # more than one block of drawn ids
+            with conn.transaction():
+                biz = conn.execute("INSERT INTO biz (note) VALUES (%s) RETURNING id", (f"o{i}",)).fetchone()
+                assert biz is not None
+                ids.append(jobs.enqueue(conn, "send_welcome", {"user_id": biz[0]}, priority=8))
+        with pytest.raises(RuntimeError), conn.transaction():
+            lost = jobs.enqueue(conn, tasks_core.noop)
+            raise RuntimeError("business failure")
+        pipe.sync()
+    rows = conn.execute("SELECT id, task, (args->>'user_id')::int, priority, state FROM outbox ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == sorted(ids) and len(set(ids)) == 40 and lost not in ids
+    assert [(r[1], r[2], r[3], r[4]) for r in sorted(rows, key=lambda r: ids.index(r[0]))] == [
+        ("send_welcome", n, 8, "pending") for n in range(1, 41)
+    ]
+    # a plain enqueue afterwards draws from the sequence as before: no id is handed out twice
+    with conn.transaction():
+        assert jobs.enqueue(conn, tasks_core.noop) not in [*ids, lost]
+
+
+def test_pipelined_enqueue_with_a_dedup_key_waits_for_its_answer(conn: psycopg.Connection[Any]) -> None:
+    with conn.pipeline(), conn.transaction():
+        first = jobs.enqueue(conn, tasks_core.noop, dedup_key="k")
+        again = jobs.enqueue(conn, tasks_core.noop, dedup_key="k")
+    assert first == again
+    assert count(conn) == 1
+
+
+def test_an_error_later_in_the_pipeline_takes_the_enqueued_job_with_it(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("CREATE TABLE biz (id int PRIMARY KEY)")
+    conn.commit()
+    with pytest.raises(psycopg.errors.UniqueViolation), conn.pipeline(), conn.transaction():
+        jobs.enqueue(conn, tasks_core.noop)
+        conn.execute("INSERT INTO biz VALUES (1), (1)")  # fails at the sync, after the enqueue was sent
+    assert count(conn) == 0
+
+
+async def test_pipelined_enqueue_async(aconn: psycopg.AsyncConnection[Any]) -> None:
+    async with aconn.pipeline(), aconn.transaction():
+        ids = [await jobs.enqueue_async(aconn, "send_welcome", {"user_id": i}) for i in range(3)]
+    rows = await (await aconn.execute("SELECT id, (args->>'user_id')::int FROM outbox ORDER BY id")).fetchall()
+    assert rows == list(zip(ids, range(3), strict=True))

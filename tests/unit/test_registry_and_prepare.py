@@ -112,3 +112,45 @@ def test_assign_ids_maps_mixed_keyed_and_unkeyed_rows() -> None:
     )
     inserted = [(12, "default", None), (10, "default", None), (11, "default", "a")]
     assert enq._assign_ids(rows, inserted, {("default", "b"): 3}) == [10, 11, 12, 11, 3]
+
+
+def test_prepare_many_checks_every_items_options_even_when_equal_to_an_earlier_ones() -> None:
+    # priority=True equals 1 (and hashes alike): a cached check for 1 must not let it through
+    with pytest.raises(errors.InvalidPriorityError) as info:
+        enq.prepare_many([{"task": "noop", "priority": 1}, {"task": "noop", "priority": True}], limits=LIMITS)
+    assert info.value.details["index"] == 1
+
+
+def test_prepare_many_validates_each_items_args_and_keeps_their_order() -> None:
+    rows = enq.prepare_many(
+        [
+            {"task": "send_welcome", "args": {"user_id": "1"}},
+            {"task": tasks_core.send_welcome, "args": {"user_id": 2, "lang": "de"}, "headers": {"h": 1}},
+            {"task": "send_welcome", "args": {"user_id": 3}, "headers": {"h": 2}},
+            {"task": "core.sync_add", "args": {"a": 1, "b": 2}, "priority": 1},
+        ],
+        limits=LIMITS,
+        queue="bulk",
+    )
+    assert [(r.task, r.args, r.headers, r.queue, r.priority) for r in rows] == [
+        ("send_welcome", '{"user_id":1}', "{}", "bulk", 7),
+        ("send_welcome", '{"user_id":2,"lang":"de"}', '{"h":1}', "bulk", 7),
+        ("send_welcome", '{"user_id":3}', '{"h":2}', "bulk", 7),
+        ("core.sync_add", '{"a":1,"b":2}', "{}", "bulk", 1),
+    ]
+    with pytest.raises(errors.InvalidArgsError) as info:
+        enq.prepare_many([{"task": "send_welcome", "args": {"user_id": 1}}, {"task": "send_welcome"}], limits=LIMITS)
+    assert info.value.details["index"] == 1
+    assert str(info.value).startswith("item 1: invalid args for task 'send_welcome'")
+
+
+def test_args_that_are_not_json_are_refused() -> None:
+    registry = Registry()
+
+    @task(name="anything", registry=registry)
+    async def anything(ctx, value) -> None: ...  # type: ignore[no-untyped-def]
+
+    with pytest.raises(errors.InvalidArgsError, match="not JSON-serialisable"):
+        enq.prepare("anything", {"value": object()}, registry=registry, limits=LIMITS)
+    row = enq.prepare("anything", {"value": {"nested": [1, 2.5, None, "é"]}}, registry=registry, limits=LIMITS)
+    assert row.args == '{"value":{"nested":[1,2.5,null,"é"]}}'
