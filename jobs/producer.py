@@ -52,8 +52,8 @@ def _limits_from_settings() -> Limits:
 class JobRow(NamedTuple):
     """A validated job, ready to insert (args and headers already JSON text).
 
-    A named tuple: immutable, and built about ten times faster than a frozen
-    dataclass, which counts when ``enqueue_many`` makes ten thousand of them.
+    A named tuple: immutable, and built in half the time of a frozen dataclass,
+    which counts when ``enqueue_many`` makes ten thousand of them.
     """
 
     queue: str
