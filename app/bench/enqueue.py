@@ -3,14 +3,18 @@
 Business transaction = one INSERT into ``bench_orders`` and one COMMIT, on one
 connection, in a loop for ``duration`` seconds; measured without and with one
 ``jobs.enqueue`` in the same transaction (the two variants alternate per
-repetition).  Bulk = ``jobs.enqueue_many`` in batches of ``batch`` jobs, one
-commit per batch, validation included.  The outbox is truncated between runs
+repetition).  Both are measured twice: on a plain connection, where each
+statement waits for its reply, and in psycopg's pipeline mode, where the
+enqueue's INSERT travels with the COMMIT (see ``jobs.ids``).  Bulk =
+``jobs.enqueue_many`` in batches of ``batch`` jobs, one commit per batch, validation included.  The outbox is truncated between runs
 (no relay runs here) so every run starts from the same table size.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -35,19 +39,20 @@ INSERT_ORDER = "INSERT INTO bench_orders (customer_id, amount) VALUES (%s, %s) R
 RESET = "TRUNCATE outbox, job_attempts, bench_orders"
 
 
-def business_loop(conn: psycopg.Connection[Any], seconds: float, with_enqueue: bool) -> float:
+def business_loop(conn: psycopg.Connection[Any], seconds: float, with_enqueue: bool, pipeline: bool = False) -> float:
     """Business transactions per second for ``seconds`` (each: INSERT [+ enqueue] + COMMIT)."""
-    count = 0
-    started = time.perf_counter()
-    deadline = started + seconds
-    now = started
-    while now < deadline:
-        row = conn.execute(INSERT_ORDER, (count % 1000, 19.90)).fetchone()
-        if with_enqueue and row is not None:
-            enqueue(conn, tasks.bench_noop, {"n": row[0]})
-        conn.commit()
-        count += 1
-        now = time.perf_counter()
+    with conn.pipeline() if pipeline else nullcontext():
+        count = 0
+        started = time.perf_counter()
+        deadline = started + seconds
+        now = started
+        while now < deadline:
+            row = conn.execute(INSERT_ORDER, (count % 1000, 19.90)).fetchone()
+            if with_enqueue and row is not None:
+                enqueue(conn, tasks.bench_noop, {"n": row[0]})
+            conn.commit()
+            count += 1
+            now = time.perf_counter()
     return count / (now - started)
 
 
@@ -64,10 +69,44 @@ def bulk_run(conn: psycopg.Connection[Any], total: int, batch: int) -> float:
     return done / (time.perf_counter() - started)
 
 
+@dataclass
+class ModeFigures:
+    """The three figures of one connection mode."""
+
+    mode: str
+    plain: Figure
+    with_job: Figure
+    ratio: Figure
+
+    @classmethod
+    def of(cls, suffix: str, mode: str) -> ModeFigures:
+        return cls(
+            mode,
+            Figure(SCENARIO, f"enqueue.plain_tps{suffix}", f"business tx/s, no enqueue ({mode})", "tx/s"),
+            Figure(SCENARIO, f"enqueue.with_job_tps{suffix}", f"business tx/s, with one enqueue ({mode})", "tx/s"),
+            Figure(
+                SCENARIO,
+                f"enqueue.ratio{suffix}",
+                f"ratio with/without enqueue ({mode})",
+                "x",
+                target=Target(">=", 0.80),
+            ),
+        )
+
+    def add(self, plain: float, with_job: float) -> None:
+        self.plain.values.append(plain)
+        self.with_job.values.append(with_job)
+        self.ratio.values.append(with_job / plain)
+
+    def all(self) -> list[Figure]:
+        return [self.plain, self.with_job, self.ratio]
+
+
 def run(database_url: str, params: Params, progress: Progress) -> list[Figure]:
-    plain = Figure(SCENARIO, "enqueue.plain_tps", "business tx/s, no enqueue", "tx/s")
-    with_job = Figure(SCENARIO, "enqueue.with_job_tps", "business tx/s, with one enqueue", "tx/s")
-    ratio = Figure(SCENARIO, "enqueue.ratio", "ratio with/without enqueue", "x", target=Target(">=", 0.80))
+    modes = {
+        False: ModeFigures.of("", "plain connection"),
+        True: ModeFigures.of(".pipeline", "pipeline mode"),
+    }
     bulk = Figure(
         SCENARIO,
         "enqueue.bulk",
@@ -78,23 +117,22 @@ def run(database_url: str, params: Params, progress: Progress) -> list[Figure]:
     with psycopg.connect(database_url) as conn:
         conn.execute(SETUP)
         conn.commit()
-        # warm-up: caches, prepared statements, the registry's model
-        business_loop(conn, min(0.5, params.duration / 4), True)
-        business_loop(conn, min(0.5, params.duration / 4), False)
-        for rep in range(params.repeat):
-            conn.execute(RESET)
-            conn.commit()
-            order = (False, True) if rep % 2 == 0 else (True, False)
-            results: dict[bool, float] = {}
-            for flag in order:
-                results[flag] = business_loop(conn, params.duration, flag)
-            plain.values.append(results[False])
-            with_job.values.append(results[True])
-            ratio.values.append(results[True] / results[False])
-            progress.say(
-                f"enqueue rep {rep + 1}/{params.repeat}: {results[False]:,.0f} tx/s plain, "
-                f"{results[True]:,.0f} tx/s with enqueue ({results[True] / results[False]:.2f})"
-            )
+        for pipeline, figures in modes.items():
+            # warm-up: caches, prepared statements, the registry's model
+            business_loop(conn, min(0.5, params.duration / 4), True, pipeline)
+            business_loop(conn, min(0.5, params.duration / 4), False, pipeline)
+            for rep in range(params.repeat):
+                conn.execute(RESET)
+                conn.commit()
+                order = (False, True) if rep % 2 == 0 else (True, False)
+                results: dict[bool, float] = {}
+                for flag in order:
+                    results[flag] = business_loop(conn, params.duration, flag, pipeline)
+                figures.add(results[False], results[True])
+                progress.say(
+                    f"enqueue rep {rep + 1}/{params.repeat} ({figures.mode}): {results[False]:,.0f} tx/s plain, "
+                    f"{results[True]:,.0f} tx/s with enqueue ({results[True] / results[False]:.2f})"
+                )
         for rep in range(params.repeat):
             conn.execute(RESET)
             conn.commit()
@@ -103,4 +141,4 @@ def run(database_url: str, params: Params, progress: Progress) -> list[Figure]:
             progress.say(f"enqueue bulk rep {rep + 1}/{params.repeat}: {value:,.0f} jobs/s")
         conn.execute(RESET)
         conn.commit()
-    return [plain, with_job, ratio, bulk]
+    return [*modes[False].all(), *modes[True].all(), bulk]
