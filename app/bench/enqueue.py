@@ -2,12 +2,19 @@
 
 Business transaction = one INSERT into ``bench_orders`` and one COMMIT, on one
 connection, in a loop for ``duration`` seconds; measured without and with one
-``jobs.enqueue`` in the same transaction (the two variants alternate per
-repetition).  Both are measured twice: on a plain connection, where each
-statement waits for its reply, and in psycopg's pipeline mode, where the
-enqueue's INSERT travels with the COMMIT (see ``jobs.ids``).  Bulk =
-``jobs.enqueue_many`` in batches of ``batch`` jobs, one commit per batch, validation included.  The outbox is truncated between runs
-(no relay runs here) so every run starts from the same table size.
+enqueue in the same transaction (the two variants alternate per repetition),
+three ways:
+
+- ``plain connection``: ``jobs.enqueue`` after the INSERT; each statement waits
+  for its reply, so the enqueue adds one round trip;
+- ``pipeline mode``: the same inside ``conn.pipeline()``, where the enqueue's
+  INSERT travels with the COMMIT (ids drawn ahead, see ``jobs.ids``);
+- ``one statement``: ``postbox_enqueue()`` called from the business INSERT's own
+  statement (``WITH o AS (INSERT ...) SELECT postbox_enqueue(...) FROM o``).
+
+Bulk = ``jobs.enqueue_many`` in batches of ``batch`` jobs, one commit per batch,
+validation included.  The outbox is truncated between runs (no relay runs
+here) so every run starts from the same table size.
 """
 
 from __future__ import annotations
@@ -36,19 +43,26 @@ CREATE TABLE IF NOT EXISTS bench_orders (
 )
 """
 INSERT_ORDER = "INSERT INTO bench_orders (customer_id, amount) VALUES (%s, %s) RETURNING id"
+INSERT_ORDER_WITH_JOB = """
+WITH o AS (INSERT INTO bench_orders (customer_id, amount) VALUES (%s, %s) RETURNING id)
+SELECT id, postbox_enqueue('bench_noop', jsonb_build_object('n', id), 'bench') FROM o
+"""
+MODES = {"": "plain connection", ".pipeline": "pipeline mode", ".statement": "one statement"}
 RESET = "TRUNCATE outbox, job_attempts, bench_orders"
 
 
-def business_loop(conn: psycopg.Connection[Any], seconds: float, with_enqueue: bool, pipeline: bool = False) -> float:
+def business_loop(conn: psycopg.Connection[Any], seconds: float, with_enqueue: bool, mode: str = "") -> float:
     """Business transactions per second for ``seconds`` (each: INSERT [+ enqueue] + COMMIT)."""
-    with conn.pipeline() if pipeline else nullcontext():
+    statement = INSERT_ORDER_WITH_JOB if with_enqueue and mode == ".statement" else INSERT_ORDER
+    separate = with_enqueue and mode != ".statement"
+    with conn.pipeline() if mode == ".pipeline" else nullcontext():
         count = 0
         started = time.perf_counter()
         deadline = started + seconds
         now = started
         while now < deadline:
-            row = conn.execute(INSERT_ORDER, (count % 1000, 19.90)).fetchone()
-            if with_enqueue and row is not None:
+            row = conn.execute(statement, (count % 1000, 19.90)).fetchone()
+            if separate and row is not None:
                 enqueue(conn, tasks.bench_noop, {"n": row[0]})
             conn.commit()
             count += 1
@@ -71,7 +85,7 @@ def bulk_run(conn: psycopg.Connection[Any], total: int, batch: int) -> float:
 
 @dataclass
 class ModeFigures:
-    """The three figures of one connection mode."""
+    """The three figures of one way to enqueue."""
 
     mode: str
     plain: Figure
@@ -103,10 +117,7 @@ class ModeFigures:
 
 
 def run(database_url: str, params: Params, progress: Progress) -> list[Figure]:
-    modes = {
-        False: ModeFigures.of("", "plain connection"),
-        True: ModeFigures.of(".pipeline", "pipeline mode"),
-    }
+    modes = {suffix: ModeFigures.of(suffix, name) for suffix, name in MODES.items()}
     bulk = Figure(
         SCENARIO,
         "enqueue.bulk",
@@ -117,17 +128,17 @@ def run(database_url: str, params: Params, progress: Progress) -> list[Figure]:
     with psycopg.connect(database_url) as conn:
         conn.execute(SETUP)
         conn.commit()
-        for pipeline, figures in modes.items():
+        for mode, figures in modes.items():
             # warm-up: caches, prepared statements, the registry's model
-            business_loop(conn, min(0.5, params.duration / 4), True, pipeline)
-            business_loop(conn, min(0.5, params.duration / 4), False, pipeline)
+            business_loop(conn, min(0.5, params.duration / 4), True, mode)
+            business_loop(conn, min(0.5, params.duration / 4), False, mode)
             for rep in range(params.repeat):
                 conn.execute(RESET)
                 conn.commit()
                 order = (False, True) if rep % 2 == 0 else (True, False)
                 results: dict[bool, float] = {}
                 for flag in order:
-                    results[flag] = business_loop(conn, params.duration, flag, pipeline)
+                    results[flag] = business_loop(conn, params.duration, flag, mode)
                 figures.add(results[False], results[True])
                 progress.say(
                     f"enqueue rep {rep + 1}/{params.repeat} ({figures.mode}): {results[False]:,.0f} tx/s plain, "
@@ -141,4 +152,4 @@ def run(database_url: str, params: Params, progress: Progress) -> list[Figure]:
             progress.say(f"enqueue bulk rep {rep + 1}/{params.repeat}: {value:,.0f} jobs/s")
         conn.execute(RESET)
         conn.commit()
-    return [*modes[False].all(), *modes[True].all(), bulk]
+    return [*(figure for figures in modes.values() for figure in figures.all()), bulk]

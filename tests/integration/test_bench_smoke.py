@@ -51,10 +51,13 @@ def test_bench_enqueue_runs_prints_figures_and_cleans_up(servers: Servers) -> No
         "enqueue.bulk",
         "enqueue.plain_tps",
         "enqueue.plain_tps.pipeline",
+        "enqueue.plain_tps.statement",
         "enqueue.ratio",
         "enqueue.ratio.pipeline",
+        "enqueue.ratio.statement",
         "enqueue.with_job_tps",
         "enqueue.with_job_tps.pipeline",
+        "enqueue.with_job_tps.statement",
     ]
     for figure in figures.values():
         assert figure["runs"] == 1 and figure["median"] > 0 and figure["system"] == "postbox"
