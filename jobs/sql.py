@@ -128,20 +128,29 @@ SELECT id, queue, task, args::text, headers::text, priority, attempts,
 # published_at) is left alone. The term is checked first, in the same statement:
 # if a newer leader has been recorded, nothing is marked and ``leads`` is false.
 # %(term)s is NULL for tools that publish without the lock (publish_once, drain).
-# The rows are found by primary key first (the ctid array): joined directly, a
-# planner with stale statistics believes the partial "unpublished" index is tiny
-# and hashes all of it for every batch. A row updated in between (a worker's
-# claim) fails the ctid recheck and is skipped, which is what we want.
+# The rows are locked first, in id order, as a worker's claim locks them: an
+# UPDATE alone locks rows in whatever order its plan visits them (a hash join
+# probing the heap goes in physical order, as it does when the statistics were
+# taken at another size, e.g. before a TRUNCATE), and a claim holding the lower
+# id while the mark holds a higher one is a deadlock: a second of waiting, then
+# the relay's session (its leadership) or the worker's claim (its entries wait
+# for the visibility timeout) is cancelled. The locked rows are then updated by
+# ctid (a TID scan, whatever the statistics say). A row updated in between (a
+# worker's claim) fails the lock's recheck and is skipped, which is what we want.
 RELAY_MARK_PUBLISHED: LiteralString = """
 WITH lead AS (
     SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM relays
+), locked AS MATERIALIZED (
+    SELECT ctid FROM outbox
+     WHERE (SELECT leads FROM lead)
+       AND id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
+     ORDER BY id
+       FOR UPDATE
 ), marked AS (
     UPDATE outbox AS o
        SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
       FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
-     WHERE (SELECT leads FROM lead)
-       AND o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
-       AND o.id = u.id AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
+     WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
     RETURNING 1
 )
 SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
@@ -211,18 +220,22 @@ SELECT id FROM outbox
    AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
 """
 
-# Record a republish; only a row still without an outcome is touched.
+# Record a republish; only a row still without an outcome is touched. Locked in
+# id order first, like RELAY_MARK_PUBLISHED (and for the same reason).
 RELAY_MARK_REPUBLISHED: LiteralString = """
 WITH lead AS (
     SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM relays
+), locked AS MATERIALIZED (
+    SELECT ctid FROM outbox
+     WHERE (SELECT leads FROM lead) AND id = ANY(%(ids)s::int8[]) AND state IN ('queued', 'running')
+     ORDER BY id
+       FOR UPDATE
 ), marked AS (
     UPDATE outbox AS o
        SET published_at = CASE WHEN o.state = 'queued' THEN now() ELSE o.published_at END,
            publish_count = o.publish_count + 1, stream_id = u.sid
       FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
-     WHERE (SELECT leads FROM lead)
-       AND o.ctid = ANY(ARRAY(SELECT ctid FROM outbox WHERE id = ANY(%(ids)s::int8[])))
-       AND o.id = u.id AND o.state IN ('queued', 'running')
+     WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
     RETURNING 1
 )
 SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)

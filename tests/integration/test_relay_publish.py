@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
+import pytest
 import redis.asyncio as aioredis
 
 from jobs import sql
@@ -23,6 +25,7 @@ from tests.relay_support import (
     running_relay,
     states,
     wait_until,
+    wait_until_sync,
 )
 
 
@@ -116,6 +119,65 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
     cur = await aconn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
     assert await cur.fetchone() == (True, 0)
     assert states(conn) == {job: ("running", 0)}
+
+
+@pytest.mark.parametrize(
+    ("statement", "state"), [(sql.RELAY_MARK_PUBLISHED, "pending"), (sql.RELAY_MARK_REPUBLISHED, "queued")]
+)
+def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncate(
+    conn: psycopg.Connection[Any], database_url: str, statement: LiteralString, state: str
+) -> None:
+    """A worker's claim locks rows in id order; the relay's marks must too, whatever their plan.
+
+    Statistics taken with a full backlog, then TRUNCATE: the planner hashes the batch and
+    probes the heap, which visits rows in physical order. Here the batch's rows lie in the
+    heap highest id first. While the mark waits for the lowest id (held by a "claim"), it
+    must hold none of the others, or that claim's next lock is a deadlock.
+    """
+    conn.execute(
+        """INSERT INTO outbox (queue, task, state, published_at)
+           SELECT 'default', 'noop', %s, CASE WHEN %s = 'queued' THEN now() END FROM generate_series(1, 20000)""",
+        (state, state),
+    )
+    conn.execute("ANALYZE outbox")
+    conn.execute("TRUNCATE outbox, job_attempts, processed_jobs")
+    conn.execute(
+        """INSERT INTO outbox (queue, task, state, published_at, finished_at)
+           SELECT 'default', 'noop', 'succeeded', now(), now() FROM generate_series(1, 2000)"""
+    )
+    row = conn.execute("SELECT max(id) FROM outbox").fetchone()
+    assert row is not None
+    ids = list(range(row[0] + 20, row[0], -1))
+    for job_id in ids:  # highest id first in the heap
+        conn.execute(
+            """INSERT INTO outbox (id, queue, task, state, published_at) OVERRIDING SYSTEM VALUE
+               VALUES (%s, 'default', 'noop', %s, CASE WHEN %s = 'queued' THEN now() END)""",
+            (job_id, state, state),
+        )
+    conn.commit()
+    ids.sort()
+    found: list[Any] = []
+    with psycopg.connect(database_url) as claim, psycopg.connect(database_url, autocommit=True) as relay_conn:
+        claim.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (ids[0],))
+        params = {"ids": ids, "sids": [f"1-{i}" for i in ids], "term": None}
+        marking = threading.Thread(target=lambda: found.append(relay_conn.execute(statement, params).fetchone()))
+        marking.start()
+        try:
+            pid = relay_conn.info.backend_pid
+            query = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+
+            def mark_waits() -> bool:
+                waits = conn.execute(query, (pid,)).fetchone()
+                conn.commit()
+                return bool(waits and waits[0])
+
+            wait_until_sync(mark_waits, 10, what="the mark waiting for the claimed row")
+            # the claim's next row: free, not held by the waiting mark (NOWAIT: no deadlock wait)
+            claim.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE NOWAIT", (ids[-1],))
+        finally:
+            claim.rollback()
+            marking.join(10)
+    assert found == [(True, 20)]
 
 
 async def test_twenty_concurrent_ensure_group_calls_all_succeed(settings: Settings, redis: aioredis.Redis) -> None:
