@@ -166,10 +166,17 @@ EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox WHERE published_at IS NULL AND state 
 
 RELAY_ANALYZE: LiteralString = "ANALYZE outbox"
 
+# Locked in id order first, like the marks above.
 RELAY_MARK_EXPIRED: LiteralString = """
+WITH locked AS MATERIALIZED (
+    SELECT ctid FROM outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
+       AND expires_at < now()
+     ORDER BY id
+       FOR UPDATE
+)
 UPDATE outbox SET state = 'expired', finished_at = now()
- WHERE id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
-   AND expires_at < now()
+ WHERE ctid = ANY(ARRAY(SELECT ctid FROM locked))
 """
 
 # Seconds until the next delayed row is due (NULL: none waiting).
@@ -370,9 +377,17 @@ UPDATE outbox SET result = %(result)s::jsonb, result_expires_at = now() + make_i
 WORKER_NOTIFY_RESULTS: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
 
 # Lease renewal for the jobs a worker is running; returns the ids still ours.
+# Locked in id order first, as claims, outcomes and the relay's marks lock: the
+# same worker's outcome statement may be locking some of these rows right now.
 WORKER_RENEW_LEASES: LiteralString = """
+WITH locked AS MATERIALIZED (
+    SELECT ctid FROM outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND claimed_by = %(worker)s AND state = 'running'
+     ORDER BY id
+       FOR UPDATE
+)
 UPDATE outbox SET lease_until = now() + make_interval(secs => %(lease)s)
- WHERE id = ANY(%(ids)s::int8[]) AND claimed_by = %(worker)s AND state = 'running'
+ WHERE ctid = ANY(ARRAY(SELECT ctid FROM locked))
 RETURNING id
 """
 

@@ -122,10 +122,16 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
 
 
 @pytest.mark.parametrize(
-    ("statement", "state"), [(sql.RELAY_MARK_PUBLISHED, "pending"), (sql.RELAY_MARK_REPUBLISHED, "queued")]
+    ("statement", "state", "expected"),
+    [
+        (sql.RELAY_MARK_PUBLISHED, "pending", [(True, 20)]),
+        (sql.RELAY_MARK_REPUBLISHED, "queued", [(True, 20)]),
+        (sql.RELAY_MARK_EXPIRED, "pending", 20),
+        (sql.WORKER_RENEW_LEASES, "running", "every id"),
+    ],
 )
 def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncate(
-    conn: psycopg.Connection[Any], database_url: str, statement: LiteralString, state: str
+    conn: psycopg.Connection[Any], database_url: str, statement: LiteralString, state: str, expected: Any
 ) -> None:
     """A worker's claim locks rows in id order; the relay's marks must too, whatever their plan.
 
@@ -135,9 +141,11 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
     must hold none of the others, or that claim's next lock is a deadlock.
     """
     conn.execute(
-        """INSERT INTO outbox (queue, task, state, published_at)
-           SELECT 'default', 'noop', %s, CASE WHEN %s = 'queued' THEN now() END FROM generate_series(1, 20000)""",
-        (state, state),
+        """INSERT INTO outbox (queue, task, state, published_at, claimed_by, expires_at)
+           SELECT 'default', 'noop', %(state)s, CASE WHEN %(state)s <> 'pending' THEN now() END,
+                  CASE WHEN %(state)s = 'running' THEN 'w1' END, now() - interval '1 hour'
+             FROM generate_series(1, 20000)""",
+        {"state": state},
     )
     conn.execute("ANALYZE outbox")
     conn.execute("TRUNCATE outbox, job_attempts, processed_jobs")
@@ -150,17 +158,24 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
     ids = list(range(row[0] + 20, row[0], -1))
     for job_id in ids:  # highest id first in the heap
         conn.execute(
-            """INSERT INTO outbox (id, queue, task, state, published_at) OVERRIDING SYSTEM VALUE
-               VALUES (%s, 'default', 'noop', %s, CASE WHEN %s = 'queued' THEN now() END)""",
-            (job_id, state, state),
+            """INSERT INTO outbox (id, queue, task, state, published_at, claimed_by, expires_at)
+               OVERRIDING SYSTEM VALUE
+               VALUES (%(id)s, 'default', 'noop', %(state)s, CASE WHEN %(state)s <> 'pending' THEN now() END,
+                       CASE WHEN %(state)s = 'running' THEN 'w1' END, now() - interval '1 hour')""",
+            {"id": job_id, "state": state},
         )
     conn.commit()
     ids.sort()
     found: list[Any] = []
     with psycopg.connect(database_url) as claim, psycopg.connect(database_url, autocommit=True) as relay_conn:
         claim.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (ids[0],))
-        params = {"ids": ids, "sids": [f"1-{i}" for i in ids], "term": None}
-        marking = threading.Thread(target=lambda: found.append(relay_conn.execute(statement, params).fetchone()))
+        params = {"ids": ids, "sids": [f"1-{i}" for i in ids], "term": None, "worker": "w1", "lease": 30}
+
+        def mark() -> None:
+            cur = relay_conn.execute(statement, params)
+            found.append(sorted(cur.fetchall()) if cur.description else cur.rowcount)
+
+        marking = threading.Thread(target=mark)
         marking.start()
         try:
             pid = relay_conn.info.backend_pid
@@ -177,7 +192,14 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
         finally:
             claim.rollback()
             marking.join(10)
-    assert found == [(True, 20)]
+    if expected == "every id":
+        expected = [(i,) for i in ids]
+    assert found == [expected]
+    if statement is sql.RELAY_MARK_EXPIRED:
+        assert conn.execute("SELECT count(*) FROM outbox WHERE state = 'expired'").fetchone() == (20,)
+    if statement is sql.WORKER_RENEW_LEASES:
+        renewed = "SELECT count(*) FROM outbox WHERE lease_until > now() + interval '20 s'"
+        assert conn.execute(renewed).fetchone() == (20,)
 
 
 async def test_twenty_concurrent_ensure_group_calls_all_succeed(settings: Settings, redis: aioredis.Redis) -> None:
