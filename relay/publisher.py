@@ -28,7 +28,7 @@ from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from jobs import events, sql
+from jobs import events, pgarray, sql
 from jobs.streams import GROUP, events_channel, stream_key
 from relay import resp
 from relay.leader import LeadershipLost
@@ -207,7 +207,8 @@ class Publisher:
         if ids and self.before_mark is not None:
             await self.before_mark(ids)
         if ids:
-            cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": self.term})
+            params = {"ids": pgarray.ints(ids), "sids": pgarray.words(sids), "term": self.term}
+            cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, params)
             result.marked = await check_term(cur, self.term)
         result.published = ids
 

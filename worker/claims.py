@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from jobs import sql
+from jobs import pgarray, sql
 from worker.delivery import Delivery, Job
 
 
@@ -34,7 +34,7 @@ async def claim(
         return batch
     ids = sorted({d.job_id for d in deliveries})
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.WORKER_CLAIM, {"ids": ids, "worker": worker_id, "lease": lease})
+        cur = await conn.execute(sql.WORKER_CLAIM, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease})
         rows = {row[0]: row for row in await cur.fetchall()}
         running: set[int] = set()
         reclaimed_left = [d.job_id for d in deliveries if d.reclaimed and d.job_id not in rows]
