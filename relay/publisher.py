@@ -1,7 +1,7 @@
 """Publishing: due outbox rows → XADD to their (queue, priority) stream → mark published.
 
 One batch is three round trips: one SELECT (due, unpublished, in id order), one
-Redis write of the whole batch (an XADD per row, encoded by :mod:`relay.resp`,
+Redis write of the whole batch (an XADD per row, encoded by :mod:`jobs.resp`,
 plus a best-effort ``published`` event per row while anyone subscribes to the
 events channel), one UPDATE marking the whole batch with ``unnest`` arrays. The
 SELECT and the UPDATE run on the leader's lock session (see :mod:`relay.leader`).
@@ -28,9 +28,8 @@ from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from jobs import events, pgarray, sql
+from jobs import events, pgarray, resp, sql
 from jobs.streams import GROUP, events_channel, stream_key
-from relay import resp
 from relay.leader import LeadershipLost
 
 log = logging.getLogger("postbox.relay")
@@ -118,7 +117,7 @@ class Publisher:
             self.known_groups.add(key)
 
     async def xadd_rows(self, rows: Sequence[Row]) -> tuple[list[int], list[str], list[int]]:
-        """XADD each row, all in one write (see :mod:`relay.resp`). Returns (ids added, entry ids, ids refused)."""
+        """XADD each row, all in one write (see :mod:`jobs.resp`). Returns (ids added, entry ids, ids refused)."""
         if not rows:
             return [], [], []
         keys = [stream_key(self.prefix, row[1], row[5]) for row in rows]

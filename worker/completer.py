@@ -22,12 +22,13 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from jobs import events, pgarray, sql
+from jobs import events, pgarray, resp, sql
 from jobs.streams import GROUP, events_channel
 from worker.delivery import Delivery, Job
 from worker.outcomes import Outcome
 
 log = logging.getLogger("postbox.worker.completer")
+_GROUP = GROUP.encode()
 
 EVENT_OF_STATE = {"succeeded": "succeeded", "retrying": "retrying", "dead": "dead", "cancelled": "cancelled"}
 
@@ -294,14 +295,17 @@ class Completer:
     async def _acknowledge(self, acks: dict[str, list[bytes]], pending_events: list[bytes]) -> None:
         if not acks and not pending_events:
             return
+        # One buffer, one write, one deadline (jobs/resp.py): redis-py's pipeline packed
+        # each command and read each reply under its own timeout, per batch.
+        commands: list[bytes] = []
+        for stream, ids in acks.items():
+            key = stream.encode()
+            commands.append(resp.command(b"XACK", key, _GROUP, *ids))
+            commands.append(resp.command(b"XDEL", key, *ids))
+        channel = self._channel.encode()
+        commands.extend(resp.publish(channel, payload) for payload in pending_events)
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for stream, ids in acks.items():
-                    pipe.xack(stream, GROUP, *ids)
-                    pipe.xdel(stream, *ids)
-                for payload in pending_events:  # plain PUBLISH: no script, so no SCRIPT EXISTS round trip
-                    pipe.publish(self._channel, payload)
-                await pipe.execute(raise_on_error=False)
+            await resp.send_batch(self._redis, b"".join(commands), len(commands))
         except Exception:
             # The outcomes are committed; unacknowledged entries are reclaimed
             # later and skipped as finished. Nothing is lost.

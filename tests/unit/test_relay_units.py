@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from redis.connection import Connection
 
+from jobs import resp
 from jobs.streams import encode_entry
-from relay import resp
 from relay.reconciler import RateLimiter
 
 

@@ -1,4 +1,6 @@
-"""RESP encoding of the relay's hot-path commands (XADD, PUBLISH), and sending a batch of them.
+"""RESP encoding of the hot-path Redis commands, and sending a batch of them.
+
+The relay's XADD and the worker's XACK, XDEL and PUBLISH go through here.
 
 redis-py's generic command packing costs ~50 µs per XADD of nine fields, more
 than everything else the relay does per row. The relay's commands have a fixed
