@@ -16,6 +16,7 @@ import logging
 import random
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -71,6 +72,8 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         self.capacity = Capacity(settings.concurrency)
         self.running: dict[int, Job] = {}  # claimed attempts whose outcome is not yet acknowledged
+        self.executing = 0  # handlers running now (the in-flight gauge reads it when scraped)
+        self.metrics.in_flight.set_function(lambda: self.executing)
         self.paused: set[str] = set()
         self.processed = 0
         self.failed = 0
@@ -403,7 +406,7 @@ class Worker:
 
     async def _execute(self, job: Job) -> None:
         started = time.monotonic()
-        self.metrics.in_flight.inc()
+        self.executing += 1
         try:
             outcome = await self._executor.run(job)
         except asyncio.CancelledError:
@@ -413,12 +416,13 @@ class Worker:
             raise
         finally:
             self.capacity.release(1)
-            self.metrics.in_flight.dec()
+            self.executing -= 1
         d = job.delivery
         self.metrics.observe_duration(d.queue, d.task, time.monotonic() - started)
         self._completer.add(Finished(d, job, outcome))
 
     def _on_done(self, items: list[Finished]) -> None:
+        counts: Counter[tuple[str, str, str]] = Counter()  # one metric update per label set and batch
         for f in items:
             d = f.delivery
             if f.job is None:
@@ -430,13 +434,15 @@ class Worker:
             outcome = f.outcome
             assert outcome is not None
             kind = outcome.kind if f.recorded else "lost"
-            self.metrics.count(d.queue, d.task, outcome.metric if f.recorded else "lost")
+            counts[d.queue, d.task, outcome.metric if f.recorded else "lost"] += 1
             if f.recorded:
                 if outcome.state in ("succeeded", "cancelled"):
                     self.processed += 1
                 else:
                     self.failed += 1
             fire(self.signals.finished, (d.job_id, kind))
+        for (queue, task, metric), amount in counts.items():
+            self.metrics.count(queue, task, metric, amount)
 
     # --- periodic --------------------------------------------------------------------
 

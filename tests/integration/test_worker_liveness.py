@@ -154,3 +154,20 @@ async def test_lifecycle_events_are_published_only_while_someone_subscribes(
         finally:
             await pubsub.aclose()
             await redis.aclose()
+
+
+async def test_in_flight_gauge_follows_running_handlers_and_outcomes_count_per_batch(
+    settings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    aconn = effects
+    s = worker_settings(settings)
+    for i in range(3):
+        await enqueue(aconn, t.w_slow_effect, {"seconds": 0.5, "label": f"g{i}"})
+    async with running_worker(s) as worker:
+        registry = worker.metrics.registry
+        await publish_due(aconn, redis, s.redis_prefix)
+        await wait_until(lambda: registry.get_sample_value("postbox_worker_in_flight") == 3, 10)
+        assert sorted(kind for _, kind in await finished(worker, 3)) == ["succeeded"] * 3
+        assert registry.get_sample_value("postbox_worker_in_flight") == 0
+        succeeded = {"queue": t.QUEUE, "task": "w_slow_effect", "outcome": "succeeded"}
+        assert registry.get_sample_value("postbox_worker_jobs_total", succeeded) == 3
