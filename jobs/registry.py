@@ -93,10 +93,10 @@ class TaskSpec:
     def call_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Args as the handler receives them (validated, typed, defaults applied)."""
         try:
-            model = self.args_model.model_validate(dict(args))
+            model = self.args_model.model_validate(args if type(args) is dict else dict(args))
         except ValidationError as exc:
             raise InvalidArgsError(f"invalid args for task {self.name!r}: {exc.errors()[0]['msg']}") from None
-        return {name: getattr(model, name) for name in type(model).model_fields}
+        return dict(model.__dict__)  # the declared fields (extras live in __pydantic_extra__)
 
 
 class Registry:

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
+from jobs import resp
 from jobs.streams import GROUP
 from worker.delivery import Delivery, parse_delivery
 
@@ -73,6 +74,29 @@ class Consumer:
         self._redis = redis
         self._consumer = consumer
         self._script = redis.register_script(READ_SCRIPT)
+        self._tail = b"%b%b" % (resp.bulk(GROUP.encode()), resp.bulk(consumer.encode()))
+
+    async def _run_script(self, streams: Sequence[str], count: int) -> Any:
+        """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
+
+        redis-py's Script call packs the command generically and reads the
+        reply under its own timeout; this runs once per read, so once per
+        claimed batch. A server without the script (restarted, flushed) gets it
+        loaded and the call repeated.
+        """
+        keys = [key.encode() for key in streams]
+        head = b"*%d\r\n$7\r\nEVALSHA\r\n%b%b" % (
+            6 + len(keys), resp.bulk(self._script.sha.encode()), resp.bulk(b"%d" % len(keys))
+        )
+        payload = head + b"".join(resp.bulk(key) for key in keys) + self._tail + resp.bulk(b"%d" % count)
+        for attempt in (1, 2):
+            [reply] = await resp.send_batch(self._redis, payload, 1)
+            if not isinstance(reply, ResponseError):
+                return reply
+            if attempt == 1 and isinstance(reply, NoScriptError):
+                await self._redis.script_load(READ_SCRIPT)
+                continue
+            raise reply
 
     async def read(
         self, streams: Sequence[str], count: int
@@ -82,13 +106,13 @@ class Consumer:
         Tails are empty when ``count`` entries were found (more may be waiting).
         """
         try:
-            reply: Any = await self._script(keys=list(streams), args=[GROUP, self._consumer, count])
+            reply: Any = await self._run_script(streams, count)
         except ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             log.warning("consumer group missing (Redis lost data?); recreating it from 0")
             await ensure_groups(self._redis, streams)
-            reply = await self._script(keys=list(streams), args=[GROUP, self._consumer, count])
+            reply = await self._run_script(streams, count)
         found, tails = reply
         deliveries: list[Delivery] = []
         malformed: list[tuple[str, bytes]] = []

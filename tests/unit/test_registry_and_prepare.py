@@ -154,3 +154,12 @@ def test_args_that_are_not_json_are_refused() -> None:
         enq.prepare("anything", {"value": object()}, registry=registry, limits=LIMITS)
     row = enq.prepare("anything", {"value": {"nested": [1, 2.5, None, "é"]}}, registry=registry, limits=LIMITS)
     assert row.args == '{"value":{"nested":[1,2.5,null,"é"]}}'
+
+
+def test_call_args_are_typed_with_defaults_and_nothing_else() -> None:
+    spec = jobs.default_registry.get("send_welcome")
+    assert spec.call_args({"user_id": "7"}) == {"user_id": 7, "lang": "en"}
+    with pytest.raises(errors.InvalidArgsError):
+        spec.call_args({"user_id": 7, "unexpected": 1})
+    with pytest.raises(errors.InvalidArgsError):
+        spec.call_args({})

@@ -1,0 +1,43 @@
+"""The worker's read script, sent as a raw EVALSHA: priority order, count, tails, a lost script or group."""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+
+from jobs.streams import encode_entry, stream_key
+from tests.harness.redis_server import RedisServer
+from worker.consumer import Consumer, ensure_groups
+
+
+async def add(client: aioredis.Redis, key: str, job_id: int, priority: int) -> bytes:
+    fields = encode_entry(
+        job_id=job_id, task="t", args="{}", headers="{}", attempt=0, queue="q", priority=priority,
+        enqueued_ms=1, published_ms=2,
+    )  # fmt: skip
+    return await client.xadd(key, fields)  # type: ignore[arg-type]
+
+
+async def test_reads_highest_priority_first_up_to_count_then_reports_tails(private_redis: RedisServer) -> None:
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=5)
+    high, low = stream_key("p", "q", 9), stream_key("p", "q", 1)
+    try:
+        await ensure_groups(client, [high, low])
+        for job_id in (1, 2):
+            await add(client, low, job_id, 1)
+        last_high = await add(client, high, 3, 9)
+        consumer = Consumer(client, consumer="worker-c0ffee00")
+        got, malformed, tails = await consumer.read([high, low], 2)
+        assert [(d.stream, d.job_id) for d in got] == [(high, 3), (low, 1)] and malformed == []
+        assert tails == {}  # the count was reached: more may be waiting
+        got, _, tails = await consumer.read([high, low], 5)
+        assert [d.job_id for d in got] == [2]
+        assert tails[high] == last_high.decode() and set(tails) == {high, low}
+
+        # Redis restarted without the script and without the streams' groups: both come back
+        await client.script_flush()
+        await client.delete(high, low)
+        await add(client, low, 4, 1)
+        got, _, _ = await consumer.read([high, low], 5)
+        assert [d.job_id for d in got] == [4]
+    finally:
+        await client.aclose()
