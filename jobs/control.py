@@ -586,7 +586,8 @@ async def purge_dead(
                 details={"queue": queue, "would_purge": count},
             )
         await cur.execute(sql.OPS_PURGE, params)
-        purged = cur.rowcount
+        row = await cur.fetchone()
+        purged = int(row[0]) if row is not None else 0
         await record_audit(
             conn,
             actor,

@@ -4,7 +4,7 @@ Three kinds of rows, each pruned by its own statement (``jobs.sql`` retention):
 
 - ``finished``: outbox rows in succeeded, cancelled or expired whose
   ``finished_at`` is older than ``retention_finished_days``; their
-  ``job_attempts`` go with them (ON DELETE CASCADE), and so do their results
+  ``job_attempts`` go with them (in the same statement), and so do their results
   and dedup keys. Dead letters are never pruned here: they stay until an
   operator discards and purges them (``postbox dlq purge``).
 - ``processed``: ``processed_jobs`` markers older than

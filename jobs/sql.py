@@ -594,11 +594,19 @@ SELECT count(*) FROM outbox
    AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
 """
 
+# The purged jobs' attempts go in the same statement (job_attempts has no foreign
+# key to the outbox: migration 0003). Returns how many jobs were purged.
 OPS_PURGE: LiteralString = """
-DELETE FROM outbox
- WHERE queue = %(queue)s AND state = 'dead'
-   AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
-   AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
+WITH gone AS (
+    DELETE FROM outbox
+     WHERE queue = %(queue)s AND state = 'dead'
+       AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
+       AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
+    RETURNING id
+), history AS (
+    DELETE FROM job_attempts a USING gone g WHERE a.outbox_id = g.id
+)
+SELECT count(*) FROM gone
 """
 
 OPS_INSERT_AUDIT: LiteralString = """
@@ -623,7 +631,8 @@ SELECT version_num FROM alembic_version
 # production (the database clock) and a fixed time in tests.)
 
 # Finished jobs (never dead letters: those wait for an operator's discard + purge).
-# job_attempts go with them (ON DELETE CASCADE); results live in the outbox row.
+# Their job_attempts go in the same statement (no foreign key: migration 0003);
+# results live in the outbox row.
 RETENTION_DELETE_FINISHED: LiteralString = """
 WITH doomed AS (
     SELECT id FROM outbox
@@ -632,9 +641,13 @@ WITH doomed AS (
      ORDER BY finished_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM outbox o USING doomed d WHERE o.id = d.id
+    RETURNING o.id
+), history AS (
+    DELETE FROM job_attempts a USING gone g WHERE a.outbox_id = g.id
 )
-DELETE FROM outbox o USING doomed d WHERE o.id = d.id
-RETURNING o.id
+SELECT id FROM gone
 """
 
 RETENTION_COUNT_FINISHED: LiteralString = """

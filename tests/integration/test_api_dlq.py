@@ -136,6 +136,8 @@ def test_purge_needs_confirm_and_respects_age_and_queue(client: TestClient, conn
     left = {row[0] for row in conn.execute("SELECT id FROM outbox").fetchall()}
     assert left == {young, elsewhere}
     assert conn.execute("SELECT count(*) FROM job_attempts WHERE outbox_id = %s", (old,)).fetchone() == (0,)
+    kept = "SELECT count(*) FROM job_attempts WHERE outbox_id = ANY(%s)"
+    assert conn.execute(kept, ([young, elsewhere],)).fetchone() == (4,)  # the purge took only its own jobs' history
     conn.commit()
     # discarded_only: only discarded rows go
     client.post(f"/api/v1/dlq/{young}/discard")

@@ -39,3 +39,18 @@ def test_up_down_up(empty_database_url: str) -> None:
         ).fetchone()[0]  # type: ignore[index]
     for state in ("pending", "queued", "running", "retrying", "succeeded", "dead", "cancelled", "expired"):
         assert f"'{state}'" in states
+
+
+def test_0003_drops_the_attempts_key_and_its_downgrade_restores_it_without_orphans(empty_database_url: str) -> None:
+    fk = "SELECT count(*) FROM pg_constraint WHERE conname = 'job_attempts_outbox_id_fkey'"
+    migrate.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert conn.execute(fk).fetchone() == (0,)
+        conn.execute("INSERT INTO outbox (queue, task) VALUES ('default', 'noop')")
+        conn.execute("INSERT INTO job_attempts (outbox_id, attempt) SELECT id, 1 FROM outbox")
+        conn.execute("INSERT INTO job_attempts (outbox_id, attempt) VALUES (999999, 1)")  # an orphan
+    migrate.downgrade(empty_database_url, "0002_stagedoor")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert conn.execute(fk).fetchone() == (1,)
+        assert conn.execute("SELECT count(*) FROM job_attempts").fetchone() == (1,)
+    migrate.upgrade(empty_database_url)

@@ -131,7 +131,7 @@ def test_prune_removes_exactly_the_rows_past_retention_in_batches(
     assert remaining == world["kept"]
     assert not remaining & world["old_finished"]
     assert ids(conn, "SELECT id FROM outbox WHERE state = 'dead'") == world["dead"]
-    # attempts went with their jobs (cascade); the kept ones' history is intact
+    # attempts went with their jobs (same statement); the kept ones' history is intact
     assert ids(conn, "SELECT DISTINCT outbox_id FROM job_attempts") == ids(
         conn, "SELECT id FROM outbox WHERE attempts > 0"
     )
