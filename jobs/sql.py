@@ -259,7 +259,8 @@ SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
 # The verdict: run it, or end it at once (expired; attempts used up by lost runs).
 WORKER_CLAIM: LiteralString = """
 WITH locked AS (
-    SELECT o.id, o.state AS old_state, o.attempts AS old_attempts,
+    SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
+           o.started_at AS old_started_at,
            CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
                 WHEN o.attempts >= o.max_attempts THEN 'dead'
                 ELSE 'running' END AS verdict
@@ -292,14 +293,15 @@ WITH locked AS (
      WHERE o.id = l.id
  RETURNING o.id, o.state, o.attempts, o.max_attempts, o.timeout_seconds, o.keep_result,
            (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms, l.old_state, l.old_attempts
-), history AS (
-    INSERT INTO job_attempts (outbox_id, attempt, worker_id)
-    SELECT id, attempts, %(worker)s FROM claimed WHERE state = 'running'
-    ON CONFLICT (outbox_id, attempt) DO NOTHING
 ), lost AS (
-    UPDATE job_attempts a SET finished_at = now(), outcome = 'lost'
-      FROM locked l
-     WHERE l.old_state = 'running' AND a.outbox_id = l.id AND a.attempt = l.old_attempts AND a.finished_at IS NULL
+    -- An attempt's history row is written when it ends: by its outcome, or here,
+    -- when a claim takes over a run whose lease went stale. A running attempt has
+    -- no row yet (OPS_JOB_HISTORY shows it from the outbox row).
+    INSERT INTO job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+    SELECT id, old_attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+      FROM locked WHERE old_state = 'running'
+    ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+     WHERE a.finished_at IS NULL
 )
 -- The claim commits without waiting for its WAL flush (set_config is local to this
 -- statement's transaction): handlers start sooner, and the outcome's synchronous
@@ -345,13 +347,17 @@ WITH fenced AS (
            last_error = coalesce((%(errors)s::text[])[f.i], j.last_error)
       FROM fenced f
      WHERE j.id = f.id AND j.attempts = (%(attempts)s::int4[])[f.i]
- RETURNING j.id, j.state, j.attempts, f.i
+ RETURNING j.id, j.state, j.attempts, f.i, j.started_at
 ), history AS (
-    UPDATE job_attempts a
-       SET finished_at = now(), outcome = (%(outcomes)s::text[])[d.i],
-           error_class = (%(error_classes)s::text[])[d.i], error = (%(errors)s::text[])[d.i]
+    -- One row per ended attempt, written once. ON CONFLICT: a row written at the
+    -- claim by an older postbox (before migration 0003), finished here.
+    INSERT INTO job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error)
+    SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, now()), now(), (%(outcomes)s::text[])[d.i],
+           (%(error_classes)s::text[])[d.i], (%(errors)s::text[])[d.i]
       FROM done d
-     WHERE a.outbox_id = d.id AND a.attempt = d.attempts
+    ON CONFLICT (outbox_id, attempt) DO UPDATE
+       SET finished_at = excluded.finished_at, outcome = excluded.outcome,
+           error_class = excluded.error_class, error = excluded.error
 ), woken AS (
     -- Off inside a handler's ctx.transaction(): PostgreSQL serializes the commits
     -- of transactions that NOTIFY, which would undo group commit across jobs.
@@ -396,7 +402,7 @@ RETURNING id
 # rows under a stale claim too (their lost attempt stays counted).
 WORKER_REPUBLISH_LOST: LiteralString = """
 WITH target AS (
-    SELECT id, state AS old_state, attempts
+    SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
       FROM outbox
      WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
        AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
@@ -409,9 +415,11 @@ WITH target AS (
      WHERE o.id = t.id
  RETURNING o.id
 ), lost AS (
-    UPDATE job_attempts a SET finished_at = now(), outcome = 'lost'
-      FROM target t
-     WHERE t.old_state = 'running' AND a.outbox_id = t.id AND a.attempt = t.attempts AND a.finished_at IS NULL
+    INSERT INTO job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+    SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+      FROM target WHERE old_state = 'running'
+    ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+     WHERE a.finished_at IS NULL
 )
 SELECT id FROM rescued
 """
@@ -457,9 +465,16 @@ SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, ava
   FROM outbox WHERE id = %(id)s
 """
 
+# Ended attempts from job_attempts, and the attempt running now from the outbox
+# row (its history row is written when it ends).
 OPS_JOB_HISTORY: LiteralString = """
 SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error
   FROM job_attempts WHERE outbox_id = %(id)s
+UNION ALL
+SELECT o.attempts, o.claimed_by, o.started_at, NULL, NULL, NULL, NULL
+  FROM outbox o
+ WHERE o.id = %(id)s AND o.state = 'running'
+   AND NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
  ORDER BY started_at, attempt
 """
 

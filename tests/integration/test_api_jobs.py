@@ -142,6 +142,25 @@ def test_get_job_with_history_and_404(client: TestClient, conn: psycopg.Connecti
     assert client.get("/api/v1/jobs/abc").status_code == 422
 
 
+def test_history_shows_the_running_attempt_from_the_outbox_row(
+    client: TestClient, conn: psycopg.Connection[Any]
+) -> None:
+    """An attempt's history row is written when it ends; until then the outbox row stands for it."""
+    job_id = insert_job(conn, state="running", attempts=2, claimed_by="worker-0000beef")
+    conn.execute("UPDATE outbox SET started_at = now() WHERE id = %s", (job_id,))
+    conn.execute(
+        "INSERT INTO job_attempts (outbox_id, attempt, worker_id, started_at, finished_at, outcome)"
+        " VALUES (%s, 1, 'worker-0000dead', now() - interval '1 minute', now() - interval '30 s', 'lost')",
+        (job_id,),
+    )
+    conn.commit()
+    history = client.get(f"/api/v1/jobs/{job_id}").json()["history"]
+    assert [(h["attempt"], h["worker_id"], h["outcome"], h["finished_at"] is None) for h in history] == [
+        (1, "worker-0000dead", "lost", False),
+        (2, "worker-0000beef", None, True),
+    ]
+
+
 def test_list_newest_first_with_cursor_and_filters(client: TestClient, conn: psycopg.Connection[Any]) -> None:
     ids = [insert_job(conn) for _ in range(5)]
     other = insert_job(conn, task="api_sum", queue="other", state="dead")
