@@ -72,9 +72,8 @@ def _text(value: bytes | str) -> str:
 class Consumer:
     def __init__(self, redis: Redis, *, consumer: str) -> None:
         self._redis = redis
-        self._consumer = consumer
         self._script = redis.register_script(READ_SCRIPT)
-        self._tail = b"%b%b" % (resp.bulk(GROUP.encode()), resp.bulk(consumer.encode()))
+        self._group_and_consumer = (GROUP.encode(), consumer.encode())
 
     async def _run_script(self, streams: Sequence[str], count: int) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
@@ -85,10 +84,9 @@ class Consumer:
         loaded and the call repeated.
         """
         keys = [key.encode() for key in streams]
-        head = b"*%d\r\n$7\r\nEVALSHA\r\n%b%b" % (
-            6 + len(keys), resp.bulk(self._script.sha.encode()), resp.bulk(b"%d" % len(keys))
+        payload = resp.command(
+            b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer, b"%d" % count
         )
-        payload = head + b"".join(resp.bulk(key) for key in keys) + self._tail + resp.bulk(b"%d" % count)
         for attempt in (1, 2):
             [reply] = await resp.send_batch(self._redis, payload, 1)
             if not isinstance(reply, ResponseError):
