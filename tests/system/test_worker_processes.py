@@ -193,7 +193,10 @@ def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
     assert db.execute(
         "SELECT attempt, outcome FROM job_attempts WHERE outbox_id = %s ORDER BY attempt", (poison,)
     ).fetchall() == [(1, "lost"), (2, "lost"), (3, "lost")]
-    assert one(db, "SELECT max(attempts) FROM outbox") <= 3
+    # A job read in the same batch as the poison dies with its process and is reclaimed
+    # with it (the dead consumer's pending entries come back together): each crash can
+    # cost such a job one attempt, never more; none of them is lost for good.
+    assert one(db, "SELECT max(attempts) FROM outbox WHERE id <> %s", (poison,)) <= deaths + 1
 
 
 def test_sigterm_with_a_job_in_flight_finishes_it_and_exits_0(fleet: Fleet, db: psycopg.Connection[Any]) -> None:
