@@ -281,15 +281,14 @@ def _prepare_batch(
         group[1].append(index)
         group[2].append(args)
         plan.append(template)
-    rows = plan
     for spec, indexes, arg_list in groups.values():
         serializer = spec.args_model.__pydantic_serializer__
         for index, model in zip(indexes, spec.validate_args_list(arg_list), strict=True):
             payload = serializer.to_json(model, exclude_unset=True)
             if len(payload) > limit:
                 raise PayloadTooLargeError("over the limit")
-            rows[index] = _with_args(plan[index], payload.decode())
-    return rows
+            plan[index] = _with_args(plan[index], payload.decode())
+    return plan
 
 
 def _prepare_each(

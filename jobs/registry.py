@@ -51,10 +51,6 @@ class TaskSpec:
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 
-    def validate_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """Validated args as JSON-ready values; raises :class:`InvalidArgsError`."""
-        return self._validated(args).model_dump(mode="json", exclude_unset=True)
-
     def args_json(self, args: Mapping[str, Any]) -> bytes:
         """Validated args as compact JSON (what the outbox stores); raises :class:`InvalidArgsError`.
 

@@ -19,8 +19,6 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-_CRLF = b"\r\n"
-
 
 def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
