@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from app.bench import machine
 from app.bench.params import Params
@@ -21,6 +22,9 @@ from app.bench.report import Figure, Report, render
 from app.bench.sandbox import Sandbox, sandbox
 from jobs.errors import SettingsError
 from jobs.settings import load_settings
+
+if TYPE_CHECKING:
+    from app.bench.peers import Peer, PeerDrain
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
 
@@ -73,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
 ScenarioRun = Callable[[Sandbox, str, Params, Progress], list[Figure]]
 
 
-def _scenario(name: str) -> ScenarioRun:
+def _scenario(name: str, between: Callable[[int], None] | None = None) -> ScenarioRun:
     # Imported on demand: `bench enqueue` needs neither relay nor worker.
     if name == "enqueue":
         from app.bench import enqueue
@@ -86,12 +90,22 @@ def _scenario(name: str) -> ScenarioRun:
     if name == "worker":
         from app.bench.worker import run as run_worker
 
-        return run_worker
+        return lambda box, url, params, progress: run_worker(box, url, params, progress, between)
     if name == "latency":
         from app.bench.latency import run as run_latency
 
         return run_latency
     raise ValueError(f"unknown scenario {name!r}")
+
+
+def _peer_reps(drains: Sequence[PeerDrain]) -> Callable[[int], None]:
+    """After postbox's 1-process run of repetition ``rep``: the same repetition of each peer."""
+
+    def run(rep: int) -> None:
+        for drain in drains:
+            drain.rep(rep)
+
+    return run
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -127,10 +141,24 @@ def main(argv: Sequence[str]) -> int:
     with sandbox(database_url, redis_url) as box:
         progress.say(f"sandbox: database postbox_bench_{box.token}, redis prefix {box.prefix}")
         bench_url = box.database()
+        peers: list[Peer] = []
+        drains: list[PeerDrain] = []
+        if params.peers:
+            from app.bench import peers as peer_runs
+
+            progress.say("peers: installing")
+            peers = peer_runs.prepare_peers(box, params, progress, report)
+            if "worker" in names:
+                drains = [peer_runs.PeerDrain(peer, params, progress, report) for peer in peers]
         for name in names:
             progress.say(f"scenario {name}")
+            between = None
+            if name == "worker" and drains:
+                for drain in drains:
+                    drain.warm_up()
+                between = _peer_reps(drains)
             try:
-                for figure in _scenario(name)(box, bench_url, params, progress):
+                for figure in _scenario(name, between)(box, bench_url, params, progress):
                     report.add(figure)
             except KeyboardInterrupt:
                 raise
@@ -138,10 +166,12 @@ def main(argv: Sequence[str]) -> int:
                 failed = True
                 report.notes.append(f"{name}: failed: {type(exc).__name__}: {exc}")
                 progress.say(f"scenario {name} failed: {type(exc).__name__}: {exc}")
-        if params.peers:
-            from app.bench.peers import run_peers
-
-            run_peers(box, names, params, progress, report)
+        for drain in drains:
+            report.add(drain.figure)
+        if peers and "latency" in names:
+            peer_runs.run_latency(peers, params, progress, report)
+        elif params.peers and not {"worker", "latency"} & set(names):
+            report.notes.append("peers: only the worker and latency scenarios have peer runs")
         # The report first: dropping databases can wait on the server (DROP DATABASE needs
         # every backend of the cluster to answer a barrier), and the figures must not wait with it.
         if args.json:

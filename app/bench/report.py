@@ -3,7 +3,11 @@
 A :class:`Figure` is one measured quantity of one system (postbox or a peer)
 with one value per repetition; the table shows its median, min and max, the
 target it is held to, and, for peers, the postbox/peer ratio of the same
-figure.  Rendering is pure (strings in, strings out) so it is unit-tested.
+figure.  Where a peer's repetitions alternated with postbox's (``paired``:
+repetition i of each ran back to back), the ratio is the median of the
+per-repetition ratios, so a machine that drifts over minutes moves both sides
+of each ratio alike; otherwise it is the ratio of the medians.  Rendering is
+pure (strings in, strings out) so it is unit-tested.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Figure:
     system: str = POSTBOX
     target: Target | None = None
     higher_is_better: bool = True
+    paired: bool = False  # a peer's repetition i ran right after postbox's repetition i
 
     @property
     def spread(self) -> Spread:
@@ -64,6 +69,30 @@ class Figure:
         return out
 
 
+@dataclass(frozen=True)
+class Ratio:
+    """postbox / peer for one figure: the median of paired ratios, or of the medians."""
+
+    mine: Figure
+    peer: Figure
+    value: float
+    low: float | None = None  # range of the per-repetition ratios (paired figures only)
+    high: float | None = None
+
+    @property
+    def paired(self) -> bool:
+        return self.low is not None
+
+    @classmethod
+    def of(cls, mine: Figure, peer: Figure) -> Ratio:
+        if peer.paired and len(mine.values) == len(peer.values) and all(peer.values):
+            each = [m / p for m, p in zip(mine.values, peer.values, strict=True)]
+            spread = Spread.of(each)
+            return cls(mine, peer, spread.median, spread.low, spread.high)
+        denominator = peer.spread.median
+        return cls(mine, peer, mine.spread.median / denominator if denominator else float("inf"))
+
+
 @dataclass
 class Report:
     machine: Mapping[str, Any]
@@ -75,18 +104,14 @@ class Report:
         self.figures.append(figure)
         return figure
 
-    def ratios(self) -> list[tuple[Figure, Figure, float]]:
-        """(postbox figure, peer figure, postbox median / peer median) for every peer figure."""
+    def ratios(self) -> list[Ratio]:
+        """postbox / peer for every peer figure that postbox also measured."""
         ours = {f.key: f for f in self.figures if f.system == POSTBOX and f.values}
-        out = []
-        for peer in self.figures:
-            if peer.system == POSTBOX or not peer.values or peer.key not in ours:
-                continue
-            mine = ours[peer.key]
-            denominator = peer.spread.median
-            ratio = mine.spread.median / denominator if denominator else float("inf")
-            out.append((mine, peer, ratio))
-        return out
+        return [
+            Ratio.of(ours[peer.key], peer)
+            for peer in self.figures
+            if peer.system != POSTBOX and peer.values and peer.key in ours
+        ]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,8 +119,14 @@ class Report:
             "parameters": dict(self.parameters),
             "figures": [f.as_dict() for f in self.figures],
             "ratios": [
-                {"key": mine.key, "peer": peer.system, "postbox_over_peer": ratio}
-                for mine, peer, ratio in self.ratios()
+                {
+                    "key": r.mine.key,
+                    "peer": r.peer.system,
+                    "postbox_over_peer": r.value,
+                    "paired": r.paired,
+                    **({"min": r.low, "max": r.high} if r.paired else {}),
+                }
+                for r in self.ratios()
             ],
             "notes": self.notes,
         }
@@ -111,6 +142,13 @@ def format_number(value: float) -> str:
     if magnitude >= 10:
         return f"{value:,.1f}"
     return f"{value:,.2f}"
+
+
+def format_ratio(value: float) -> str:
+    """2 decimals, or 2 significant digits below 0.1 (a tiny latency ratio is not 0.00x)."""
+    if value != value or value == float("inf"):
+        return str(value)
+    return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
@@ -129,6 +167,12 @@ def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: S
 
 def _kv(mapping: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in mapping.items())
+
+
+def _ratio_range(ratio: Ratio | None) -> str:
+    if ratio is None or ratio.low is None or ratio.high is None:
+        return ""
+    return f"{format_ratio(ratio.low)[:-1]}-{format_ratio(ratio.high)}"
 
 
 def render(report: Report) -> str:
@@ -154,15 +198,20 @@ def render(report: Report) -> str:
         lines += render_table(headers, rows, right)
     peers = [f for f in report.figures if f.system != POSTBOX]
     if peers:
-        ratios = {(peer.system, peer.key): ratio for _, peer, ratio in report.ratios()}
-        lines += ["", "peers (same workloads, same servers, same run; ratio = postbox median / peer median):", ""]
-        headers = ["figure", "system", "median", "min", "max", "unit", "postbox", "ratio", "better"]
-        right = [False, False, True, True, True, False, True, True, False]
+        ratios = {(r.peer.system, r.peer.key): r for r in report.ratios()}
+        lines += [
+            "",
+            "peers (same workloads, same servers, same run; ratio = postbox / peer: where the repetitions",
+            "alternated, the median of the per-repetition ratios, with their range; else of the medians):",
+            "",
+        ]
+        headers = ["figure", "system", "median", "min", "max", "unit", "postbox", "ratio", "range", "better"]
+        right = [False, False, True, True, True, False, True, True, True, False]
         ours_by_key = {f.key: f for f in ours if f.values}
         prows = []
         for fig in peers:
             if not fig.values:
-                prows.append([fig.label, fig.system, "-", "-", "-", fig.unit, "", "", ""])
+                prows.append([fig.label, fig.system, "-", "-", "-", fig.unit, "", "", "", ""])
                 continue
             s = fig.spread
             mine = ours_by_key.get(fig.key)
@@ -176,7 +225,8 @@ def render(report: Report) -> str:
                     format_number(s.high),
                     fig.unit,
                     format_number(mine.spread.median) if mine else "",
-                    f"{ratio:.2f}x" if ratio is not None else "",
+                    format_ratio(ratio.value) if ratio is not None else "",
+                    _ratio_range(ratio),
                     "higher" if fig.higher_is_better else "lower",
                 ]
             )

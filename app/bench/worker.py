@@ -11,10 +11,16 @@ costs the system nothing while it runs.  Variants: ``bench_noop`` with 1 and
 
 Peak RSS is VmHWM of the (first) worker process, read from /proc just before
 it is stopped, after the 1-process no-op run at ``--concurrency``.
+
+One unmeasured warm-up drain (``WARMUP_JOBS`` no-op jobs, 1 process) comes
+first: the first run on a new database otherwise pays for its catalogs, files
+and server caches.  With peers, ``between(rep)`` runs each peer's repetition
+right after postbox's 1-process no-op run of the same repetition.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +36,7 @@ from app.bench.sandbox import Sandbox
 from app.bench.tasks import QUEUE
 
 SCENARIO = "worker"
+WARMUP_JOBS = 2_000
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,27 @@ def drain(conn: psycopg.Connection[Any], kids: Children, jobs: int) -> bool:
     return True
 
 
-def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
+def drain_once(
+    box: Sandbox, conn: psycopg.Connection[Any], env: dict[str, str], variant: Variant, params: Params, jobs: int
+) -> tuple[bool, float | None]:
+    """One run of ``variant`` on ``jobs`` fresh jobs: (drained in time, peak RSS of the first worker)."""
+    outbox.reset(conn)
+    box.clean_redis_prefix()
+    outbox.prefill(conn, variant.task, jobs, params.batch)
+    with children(env) as kids:
+        pids = start_system(kids, variant.processes, params.concurrency)
+        complete = drain(conn, kids, jobs)
+        peak = peak_rss_mb(pids[0])
+    return complete, peak
+
+
+def run(
+    box: Sandbox,
+    database_url: str,
+    params: Params,
+    progress: Progress,
+    between: Callable[[int], None] | None = None,
+) -> list[Figure]:
     chosen = variants(params)
     figures = {v.key: Figure(SCENARIO, v.key, v.label, "jobs/s", target=v.target) for v in chosen}
     rss = Figure(
@@ -89,15 +116,11 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
     )
     env = bench_env(database_url, box.redis_url, box.prefix)
     with psycopg.connect(database_url) as conn:
+        drain_once(box, conn, env, chosen[0], params, min(WARMUP_JOBS, params.jobs))
+        progress.say("worker warm-up run done")
         for rep in range(params.repeat):
             for variant in chosen:
-                outbox.reset(conn)
-                box.clean_redis_prefix()
-                outbox.prefill(conn, variant.task, params.jobs, params.batch)
-                with children(env) as kids:
-                    pids = start_system(kids, variant.processes, params.concurrency)
-                    complete = drain(conn, kids, params.jobs)
-                    peak = peak_rss_mb(pids[0])
+                complete, peak = drain_once(box, conn, env, variant, params, params.jobs)
                 if not complete:
                     figures[variant.key].label += " [a run timed out: rate of the jobs finished]"
                     progress.say(f"worker rep {rep + 1} {variant.task}: not drained by the deadline")
@@ -109,6 +132,8 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                     f"worker rep {rep + 1}/{params.repeat} {variant.task} x{variant.processes}: "
                     f"{span.rate:,.0f} jobs/s" + (f", peak RSS {peak:.0f} MB" if peak is not None else "")
                 )
+                if variant.key == "worker.noop_1p" and between is not None:
+                    between(rep)
         outbox.reset(conn)
     box.clean_redis_prefix()
     return [*figures.values(), rss]

@@ -1,4 +1,4 @@
-"""`postbox bench enqueue` end to end on the test servers, tiny sizes (a smoke test, not a timed test)."""
+"""`postbox bench` end to end on the test servers, tiny sizes (smoke tests, not timed tests)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ import sys
 import psycopg
 import redis as syncredis
 
+from app.bench import worker as bench_worker
+from app.bench.params import Params
+from app.bench.progress import Progress
+from app.bench.sandbox import sandbox
 from tests.harness.servers import Servers
 
 
@@ -74,3 +78,24 @@ def test_bench_enqueue_runs_prints_figures_and_cleans_up(servers: Servers) -> No
         assert list(client.scan_iter(match=match.group(2) + "*")) == []
     finally:
         client.close()
+
+
+def test_bench_worker_runs_each_peer_repetition_right_after_its_own_one_process_run(servers: Servers) -> None:
+    """`--peers` pairs repetitions: ``between(rep)`` sees the 1-process no-op run of that rep just finished."""
+    seen: list[tuple[int, list[tuple[str, int, int]]]] = []
+    params = Params(jobs=300, repeat=2, batch=300, concurrency=10)
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+
+        def between(rep: int) -> None:
+            with psycopg.connect(url) as conn:
+                rows = conn.execute(
+                    "SELECT o.task, count(*), (SELECT count(DISTINCT worker_id) FROM job_attempts)"
+                    " FROM outbox o WHERE o.state = 'succeeded' GROUP BY o.task"
+                ).fetchall()
+            seen.append((rep, [(task, count, workers) for task, count, workers in rows]))
+
+        figures = {f.key: f for f in bench_worker.run(box, url, params, Progress(quiet=True), between)}
+    assert seen == [(0, [("bench_noop", 300, 1)]), (1, [("bench_noop", 300, 1)])]
+    assert [len(figures[key].values) for key in ("worker.noop_1p", "worker.noop_2p", "worker.tx_1p")] == [2, 2, 2]
+    assert all(value > 0 for value in figures["worker.noop_1p"].values)

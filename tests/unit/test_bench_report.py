@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from app.bench.report import Figure, Report, Target, format_number, render, render_table
+from app.bench.report import Figure, Ratio, Report, Target, format_number, format_ratio, render, render_table
 
 
 def sample_report() -> Report:
@@ -56,8 +56,43 @@ def test_format_number() -> None:
 
 
 def test_ratios_are_postbox_median_over_peer_median() -> None:
-    ratios = {(peer.system, peer.key): ratio for _, peer, ratio in sample_report().ratios()}
+    ratios = {(r.peer.system, r.peer.key): r.value for r in sample_report().ratios()}
     assert ratios == {("pgqueuer", "worker.noop_1p"): 2.5, ("arq", "latency.p50@200"): 0.5}
+    assert not any(r.paired for r in sample_report().ratios())
+
+
+def test_a_paired_ratio_is_the_median_of_the_per_repetition_ratios() -> None:
+    mine = Figure("worker", "worker.noop_1p", "jobs/s", "jobs/s", [10_000, 13_000, 12_000])
+    # The machine slowed down during rep 1 and sped up in rep 2: both systems moved alike.
+    peer = Figure("worker", "worker.noop_1p", "jobs/s", "jobs/s", [8_000, 8_125, 7_500], system="p", paired=True)
+    ratio = Ratio.of(mine, peer)
+    assert (ratio.value, ratio.low, ratio.high) == (1.6, 1.25, 1.6)
+    assert ratio.paired
+    # Ratio of medians for the same numbers: 12,000 / 8,000.
+    unpaired = Ratio.of(mine, Figure("worker", "worker.noop_1p", "jobs/s", "jobs/s", peer.values, system="p"))
+    assert (unpaired.value, unpaired.paired) == (1.5, False)
+
+
+def test_a_paired_figure_with_missing_repetitions_falls_back_to_the_medians() -> None:
+    mine = Figure("worker", "k", "jobs/s", "jobs/s", [10_000, 13_000, 12_000])
+    peer = Figure("worker", "k", "jobs/s", "jobs/s", [8_000, 6_000], system="p", paired=True)
+    ratio = Ratio.of(mine, peer)
+    assert (ratio.value, ratio.paired) == (12_000 / 7_000, False)
+
+
+def test_format_ratio_keeps_small_ratios_readable() -> None:
+    assert format_ratio(1.6) == "1.60x"
+    assert format_ratio(0.1) == "0.10x"
+    assert format_ratio(0.0042) == "0.0042x"
+    assert format_ratio(float("inf")) == "inf"
+
+
+def test_render_shows_the_range_of_paired_ratios() -> None:
+    report = Report(machine={}, parameters={})
+    report.add(Figure("worker", "worker.noop_1p", "no-op", "jobs/s", [10_000, 13_000, 12_000]))
+    report.add(Figure("worker", "worker.noop_1p", "no-op", "jobs/s", [8_000, 8_125, 7_500], system="p", paired=True))
+    row = next(line for line in render(report).splitlines() if line.startswith("no-op") and " p " in line)
+    assert row.split()[-3:] == ["1.60x", "1.25-1.60x", "higher"]
 
 
 def test_render_shows_machine_medians_targets_and_ratios() -> None:
@@ -94,8 +129,8 @@ def test_json_carries_every_figure_and_ratio() -> None:
     assert first["target"] == ">= 4,000" and first["target_met"] is True
     assert data["figures"][1]["target_met"] is False
     assert data["ratios"] == [
-        {"key": "worker.noop_1p", "peer": "pgqueuer", "postbox_over_peer": 2.5},
-        {"key": "latency.p50@200", "peer": "arq", "postbox_over_peer": 0.5},
+        {"key": "worker.noop_1p", "peer": "pgqueuer", "postbox_over_peer": 2.5, "paired": False},
+        {"key": "latency.p50@200", "peer": "arq", "postbox_over_peer": 0.5, "paired": False},
     ]
 
 

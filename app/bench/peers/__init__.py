@@ -5,7 +5,10 @@ For each peer (its package installed with ``pip install -e .[bench]``):
 - ``worker`` scenario → no-op jobs/s for ``--jobs`` jobs enqueued with the
   peer's bulk API before one worker process (``python -m
   app.bench.peers.run <peer>``) starts, timed from the peer's own completion
-  stamps (first to last), like postbox's ``worker.noop_1p``;
+  stamps (first to last), like postbox's ``worker.noop_1p``.  The repetitions
+  alternate with postbox's (:class:`PeerDrain`, called by ``bench worker``
+  after each of its 1-process runs), after one unmeasured warm-up drain each,
+  so that each postbox/peer ratio compares runs made a minute apart at most;
 - ``latency`` scenario → enqueue-to-handler-start p50/p95/p99 at each
   ``--rate``, with the same probe file and the same open-loop producer.
 
@@ -19,7 +22,8 @@ import asyncio
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -37,6 +41,8 @@ from app.bench.tasks import PROBE_FILE_ENV
 
 T = TypeVar("T")
 PEER_DRAIN_BUDGET = 60.0  # seconds a peer may take to drain --jobs before it is measured on what it finished
+WARMUP_JOBS = 1_000  # the unmeasured first drain of each peer
+WARMUP_BUDGET = 15.0  # seconds it may take (a slow peer is not drained)
 PG_PEERS = {"pgqueuer", "procrastinate"}
 
 
@@ -74,35 +80,105 @@ def settled_span(peer: ModuleType, cfg: PeerConfig, ids: list[str], jobs: int, t
     return span
 
 
-def throughput(
-    peer: ModuleType, name: str, cfg: PeerConfig, env: dict[str, str], params: Params, progress: Progress
-) -> Figure:
-    figure = Figure(
-        "worker", "worker.noop_1p", f"no-op jobs/s, 1 worker process ({params.jobs:,} jobs)", "jobs/s", system=name
-    )
-    for rep in range(params.repeat):
+@dataclass(frozen=True)
+class Peer:
+    """One installed peer: its adapter module, its own database or Redis db, its children's env."""
+
+    name: str
+    module: ModuleType
+    cfg: PeerConfig
+    env: dict[str, str]
+
+
+def prepare_peers(box: Sandbox, params: Params, progress: Progress, report: Report) -> list[Peer]:
+    """Every peer that imports and installs; one that does not becomes a note."""
+    ready = []
+    for name in PEERS:
+        try:
+            module = adapter(name)
+            if name in PG_PEERS:
+                cfg = PeerConfig(database_url=box.database(name, migrated=False), concurrency=params.concurrency)
+            else:
+                cfg = PeerConfig(redis_url=box.redis_db(), concurrency=params.concurrency)
+            sync(module.install(cfg))
+            ready.append(Peer(name, module, cfg, bench_env("", "", box.prefix)))
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # one peer failing (or not installed) still prints the others
+            report.notes.append(f"peer {name}: failed: {type(exc).__name__}: {exc}")
+            progress.say(f"peer {name} failed: {type(exc).__name__}: {exc}")
+    return ready
+
+
+class PeerDrain:
+    """A peer's no-op throughput figure, one repetition per call, paired with postbox's."""
+
+    def __init__(self, peer: Peer, params: Params, progress: Progress, report: Report) -> None:
+        self.peer = peer
+        self.params = params
+        self.progress = progress
+        self.report = report
+        self.failed = False
+        self.figure = Figure(
+            "worker",
+            "worker.noop_1p",
+            f"no-op jobs/s, 1 worker process ({params.jobs:,} jobs)",
+            "jobs/s",
+            system=peer.name,
+            paired=True,
+        )
+
+    def warm_up(self) -> None:
+        """One unmeasured drain: the peer's tables, files and code paths are warm for rep 1, as postbox's are."""
+        self._guarded(lambda: self._drain(min(WARMUP_JOBS, self.params.jobs), WARMUP_BUDGET))
+
+    def rep(self, index: int) -> None:
+        self._guarded(lambda: self._measure(index))
+
+    def _guarded(self, step: Callable[[], object]) -> None:
+        if self.failed:
+            return
+        try:
+            step()
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # this peer is done; postbox and the other peers go on
+            self.failed = True
+            self.figure.paired = False
+            name = self.peer.name
+            self.report.notes.append(f"peer {name}: worker run failed: {type(exc).__name__}: {exc}")
+            self.progress.say(f"peer {name} failed: {type(exc).__name__}: {exc}")
+
+    def _drain(self, jobs: int, budget: float) -> tuple[list[str], int]:
+        """Enqueue ``jobs`` in bulk, run one worker until they are done or ``budget`` passes; (ids, done)."""
+        peer, cfg = self.peer.module, self.peer.cfg
         sync(peer.reset(cfg))
-        ids = sync(peer.enqueue_bulk(cfg, params.jobs))
-        expected = params.jobs
-        with children(env) as kids:
-            start_worker(kids, name, cfg)
+        ids = sync(peer.enqueue_bulk(cfg, jobs))
+        done = jobs
+        with children(self.peer.env) as kids:
+            start_worker(kids, self.peer.name, cfg)
             try:
-                wait_until(lambda: sync(peer.remaining(cfg)) == 0, timeout=PEER_DRAIN_BUDGET, check=kids.check_alive)
+                wait_until(lambda: sync(peer.remaining(cfg)) == 0, timeout=budget, check=kids.check_alive)
             except TimeoutError:
-                # A slow peer is measured on what it finished within the budget (its steady rate).
-                expected = params.jobs - sync(peer.remaining(cfg))
-                progress.say(f"peer {name}: {expected:,} of {params.jobs:,} jobs done in {PEER_DRAIN_BUDGET:.0f} s")
-                figure.label = (
-                    f"no-op jobs/s, 1 worker process ({params.jobs:,} jobs; slow peers: {PEER_DRAIN_BUDGET:.0f} s)"
-                )
-        span = settled_span(peer, cfg, ids, expected)
+                done = jobs - sync(peer.remaining(cfg))
+        return ids, done
+
+    def _measure(self, index: int) -> None:
+        name, params = self.peer.name, self.params
+        ids, expected = self._drain(params.jobs, PEER_DRAIN_BUDGET)
+        if expected < params.jobs:
+            # A slow peer is measured on what it finished within the budget (its steady rate).
+            self.progress.say(f"peer {name}: {expected:,} of {params.jobs:,} jobs done in {PEER_DRAIN_BUDGET:.0f} s")
+            self.figure.label = (
+                f"no-op jobs/s, 1 worker process ({params.jobs:,} jobs; slow peers: {PEER_DRAIN_BUDGET:.0f} s)"
+            )
+        span = settled_span(self.peer.module, self.peer.cfg, ids, expected)
         if span.count < expected:
-            progress.say(f"peer {name}: only {span.count} of {expected} jobs have a completion record")
+            self.progress.say(f"peer {name}: only {span.count} of {expected} jobs have a completion record")
         if span.count < expected * 0.99 or span.count < 2:
             raise RuntimeError(f"{name}: {span.count} of {expected} jobs recorded as succeeded")
-        figure.values.append(span.rate)
-        progress.say(f"peer {name} worker rep {rep + 1}/{params.repeat}: {span.rate:,.0f} jobs/s")
-    return figure
+        self.figure.values.append(span.rate)
+        self.progress.say(f"peer {name} worker rep {index + 1}/{params.repeat}: {span.rate:,.0f} jobs/s")
 
 
 def latency(
@@ -143,28 +219,14 @@ def latency(
     return list(figures.values())
 
 
-def run_peers(box: Sandbox, scenarios: Sequence[str], params: Params, progress: Progress, report: Report) -> None:
-    wanted = [s for s in scenarios if s in ("worker", "latency")]
-    if not wanted:
-        report.notes.append("peers: only the worker and latency scenarios have peer runs")
-        return
-    for name in PEERS:
+def run_latency(peers: list[Peer], params: Params, progress: Progress, report: Report) -> None:
+    for peer in peers:
+        progress.say(f"peer {peer.name} latency")
         try:
-            peer = adapter(name)
-            if name in PG_PEERS:
-                cfg = PeerConfig(database_url=box.database(name, migrated=False), concurrency=params.concurrency)
-            else:
-                cfg = PeerConfig(redis_url=box.redis_db(), concurrency=params.concurrency)
-            env = bench_env("", "", box.prefix)
-            sync(peer.install(cfg))
-            progress.say(f"peer {name}")
-            if "worker" in wanted:
-                report.add(throughput(peer, name, cfg, env, params, progress))
-            if "latency" in wanted:
-                for figure in latency(peer, name, cfg, env, params, progress):
-                    report.add(figure)
+            for figure in latency(peer.module, peer.name, peer.cfg, peer.env, params, progress):
+                report.add(figure)
         except KeyboardInterrupt:
             raise
-        except Exception as exc:  # one peer failing (or not installed) still prints the others
-            report.notes.append(f"peer {name}: failed: {type(exc).__name__}: {exc}")
-            progress.say(f"peer {name} failed: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            report.notes.append(f"peer {peer.name}: latency run failed: {type(exc).__name__}: {exc}")
+            progress.say(f"peer {peer.name} failed: {type(exc).__name__}: {exc}")
