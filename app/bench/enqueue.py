@@ -1,9 +1,12 @@
 """``bench enqueue``: what one enqueue costs a business transaction, and bulk speed.
 
 Business transaction = one INSERT into ``bench_orders`` and one COMMIT, on one
-connection, in a loop for ``duration`` seconds; measured without and with one
-enqueue in the same transaction (the two variants alternate per repetition),
-three ways:
+connection, in a loop; measured without and with one enqueue in the same
+transaction, ``duration`` seconds of each per repetition, in alternating
+slices of about a quarter second (in ABBA order, :func:`slice_plan`), so that
+both variants see the same machine: this VM's speed drifts by 10-20 % within
+minutes, which moved the ratio by as much when each variant ran in one block.
+Three ways:
 
 - ``plain connection``: ``jobs.enqueue`` after the INSERT; each statement waits
   for its reply, so the enqueue adds one round trip;
@@ -51,8 +54,42 @@ MODES = {"": "plain connection", ".pipeline": "pipeline mode", ".statement": "on
 RESET = "TRUNCATE outbox, job_attempts, bench_orders"
 
 
+SLICE_SECONDS = 0.25
+
+
+def slice_plan(seconds: float, slice_seconds: float = SLICE_SECONDS) -> tuple[float, list[bool]]:
+    """(seconds per slice, the variants in order: False without, True with an enqueue).
+
+    Each variant gets ``seconds`` in all; the order is ABBA..., so a steady
+    drift of the machine's speed weighs on both variants alike.
+    """
+    pairs = max(1, round(seconds / slice_seconds))
+    order: list[bool] = []
+    for i in range(pairs):
+        order += [False, True] if i % 2 == 0 else [True, False]
+    return seconds / pairs, order
+
+
+def interleaved_rates(conn: psycopg.Connection[Any], seconds: float, mode: str) -> dict[bool, float]:
+    """Business tx/s without (False) and with (True) an enqueue, timed in alternating slices."""
+    length, order = slice_plan(seconds)
+    counts = {False: 0, True: 0}
+    elapsed = {False: 0.0, True: 0.0}
+    for with_enqueue in order:
+        count, took = timed_loop(conn, length, with_enqueue, mode)
+        counts[with_enqueue] += count
+        elapsed[with_enqueue] += took
+    return {flag: counts[flag] / elapsed[flag] for flag in (False, True)}
+
+
 def business_loop(conn: psycopg.Connection[Any], seconds: float, with_enqueue: bool, mode: str = "") -> float:
     """Business transactions per second for ``seconds`` (each: INSERT [+ enqueue] + COMMIT)."""
+    count, took = timed_loop(conn, seconds, with_enqueue, mode)
+    return count / took
+
+
+def timed_loop(conn: psycopg.Connection[Any], seconds: float, with_enqueue: bool, mode: str) -> tuple[int, float]:
+    """(transactions, seconds taken) of a loop of business transactions lasting about ``seconds``."""
     statement = INSERT_ORDER_WITH_JOB if with_enqueue and mode == ".statement" else INSERT_ORDER
     separate = with_enqueue and mode != ".statement"
     with conn.pipeline() if mode == ".pipeline" else nullcontext():
@@ -67,7 +104,7 @@ def business_loop(conn: psycopg.Connection[Any], seconds: float, with_enqueue: b
             conn.commit()
             count += 1
             now = time.perf_counter()
-    return count / (now - started)
+    return count, now - started
 
 
 def bulk_run(conn: psycopg.Connection[Any], total: int, batch: int) -> float:
@@ -135,10 +172,7 @@ def run(database_url: str, params: Params, progress: Progress) -> list[Figure]:
             for rep in range(params.repeat):
                 conn.execute(RESET)
                 conn.commit()
-                order = (False, True) if rep % 2 == 0 else (True, False)
-                results: dict[bool, float] = {}
-                for flag in order:
-                    results[flag] = business_loop(conn, params.duration, flag, mode)
+                results = interleaved_rates(conn, params.duration, mode)
                 figures.add(results[False], results[True])
                 progress.say(
                     f"enqueue rep {rep + 1}/{params.repeat} ({figures.mode}): {results[False]:,.0f} tx/s plain, "

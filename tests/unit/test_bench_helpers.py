@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from app.bench.enqueue import slice_plan
 from app.bench.peers.common import PeerConfig, read_probe_file
 from app.bench.peers.registry import PEERS, adapter
 from app.bench.sandbox import redis_db_of, with_database, with_redis_db
@@ -46,3 +47,13 @@ def test_unknown_peer_is_refused() -> None:
     assert PEERS == ("pgqueuer", "procrastinate", "arq", "saq")
     with pytest.raises(ValueError, match="unknown peer 'celery'"):
         adapter("celery")
+
+
+def test_enqueue_slices_alternate_abba_and_give_each_variant_the_whole_duration() -> None:
+    length, order = slice_plan(5.0)
+    assert length == 0.25 and len(order) == 40
+    assert order[:8] == [False, True, True, False, False, True, True, False]
+    assert order.count(True) == order.count(False) == 20
+    assert slice_plan(0.2) == (0.2, [False, True])  # shorter than a slice: one of each
+    length, order = slice_plan(1.1)
+    assert (length, order.count(True)) == (1.1 / 4, 4)
