@@ -132,7 +132,8 @@ class PeerDrain:
         """One unmeasured drain: the peer's tables, files and code paths are warm for rep 1, as postbox's are."""
         jobs = min(WARMUP_JOBS, self.params.jobs)
         self._guarded(lambda: self._drain(jobs, WARMUP_BUDGET))
-        self.progress.say(f"peer {self.peer.name} warm-up run done ({jobs:,} jobs, {WARMUP_BUDGET:.0f} s at most)")
+        if not self.failed:
+            self.progress.say(f"peer {self.peer.name} warm-up run done ({jobs:,} jobs, {WARMUP_BUDGET:.0f} s at most)")
 
     def rep(self, index: int) -> None:
         self._guarded(lambda: self._measure(index))
