@@ -153,7 +153,11 @@ WITH lead AS (
      WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
     RETURNING 1
 )
-SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
+SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked),
+       -- RELAY_NEXT_DUE, answered here so that an idle relay need not ask it separately
+       (SELECT extract(epoch FROM min(available_at) - now())::float8
+          FROM outbox
+         WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now())
 """
 
 # The planner's estimate of the unpublished rows. Right after a bulk load it can

@@ -54,7 +54,11 @@ class BatchResult:
 
 async def check_term(cur: AsyncCursor[Any], term: int | None) -> int:
     """Rows a term-checked mark changed; raise :class:`LeadershipLost` if a newer term was recorded."""
-    row = await cur.fetchone()
+    return term_checked(await cur.fetchone(), term)
+
+
+def term_checked(row: Any, term: int | None) -> int:
+    """The count of a term-checked mark's row (leads, count, ...); :class:`LeadershipLost` if it did not lead."""
     if row is None or not row[0]:
         raise LeadershipLost(f"a leader newer than term {term} is recorded: nothing marked")
     return int(row[1])
@@ -95,6 +99,9 @@ class Publisher:
         self._subscribers_checked = -1e9
         self.clock = clock
         self.known_groups: set[str] = set()
+        # When the next delayed row is due (a monotonic time; None: none waits), as the
+        # current burst's last mark saw it; consumed by the next call of next_due().
+        self._due_seen_by_mark: tuple[float | None] | None = None
 
     async def events_wanted(self) -> bool:
         """Whether to PUBLISH ``published`` events: always, never, or while the channel has subscribers."""
@@ -169,7 +176,16 @@ class Publisher:
         return rows
 
     async def next_due(self, conn: AsyncConnection[Any]) -> float | None:
-        """Seconds until the next delayed row is due (None: none waits)."""
+        """Seconds until the next delayed row is due (None: none waits).
+
+        Right after a burst that marked rows, the answer the last mark brought
+        back is used (once) instead of asking again: one round trip less per
+        wake-up of a relay that publishes a few rows at a time.
+        """
+        seen, self._due_seen_by_mark = self._due_seen_by_mark, None
+        if seen is not None:
+            due_at = seen[0]
+            return None if due_at is None else max(0.0, due_at - self.monotonic())
         cur = await conn.execute(sql.RELAY_NEXT_DUE)
         row = await cur.fetchone()
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
@@ -208,7 +224,10 @@ class Publisher:
         if ids:
             params = {"ids": pgarray.ints(ids), "sids": pgarray.words(sids), "term": self.term}
             cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, params)
-            result.marked = await check_term(cur, self.term)
+            row = await cur.fetchone()
+            result.marked = term_checked(row, self.term)
+            assert row is not None
+            self._due_seen_by_mark = (None if row[2] is None else self.monotonic() + max(0.0, float(row[2])),)
         result.published = ids
 
     async def publish_batch(self, conn: AsyncConnection[Any], limit: int | None = None) -> BatchResult:
@@ -237,6 +256,7 @@ class Publisher:
         (a stopping relay finishes the batch in hand only). ``on_batch`` sees each batch
         once it is marked (even if a later batch of the burst fails). Returns one result per batch.
         """
+        self._due_seen_by_mark = None  # only this burst's marks may answer next_due()
         rows = await self.select_due(conn)
         result, live = await self._expire(conn, rows)
         ids, sids, result.failed = await self.xadd_rows(live)

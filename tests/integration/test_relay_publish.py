@@ -117,14 +117,14 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
     )
     conn.commit()
     cur = await aconn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
-    assert await cur.fetchone() == (True, 0)
+    assert await cur.fetchone() == (True, 0, None)  # leads, rows marked, seconds to the next delayed row
     assert states(conn) == {job: ("running", 0)}
 
 
 @pytest.mark.parametrize(
     ("statement", "state", "expected"),
     [
-        (sql.RELAY_MARK_PUBLISHED, "pending", [(True, 20)]),
+        (sql.RELAY_MARK_PUBLISHED, "pending", [(True, 20, None)]),
         (sql.RELAY_MARK_REPUBLISHED, "queued", [(True, 20)]),
         (sql.RELAY_MARK_EXPIRED, "pending", 20),
         (sql.WORKER_RENEW_LEASES, "running", "every id"),
@@ -280,3 +280,29 @@ async def test_run_until_published_runs_a_relay_in_process_until_n_rows_are_out(
     assert relay.published_total == 30 and relay.role == "stopped"
     assert seen == ids
     assert await entry_ids(redis, settings.redis_prefix) == ids
+
+
+async def test_next_due_is_answered_once_by_the_bursts_mark_and_never_by_an_older_burst(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    await aconn.set_autocommit(True)
+    ticks = [1000.0]  # the publisher's monotonic clock, moved by hand
+    publisher = Publisher(redis, settings.redis_prefix, batch_size=10, monotonic=lambda: ticks[0])
+    enqueue_sql(conn, 1, delay=60)
+    [first] = enqueue_sql(conn, 1)
+    [result] = await publisher.publish_burst(aconn)
+    assert result.published == [first]
+    ticks[0] += 20
+    from_mark = await publisher.next_due(aconn)  # the mark's answer, as an instant on the relay's clock
+    assert from_mark is not None and 39 < from_mark <= 40
+    from_query = await publisher.next_due(aconn)  # used once: now the database is asked
+    assert from_query is not None and 55 < from_query <= 60
+
+    [second] = enqueue_sql(conn, 1)
+    [result] = await publisher.publish_burst(aconn)  # its mark sees the row due in a minute
+    assert result.published == [second]
+    enqueue_sql(conn, 1, delay=5)  # committed after that mark
+    [result] = await publisher.publish_burst(aconn)  # nothing due, nothing marked
+    assert (result.selected, result.published) == (0, [])
+    soon = await publisher.next_due(aconn)
+    assert soon is not None and 0 < soon <= 5
