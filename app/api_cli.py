@@ -7,10 +7,12 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from jobs.errors import SettingsError
-from jobs.startup import process_settings
+from postbox.errors import SettingsError, TaskModuleError
+from postbox.settings import Settings
+from postbox.startup import process_settings
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,22 +26,35 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
+    from postbox.app.api.main import create_app
+
+    return serve(argv, parser(), create_app)
+
+
+def serve(argv: Sequence[str], arg_parser: argparse.ArgumentParser, factory: Callable[[Settings], Any]) -> int:
+    """Parse ``api run`` options, build the app with ``factory(settings)`` and serve it until SIGTERM."""
     try:
-        args = parser().parse_args(list(argv))
+        args = arg_parser.parse_args(list(argv))
     except SystemExit as exc:
         return int(exc.code or 0)
+    return serve_parsed(args, arg_parser.prog, factory)
+
+
+def serve_parsed(args: argparse.Namespace, prog: str, factory: Callable[[Settings], Any]) -> int:
+    """Serve the app ``factory(settings)`` with the parsed ``--host``/``--port``/``--tasks``."""
     settings = process_settings("api", api_host=args.host or None, api_port=args.port, tasks=args.tasks)
     if settings is None:
         return 2
 
     import uvicorn
 
-    from app.api.main import create_app
-
     try:
-        app = create_app(settings)
-    except (ImportError, SettingsError) as exc:
-        print(f"postbox api: {exc}", file=sys.stderr)
+        app = factory(settings)
+    except TaskModuleError as exc:
+        print(f"{exc.details}\n{prog}: {exc}", file=sys.stderr)
+        return 2
+    except SettingsError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_config=None, proxy_headers=False)
     server = _server_class()(config)

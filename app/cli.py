@@ -15,18 +15,19 @@ from collections.abc import Callable, Sequence
 # subcommand -> ("module:function", one-line help). The function takes argv (the
 # words after the subcommand) and returns an exit code.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "migrate": ("app.migrate_cli:main", "upgrade the database to the latest schema (alembic head)"),
-    "relay": ("relay.cli:main", "relay run: publish committed jobs from the outbox to Redis"),
-    "worker": ("worker.cli:main", "worker run: consume jobs and run their handlers"),
-    "api": ("app.api_cli:main", "api run: the REST API, dashboard and /metrics"),
-    "provider": ("app.provider.cli:main", "provider run: the example mail provider (HTTP)"),
-    "jobs": ("app.admin.jobs_cli:main", "jobs get|list|cancel|enqueue"),
-    "dlq": ("app.admin.dlq_cli:main", "dlq list|show|requeue|discard|purge"),
-    "queues": ("app.admin.queues_cli:main", "queues list|pause|resume"),
-    "workers": ("app.admin.workers_cli:main", "workers list"),
-    "demo": ("app.demo:main", "run the Stagedoor demo (embedded servers when no URLs are set)"),
-    "bench": ("app.bench.cli:main", "benchmarks: enqueue, relay, worker, latency, all"),
-    "prune": ("app.prune_cli:main", "delete finished jobs past their retention"),
+    "migrate": ("postbox.app.migrate_cli:main", "upgrade the database to the latest schema (alembic head)"),
+    "relay": ("postbox.relay.cli:main", "relay run: publish committed jobs from the outbox to Redis"),
+    "worker": ("postbox.worker.cli:main", "worker run: consume jobs and run their handlers"),
+    "api": ("postbox.app.api_cli:main", "api run: the REST API and /metrics"),
+    "provider": ("postbox.app.provider.cli:main", "provider run: the example mail provider (HTTP)"),
+    "jobs": ("postbox.app.admin.jobs_cli:main", "jobs get|list|cancel|enqueue"),
+    "dlq": ("postbox.app.admin.dlq_cli:main", "dlq list|show|requeue|discard|purge"),
+    "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume"),
+    "workers": ("postbox.app.admin.workers_cli:main", "workers list"),
+    "demo": ("postbox.app.demo:main", "run the Stagedoor demo (embedded servers when no URLs are set)"),
+    "stagedoor": ("postbox.app.stagedoor.cli:main", "stagedoor migrate|api run: the example's own tables and API"),
+    "bench": ("postbox.app.bench.cli:main", "benchmarks: enqueue, relay, worker, latency, all"),
+    "prune": ("postbox.app.prune_cli:main", "delete finished jobs past their retention"),
 }
 
 

@@ -30,11 +30,12 @@ import httpx
 import psycopg
 from psycopg import sql as pgsql
 
-from jobs import migrate
-from jobs.errors import SettingsError
-from jobs.settings import Settings, load_settings
+from postbox import migrate
+from postbox.app.stagedoor import schema as stagedoor_schema
+from postbox.errors import SettingsError
+from postbox.settings import Settings, load_settings
 
-TASKS_MODULE = "jobs.stagedoor.tasks"
+TASKS_MODULE = "postbox.app.stagedoor.tasks"
 DEMO_DATABASE = "postbox_demo"
 STATES = ("pending", "queued", "running", "retrying", "succeeded", "dead", "cancelled", "expired")
 
@@ -93,7 +94,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec (Linu
 def start_child(child: Child, env: dict[str, str], log_dir: Path) -> None:
     log = (log_dir / f"{child.name}.log").open("ab")
     child.process = subprocess.Popen(
-        [sys.executable, "-m", "app", *child.argv],
+        [sys.executable, "-m", "postbox.app", *child.argv],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -164,10 +165,10 @@ async def place_orders(
 
 def snapshot(conn: psycopg.Connection[Any]) -> tuple[dict[str, dict[str, int]], str | None]:
     counts: dict[str, dict[str, int]] = {}
-    for queue, state, count in conn.execute("SELECT queue, state, count(*) FROM outbox GROUP BY 1, 2"):
+    for queue, state, count in conn.execute("SELECT queue, state, count(*) FROM postbox.outbox GROUP BY 1, 2"):
         counts.setdefault(queue, dict.fromkeys(STATES, 0))[state] = count
     row = conn.execute(
-        "SELECT id FROM relays WHERE role = 'leader' AND last_seen > now() - interval '30 seconds'"
+        "SELECT id FROM postbox.relays WHERE role = 'leader' AND last_seen > now() - interval '30 seconds'"
         " ORDER BY last_seen DESC LIMIT 1"
     ).fetchone()
     return counts, (row[0] if row else None)
@@ -249,7 +250,7 @@ async def monitor(
 
 
 async def run(args: argparse.Namespace, settings: Settings, database_url: str, redis_url: str, state_dir: Path) -> int:
-    from app.embedded import free_port
+    from postbox.app.embedded import free_port
 
     api_port = args.api_port or settings.api_port
     provider_port = args.provider_port or free_port()
@@ -271,7 +272,7 @@ async def run(args: argparse.Namespace, settings: Settings, database_url: str, r
     children = [Child("provider", ["provider", "run", "--port", str(provider_port), "--database-url", database_url])]
     children += [Child(f"relay-{n + 1}", ["relay", "run"]) for n in range(args.relays)]
     children += [Child(f"worker-{n + 1}", ["worker", "run", "--tasks", TASKS_MODULE]) for n in range(args.workers)]
-    children.append(Child("api", ["api", "run", "--host", "127.0.0.1", "--port", str(api_port)]))
+    children.append(Child("api", ["stagedoor", "api", "run", "--host", "127.0.0.1", "--port", str(api_port)]))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -328,7 +329,7 @@ def main(argv: Sequence[str]) -> int:
         print("postbox demo: set both POSTBOX_DATABASE_URL and POSTBOX_REDIS_URL, or neither", file=sys.stderr)
         return 2
     else:
-        from app.embedded import EmbeddedServers, default_root
+        from postbox.app.embedded import EmbeddedServers, default_root
 
         state_dir = Path(args.state_dir or settings.state_dir or default_root()).expanduser()
         print(f"starting embedded PostgreSQL and Valkey in {state_dir} ...", flush=True)
@@ -337,7 +338,8 @@ def main(argv: Sequence[str]) -> int:
         database_url = ensure_database(admin_url, DEMO_DATABASE)
     try:
         migrate.upgrade(database_url)
-        print("database migrated", flush=True)
+        stagedoor_schema.migrate(database_url)
+        print("database migrated (schemas postbox and stagedoor)", flush=True)
         return asyncio.run(run(args, settings, database_url, redis_url, state_dir))
     finally:
         if servers is not None:

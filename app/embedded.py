@@ -286,7 +286,7 @@ class EmbeddedServers:
             [
                 sys.executable,
                 "-m",
-                "app.embedded",
+                "postbox.app.embedded",
                 "watch",
                 str(self.root),
                 json.dumps([owner.pid, owner.started, owner.token]),

@@ -1,4 +1,9 @@
-"""``postbox migrate``: upgrade the database to the latest schema."""
+"""``postbox migrate``: bring postbox's own schema to the latest revision.
+
+Creates nothing outside that schema (``POSTBOX_SCHEMA``, default ``postbox``),
+where postbox keeps its own alembic version table. ``--sql`` prints the DDL
+instead of running it, for teams that apply migrations with their own tool.
+"""
 
 from __future__ import annotations
 
@@ -6,24 +11,35 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from jobs import migrate
-from jobs.errors import SettingsError
-from jobs.settings import load_settings
+from postbox import migrate
+from postbox.errors import SettingsError
+from postbox.settings import load_settings
 
 
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="postbox migrate", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="postbox migrate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--revision", default="head", help="target revision (default: head)")
     parser.add_argument("--downgrade", action="store_true", help="downgrade to --revision instead")
+    parser.add_argument("--sql", action="store_true", help="print the upgrade's DDL; change nothing")
     args = parser.parse_args(argv)
     try:
-        url = load_settings().require_database_url()
+        settings = load_settings()
+        url = settings.database_url or "postgresql://offline" if args.sql else settings.require_database_url()
     except SettingsError as exc:
         print(f"postbox migrate: {exc}", file=sys.stderr)
         return 2
+    if args.sql:
+        if args.downgrade:
+            print("postbox migrate: --sql prints upgrades only", file=sys.stderr)
+            return 2
+        sys.stdout.write(migrate.upgrade_sql(url, args.revision))
+        return 0
     if args.downgrade:
         migrate.downgrade(url, args.revision if args.revision != "head" else "base")
     else:
         migrate.upgrade(url, args.revision)
-    print(f"postbox migrate: database at {args.revision if args.downgrade else migrate.head_revision()}")
+    target = args.revision if args.downgrade else migrate.head_revision()
+    print(f"postbox migrate: schema {settings.schema_name} at {target}")
     return 0

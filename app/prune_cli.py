@@ -17,9 +17,9 @@ from typing import Any
 
 import psycopg
 
-from jobs import retention
-from jobs.errors import SettingsError
-from jobs.settings import load_settings
+from postbox import retention
+from postbox.errors import SettingsError
+from postbox.settings import load_settings
 
 
 def _parser() -> argparse.ArgumentParser:

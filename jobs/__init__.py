@@ -1,6 +1,6 @@
-"""postbox's core: register tasks, enqueue them in your own transaction.
+"""postbox: register tasks, enqueue them in your own transaction.
 
-from jobs import task, enqueue
+from postbox import task, enqueue
 
 @task(queue="mail", priority=7)
 async def send_welcome(ctx, user_id: int) -> None: ...
@@ -8,9 +8,15 @@ async def send_welcome(ctx, user_id: int) -> None: ...
 with conn.transaction():
     conn.execute("INSERT INTO users ...")
     enqueue(conn, send_welcome, {"user_id": 42})
+
+What is exported here is the public API (docs/python-api.md). Everything
+else is reachable from its module (``postbox.registry``, ``postbox.sql``,
+...); ``postbox.relay``, ``postbox.worker`` and ``postbox.app`` are the
+processes and the application edge, imported by their entry points.
 """
 
-from jobs.errors import (
+from postbox.context import JobContext
+from postbox.errors import (
     AlreadyProcessed,
     DuplicateTaskError,
     EnqueueError,
@@ -26,13 +32,14 @@ from jobs.errors import (
     RetryLater,
     ScheduleConflictError,
     SettingsError,
+    TaskModuleError,
     UnknownTaskError,
 )
-from jobs.producer import Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
-from jobs.registry import Registry, RetryPolicy, TaskSpec, default_registry, task
-from jobs.results import JobResult, get_result, get_result_async, wait_result
-from jobs.settings import Settings, load_settings
-from jobs.states import TERMINAL_STATES, JobState
+from postbox.producer import Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
+from postbox.registry import Registry, RetryPolicy, TaskSpec, default_registry, task
+from postbox.results import JobResult, get_result, get_result_async, wait_result
+from postbox.settings import Settings, load_settings
+from postbox.states import TERMINAL_STATES, JobState
 
 __all__ = [
     "TERMINAL_STATES",
@@ -45,6 +52,7 @@ __all__ = [
     "InvalidPriorityError",
     "InvalidQueueError",
     "JobCancelled",
+    "JobContext",
     "JobResult",
     "JobState",
     "Limits",
@@ -57,6 +65,7 @@ __all__ = [
     "ScheduleConflictError",
     "Settings",
     "SettingsError",
+    "TaskModuleError",
     "TaskSpec",
     "UnknownTaskError",
     "default_registry",
@@ -71,3 +80,6 @@ __all__ = [
     "task",
     "wait_result",
 ]
+
+if __name__ != "postbox":  # this folder imported under its own name, not as the installed package
+    raise ImportError("import postbox, not jobs: the folder jobs/ is installed as postbox")

@@ -18,6 +18,19 @@ class SettingsError(PostboxError):
     """A setting is missing or invalid; the message names it."""
 
 
+class TaskModuleError(SettingsError):
+    """A module named in ``POSTBOX_TASKS`` / ``--tasks`` failed to import.
+
+    The message names the module and the exception; ``details`` is the
+    traceback of the import, which the CLIs print.
+    """
+
+    def __init__(self, module: str, cause: BaseException, details: str) -> None:
+        super().__init__(f"POSTBOX_TASKS: cannot import {module}: {type(cause).__name__}: {cause}")
+        self.module = module
+        self.details = details
+
+
 # --- producer ------------------------------------------------------------------
 
 

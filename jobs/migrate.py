@@ -1,29 +1,55 @@
-"""Run the alembic migrations programmatically (``postbox migrate``)."""
+"""Run postbox's alembic migrations programmatically (``postbox migrate``).
+
+postbox's migrations touch only its own schema (:mod:`postbox.schema`) and keep
+their version in ``<schema>.alembic_version``: an application that migrates its
+own tables with alembic keeps its own history, untouched.
+"""
 
 from __future__ import annotations
 
+import io
+from contextlib import redirect_stdout
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+from postbox import schema, sql
 
 
-def alembic_config(database_url: str) -> Config:
+def _migrations_dir() -> Path:
+    # Installed: postbox/migrations. From a source checkout (editable install):
+    # the repository's migrations/ folder, which is the package postbox.migrations.
+    import postbox.migrations
+
+    return Path(postbox.migrations.__file__).resolve().parent
+
+
+def alembic_config(database_url: str, schema_name: str | None = None) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(_migrations_dir()))
     config.attributes["database_url"] = database_url
+    config.attributes["schema"] = schema.validate(schema_name or schema.active())
     return config
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(database_url), revision)
+def upgrade(database_url: str, revision: str = "head", schema_name: str | None = None) -> None:
+    command.upgrade(alembic_config(database_url, schema_name), revision)
 
 
-def downgrade(database_url: str, revision: str = "base") -> None:
-    command.downgrade(alembic_config(database_url), revision)
+def downgrade(database_url: str, revision: str = "base", schema_name: str | None = None) -> None:
+    command.downgrade(alembic_config(database_url, schema_name), revision)
+
+
+def upgrade_sql(database_url: str, revision: str = "head", schema_name: str | None = None) -> str:
+    """The DDL an upgrade would run, as text (alembic's offline mode), for teams that apply it themselves."""
+    out = io.StringIO()
+    config = alembic_config(database_url, schema_name)
+    config.output_buffer = out
+    with redirect_stdout(out):
+        command.upgrade(config, revision, sql=True)
+    return out.getvalue()
 
 
 def head_revision() -> str:
@@ -34,14 +60,9 @@ def head_revision() -> str:
 
 
 def current_revision(conn: object) -> str | None:
-    """The revision a database is at, from an open psycopg connection."""
-    cur = conn.execute(  # type: ignore[attr-defined]
-        "SELECT version_num FROM alembic_version LIMIT 1" if _has_version_table(conn) else "SELECT NULL::text"
-    )
-    row = cur.fetchone()
+    """The revision a database is at, from an open psycopg connection (None: never migrated)."""
+    exists = conn.execute(sql.active().MIGRATION_TABLE_EXISTS).fetchone()  # type: ignore[attr-defined]
+    if not (exists and exists[0]):
+        return None
+    row = conn.execute(sql.active().OPS_MIGRATION_VERSION).fetchone()  # type: ignore[attr-defined]
     return row[0] if row else None
-
-
-def _has_version_table(conn: object) -> bool:
-    row = conn.execute("SELECT to_regclass('alembic_version') IS NOT NULL").fetchone()  # type: ignore[attr-defined]
-    return bool(row and row[0])

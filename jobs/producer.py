@@ -20,17 +20,17 @@ from psycopg import AsyncConnection, Connection
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from jobs import sql
-from jobs.errors import (
+from postbox import sql
+from postbox.errors import (
     EnqueueError,
     InvalidArgsError,
     InvalidOptionError,
     PayloadTooLargeError,
     ScheduleConflictError,
 )
-from jobs.ids import take as take_id
-from jobs.ids import take_async as take_id_async
-from jobs.registry import Registry, TaskSpec, check_max_attempts, check_priority, check_queue, default_registry
+from postbox.ids import take as take_id
+from postbox.ids import take_async as take_id_async
+from postbox.registry import Registry, TaskSpec, check_max_attempts, check_priority, check_queue, default_registry
 
 TaskRef = str | Callable[..., Any]
 MAX_HEADERS_BYTES = 8192
@@ -44,7 +44,7 @@ class Limits:
 
 @lru_cache(maxsize=1)
 def _limits_from_settings() -> Limits:
-    from jobs.settings import load_settings
+    from postbox.settings import load_settings
 
     return Limits(max_payload_bytes=load_settings().max_payload_bytes)
 
@@ -194,13 +194,13 @@ def enqueue(conn: Connection[Any], task: TaskRef, args: Mapping[str, Any] | None
     params = row.params()
     if row.dedup_key is None and conn.pgconn.pipeline_status:
         params["id"] = take_id(conn)
-        conn.execute(sql.INSERT_JOB_WITH_ID, params)
+        conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
         return int(params["id"])
     with conn.cursor() as cur:
         while True:
-            found = cur.execute(sql.INSERT_JOB, params).fetchone()
+            found = cur.execute(sql.active().INSERT_JOB, params).fetchone()
             if found is None and row.dedup_key is not None:
-                found = cur.execute(sql.SELECT_DEDUP, params).fetchone()
+                found = cur.execute(sql.active().SELECT_DEDUP, params).fetchone()
             if found is not None:
                 return int(found[0])
             # The key's holder was deleted between our two statements: insert again.
@@ -214,14 +214,14 @@ async def enqueue_async(
     params = row.params()
     if row.dedup_key is None and conn.pgconn.pipeline_status:
         params["id"] = await take_id_async(conn)
-        await conn.execute(sql.INSERT_JOB_WITH_ID, params)
+        await conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
         return int(params["id"])
     async with conn.cursor() as cur:
         while True:
-            await cur.execute(sql.INSERT_JOB, params)
+            await cur.execute(sql.active().INSERT_JOB, params)
             found = await cur.fetchone()
             if found is None and row.dedup_key is not None:
-                await cur.execute(sql.SELECT_DEDUP, params)
+                await cur.execute(sql.active().SELECT_DEDUP, params)
                 found = await cur.fetchone()
             if found is not None:
                 return int(found[0])
@@ -387,17 +387,17 @@ def enqueue_many(conn: Connection[Any], items: Iterable[Mapping[str, Any]], **co
         return []
     if all(row.dedup_key is None for row in rows):
         with conn.cursor() as cur:
-            ids = cur.execute(sql.NEXT_JOB_IDS, {"n": len(rows)}).fetchall()
-            with cur.copy(sql.COPY_JOBS) as copy:
+            ids = cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)}).fetchall()
+            with cur.copy(sql.active().COPY_JOBS) as copy:
                 for values in _copy_rows(rows, ids):
                     copy.write_row(values)
         return sorted(job_id for job_id, _ in ids)
     with conn.cursor() as cur:
-        inserted = cur.execute(sql.INSERT_JOBS_BULK, _bulk_params(rows)).fetchall()
+        inserted = cur.execute(sql.active().INSERT_JOBS_BULK, _bulk_params(rows)).fetchall()
         missing = _missing_keys(rows, inserted)
         existing: dict[tuple[str, str], int] = {}
         if missing["queue"]:
-            for job_id, queue, key in cur.execute(sql.SELECT_DEDUP_MANY, missing).fetchall():
+            for job_id, queue, key in cur.execute(sql.active().SELECT_DEDUP_MANY, missing).fetchall():
                 existing[(queue, key)] = job_id
     return _assign_ids(rows, inserted, existing)
 
@@ -411,19 +411,19 @@ async def enqueue_many_async(
         return []
     if all(row.dedup_key is None for row in rows):
         async with conn.cursor() as cur:
-            await cur.execute(sql.NEXT_JOB_IDS, {"n": len(rows)})
+            await cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)})
             ids = await cur.fetchall()
-            async with cur.copy(sql.COPY_JOBS) as copy:
+            async with cur.copy(sql.active().COPY_JOBS) as copy:
                 for values in _copy_rows(rows, ids):
                     await copy.write_row(values)
         return sorted(job_id for job_id, _ in ids)
     async with conn.cursor() as cur:
-        await cur.execute(sql.INSERT_JOBS_BULK, _bulk_params(rows))
+        await cur.execute(sql.active().INSERT_JOBS_BULK, _bulk_params(rows))
         inserted = await cur.fetchall()
         missing = _missing_keys(rows, inserted)
         existing: dict[tuple[str, str], int] = {}
         if missing["queue"]:
-            await cur.execute(sql.SELECT_DEDUP_MANY, missing)
+            await cur.execute(sql.active().SELECT_DEDUP_MANY, missing)
             for job_id, queue, key in await cur.fetchall():
                 existing[(queue, key)] = job_id
     return _assign_ids(rows, inserted, existing)

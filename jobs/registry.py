@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -12,15 +15,16 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
 
-from jobs.errors import (
+from postbox.errors import (
     DuplicateTaskError,
     InvalidArgsError,
     InvalidMaxAttemptsError,
     InvalidPriorityError,
     InvalidQueueError,
+    TaskModuleError,
     UnknownTaskError,
 )
-from jobs.settings import QUEUE_NAME_RE
+from postbox.settings import QUEUE_NAME_RE
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -228,11 +232,23 @@ def task(
     return register
 
 
-def load_task_modules(modules: Iterable[str]) -> list[str]:
-    """Import the modules that define ``@task`` handlers; returns their names."""
+def load_task_modules(modules: Iterable[str], cwd: str | None = None) -> list[str]:
+    """Import the modules that define ``@task`` handlers; returns their names.
+
+    The current directory (``cwd``) is importable first, as with Celery's ``-A``:
+    ``postbox worker run --tasks myapp.tasks`` from the application's folder finds
+    ``myapp`` without an install. A module that fails to import raises
+    :class:`TaskModuleError` with the real exception and its traceback.
+    """
+    folder = os.getcwd() if cwd is None else cwd
+    if folder not in sys.path and os.path.abspath(folder) not in (os.path.abspath(p or ".") for p in sys.path):
+        sys.path.insert(0, folder)
     loaded = []
     for module in modules:
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # a task module's own bug is reported, not hidden
+            raise TaskModuleError(module, exc, traceback.format_exc()) from exc
         loaded.append(module)
     return loaded
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from psycopg import AsyncConnection, Connection
 
-from jobs import sql
-from jobs.states import TERMINAL_STATES
+from postbox import sql
+from postbox.states import TERMINAL_STATES
 
 RESULTS_CHANNEL = "postbox_results"
 
@@ -55,12 +55,12 @@ def _from_row(job_id: int, row: tuple[Any, ...] | None) -> JobResult | None:
 
 def get_result(conn: Connection[Any], job_id: int) -> JobResult | None:
     """The job's state and result now (None: no such job). Runs one SELECT on ``conn``."""
-    row = conn.execute(sql.SELECT_RESULT, {"id": job_id}).fetchone()
+    row = conn.execute(sql.active().SELECT_RESULT, {"id": job_id}).fetchone()
     return _from_row(job_id, row)
 
 
 async def get_result_async(conn: AsyncConnection[Any], job_id: int) -> JobResult | None:
-    cur = await conn.execute(sql.SELECT_RESULT, {"id": job_id})
+    cur = await conn.execute(sql.active().SELECT_RESULT, {"id": job_id})
     return _from_row(job_id, await cur.fetchone())
 
 
@@ -70,7 +70,7 @@ async def wait_result(job_id: int, timeout: float, *, database_url: str | None =
     Raises ``LookupError`` for an unknown job and ``TimeoutError`` after ``timeout`` seconds.
     """
     if database_url is None:
-        from jobs.settings import load_settings
+        from postbox.settings import load_settings
 
         database_url = load_settings().require_database_url()
     deadline = time.monotonic() + timeout

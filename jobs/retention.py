@@ -32,8 +32,8 @@ from typing import Any, LiteralString
 from psycopg import AsyncConnection, Connection
 from psycopg.pq import TransactionStatus
 
-from jobs import sql
-from jobs.settings import Settings
+from postbox import sql
+from postbox.settings import Settings
 
 SECONDS_PER_DAY = 86_400.0
 log = logging.getLogger("postbox.retention")
@@ -54,17 +54,17 @@ def steps(settings: Settings) -> list[Step]:
     return [
         Step(
             "finished",
-            sql.RETENTION_DELETE_FINISHED,
-            sql.RETENTION_COUNT_FINISHED,
+            sql.active().RETENTION_DELETE_FINISHED,
+            sql.active().RETENTION_COUNT_FINISHED,
             settings.retention_finished_days * SECONDS_PER_DAY,
         ),
         Step(
             "processed",
-            sql.RETENTION_DELETE_PROCESSED,
-            sql.RETENTION_COUNT_PROCESSED,
+            sql.active().RETENTION_DELETE_PROCESSED,
+            sql.active().RETENTION_COUNT_PROCESSED,
             settings.retention_processed_days * SECONDS_PER_DAY,
         ),
-        Step("results", sql.RETENTION_CLEAR_RESULTS, sql.RETENTION_COUNT_RESULTS, None),
+        Step("results", sql.active().RETENTION_CLEAR_RESULTS, sql.active().RETENTION_COUNT_RESULTS, None),
     ]
 
 

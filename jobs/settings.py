@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from jobs.errors import SettingsError
+from postbox import schema
+from postbox.errors import SettingsError
 
 QUEUE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 REDIS_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -39,6 +40,14 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("POSTBOX_REDIS_URL", "REDIS_URL", "redis_url"),
         description="Redis URL (also read from REDIS_URL). Unset: the demo starts an embedded server.",
+    )
+    schema_name: str = Field(
+        default="postbox",
+        validation_alias=AliasChoices("POSTBOX_SCHEMA", "schema_name"),
+        description=(
+            "PostgreSQL schema that holds every postbox table, function and its migration version table. "
+            "Producers, relays, workers and the API of one system must agree on it."
+        ),
     )
     redis_prefix: str = Field(
         default="postbox",
@@ -164,6 +173,14 @@ class Settings(BaseSettings):
                 raise ValueError(f"invalid queue name {queue!r}: must match {QUEUE_NAME_RE.pattern}")
         return value
 
+    @field_validator("schema_name")
+    @classmethod
+    def _check_schema(cls, value: str) -> str:
+        try:
+            return schema.validate(value)
+        except SettingsError as exc:
+            raise ValueError(str(exc).split(": ", 1)[1]) from None
+
     @field_validator("redis_prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
@@ -210,9 +227,14 @@ def libpq_url(url: str) -> str:
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Read settings from the environment; raise :class:`SettingsError` naming each bad setting."""
+    """Read settings from the environment; raise :class:`SettingsError` naming each bad setting.
+
+    The settings' schema becomes this process's schema (:func:`postbox.schema.use`).
+    """
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
+        schema.use(settings.schema_name)
+        return settings
     except ValidationError as exc:
         problems = []
         for error in exc.errors():

@@ -4,714 +4,756 @@ One place per table: producers, the relay, workers and the API all take their
 SQL from here, so a reader sees every way a row can change in one file.
 Statements are ``LiteralString`` so a type checker refuses SQL built at runtime.
 Sections: producer, relay, worker, operations.
+
+Every table is named with its schema, ``{schema}.outbox``: postbox's objects
+live in one schema of their own (``POSTBOX_SCHEMA``, default ``postbox``), and a
+statement must find them whatever the ``search_path`` of the connection it runs
+on (a user's connection, when enqueueing). :func:`active` gives the statements
+rendered for the process's schema; the name goes in through
+``psycopg.sql.Identifier`` (see :mod:`postbox.schema`), once per schema.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import LiteralString
 
-# --- producer ------------------------------------------------------------------
+from postbox import schema
 
-INSERT_JOB: LiteralString = """
-INSERT INTO outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                    expires_at, timeout_seconds, keep_result)
-VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
-        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-        %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
-        %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
-ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-RETURNING id
-"""
 
-# The same row with an id drawn ahead (jobs/ids.py): what a pipelined enqueue
-# sends, and needs no reply for. Only for jobs without a dedup key.
-INSERT_JOB_WITH_ID: LiteralString = """
-INSERT INTO outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
-                    expires_at, timeout_seconds, keep_result)
-OVERRIDING SYSTEM VALUE
-VALUES (%(id)s, %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
-        coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-        %(max_attempts)s, %(headers)s::jsonb, %(expires_at)s::timestamptz, %(timeout)s::float8,
-        %(keep_result)s)
-"""
+class Statements:
+    """The statements as templates (class attributes) and, on an instance, rendered for one schema."""
 
-SELECT_DEDUP: LiteralString = """
-SELECT id FROM outbox WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
-"""
+    # --- producer ------------------------------------------------------------------
 
-INSERT_JOBS_BULK: LiteralString = """
-INSERT INTO outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                    expires_at, timeout_seconds, keep_result)
-SELECT q, t, a::jsonb, p, coalesce(r, now() + make_interval(secs => d)), m, k, h::jsonb, e, tmo, kr
-  FROM unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[], %(priority)s::int2[],
-              %(run_at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int4[],
-              %(dedup_key)s::text[], %(headers)s::text[], %(expires_at)s::timestamptz[],
-              %(timeout)s::float8[], %(keep_result)s::bool[])
-       AS u(q, t, a, p, r, d, m, k, h, e, tmo, kr)
-ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-RETURNING id, queue, dedup_key
-"""
+    INSERT_JOB: LiteralString = """
+    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
+                        expires_at, timeout_seconds, keep_result)
+    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
+            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id
+    """
 
-# Bulk without dedup keys goes by COPY (about twice as fast as INSERT ... SELECT):
-# the ids are drawn first, so they come back in input order, and the
-# statement-level NOTIFY trigger fires for COPY as for INSERT.
-NEXT_JOB_IDS: LiteralString = """
-SELECT nextval(pg_get_serial_sequence('outbox', 'id')), now() FROM generate_series(1, %(n)s)
-"""
+    # The same row with an id drawn ahead (jobs/ids.py): what a pipelined enqueue
+    # sends, and needs no reply for. Only for jobs without a dedup key.
+    INSERT_JOB_WITH_ID: LiteralString = """
+    INSERT INTO {schema}.outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
+                        expires_at, timeout_seconds, keep_result)
+    OVERRIDING SYSTEM VALUE
+    VALUES (%(id)s, %(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(max_attempts)s, %(headers)s::jsonb, %(expires_at)s::timestamptz, %(timeout)s::float8,
+            %(keep_result)s)
+    """
 
-COPY_JOBS: LiteralString = """
-COPY outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
-             expires_at, timeout_seconds, keep_result) FROM STDIN
-"""
+    SELECT_DEDUP: LiteralString = """
+    SELECT id FROM {schema}.outbox WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
+    """
 
-SELECT_DEDUP_MANY: LiteralString = """
-SELECT id, queue, dedup_key FROM outbox
- WHERE (queue, dedup_key) IN (SELECT * FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]))
-"""
+    INSERT_JOBS_BULK: LiteralString = """
+    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
+                        expires_at, timeout_seconds, keep_result)
+    SELECT q, t, a::jsonb, p, coalesce(r, now() + make_interval(secs => d)), m, k, h::jsonb, e, tmo, kr
+      FROM unnest(%(queue)s::text[], %(task)s::text[], %(args)s::text[], %(priority)s::int2[],
+                  %(run_at)s::timestamptz[], %(delay)s::float8[], %(max_attempts)s::int4[],
+                  %(dedup_key)s::text[], %(headers)s::text[], %(expires_at)s::timestamptz[],
+                  %(timeout)s::float8[], %(keep_result)s::bool[])
+           AS u(q, t, a, p, r, d, m, k, h, e, tmo, kr)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, dedup_key
+    """
 
-SELECT_JOB: LiteralString = """
-SELECT id, queue, task, args, priority, state, attempts, max_attempts, available_at, created_at,
-       published_at, started_at, finished_at, expires_at, dedup_key, headers, keep_result, result,
-       last_error, last_error_class, cancel_requested_at, discarded_at
-  FROM outbox WHERE id = %(id)s
-"""
+    # Bulk without dedup keys goes by COPY (about twice as fast as INSERT ... SELECT):
+    # the ids are drawn first, so they come back in input order, and the
+    # statement-level NOTIFY trigger fires for COPY as for INSERT.
+    NEXT_JOB_IDS: LiteralString = """
+    SELECT nextval(pg_get_serial_sequence('{schema}.outbox', 'id')), now() FROM generate_series(1, %(n)s)
+    """
 
-SELECT_RESULT: LiteralString = """
-SELECT state, result, last_error_class, last_error FROM outbox WHERE id = %(id)s
-"""
+    COPY_JOBS: LiteralString = """
+    COPY {schema}.outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
+                 expires_at, timeout_seconds, keep_result) FROM STDIN
+    """
 
-# --- relay -----------------------------------------------------------------------
-# (owned by relay/: publish scan, mark published, republish after Redis loss)
-# Every relay statement runs on the leader's own session (the one holding the
-# advisory lock), so a lost session cannot mark anything.
+    SELECT_DEDUP_MANY: LiteralString = """
+    SELECT id, queue, dedup_key FROM {schema}.outbox
+     WHERE (queue, dedup_key) IN (SELECT * FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]))
+    """
 
-RELAY_LISTEN: LiteralString = "LISTEN postbox_outbox"
+    SELECT_JOB: LiteralString = """
+    SELECT id, queue, task, args, priority, state, attempts, max_attempts, available_at, created_at,
+           published_at, started_at, finished_at, expires_at, dedup_key, headers, keep_result, result,
+           last_error, last_error_class, cancel_requested_at, discarded_at
+      FROM {schema}.outbox WHERE id = %(id)s
+    """
 
-RELAY_TRY_LOCK: LiteralString = "SELECT pg_try_advisory_lock(%(key)s)"
+    SELECT_RESULT: LiteralString = """
+    SELECT state, result, last_error_class, last_error FROM {schema}.outbox WHERE id = %(id)s
+    """
 
-RELAY_UNLOCK: LiteralString = "SELECT pg_advisory_unlock(%(key)s)"
+    # --- relay -----------------------------------------------------------------------
+    # (owned by relay/: publish scan, mark published, republish after Redis loss)
+    # Every relay statement runs on the leader's own session (the one holding the
+    # advisory lock), so a lost session cannot mark anything.
 
-RELAY_REGISTER: LiteralString = """
-INSERT INTO relays (id, host, pid, role, term) VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, 0)
-ON CONFLICT (id) DO UPDATE SET role = excluded.role, last_seen = now()
-"""
+    RELAY_LISTEN: LiteralString = "LISTEN postbox_outbox"
 
-RELAY_SET_ROLE: LiteralString = """
-UPDATE relays SET role = %(role)s, last_seen = now() WHERE id = %(id)s
-"""
+    RELAY_TRY_LOCK: LiteralString = "SELECT pg_try_advisory_lock(%(key)s)"
 
-# A new leader takes the next term: one more than any term ever recorded.
-RELAY_BECOME_LEADER: LiteralString = """
-UPDATE relays SET role = 'leader', last_seen = now(),
-       term = (SELECT coalesce(max(term), 0) + 1 FROM relays)
- WHERE id = %(id)s
-RETURNING term
-"""
+    RELAY_UNLOCK: LiteralString = "SELECT pg_advisory_unlock(%(key)s)"
 
-RELAY_HEARTBEAT: LiteralString = "UPDATE relays SET last_seen = now() WHERE id = %(id)s"
+    RELAY_REGISTER: LiteralString = """
+    INSERT INTO {schema}.relays (id, host, pid, role, term) VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, 0)
+    ON CONFLICT (id) DO UPDATE SET role = excluded.role, last_seen = now()
+    """
 
-# Due, unpublished rows in id order. Never a "last id" cursor: a transaction
-# that commits late carries a lower id, and this scan still finds it. ``after``
-# is 0 except inside one burst, where it skips the batch still being marked.
-RELAY_SELECT_DUE: LiteralString = """
-SELECT id, queue, task, args::text, headers::text, priority, attempts,
-       (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
-       coalesce(expires_at < now(), false) AS expired
-  FROM outbox
- WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
-   AND id > %(after)s
- ORDER BY id
- LIMIT %(limit)s
-"""
+    RELAY_SET_ROLE: LiteralString = """
+    UPDATE {schema}.relays SET role = %(role)s, last_seen = now() WHERE id = %(id)s
+    """
 
-# One statement for the whole batch; a row a worker already claimed (it set
-# published_at) is left alone. The term is checked first, in the same statement:
-# if a newer leader has been recorded, nothing is marked and ``leads`` is false.
-# %(term)s is NULL for tools that publish without the lock (publish_once, drain).
-# The rows are locked first, in id order, as a worker's claim locks them: an
-# UPDATE alone locks rows in whatever order its plan visits them (a hash join
-# probing the heap goes in physical order, as it does when the statistics were
-# taken at another size, e.g. before a TRUNCATE), and a claim holding the lower
-# id while the mark holds a higher one is a deadlock: a second of waiting, then
-# the relay's session (its leadership) or the worker's claim (its entries wait
-# for the visibility timeout) is cancelled. The locked rows are then updated by
-# ctid (a TID scan, whatever the statistics say). A row updated in between (a
-# worker's claim) fails the lock's recheck and is skipped, which is what we want.
-RELAY_MARK_PUBLISHED: LiteralString = """
-WITH lead AS (
-    SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM relays
-), locked AS MATERIALIZED (
-    SELECT ctid FROM outbox
-     WHERE (SELECT leads FROM lead)
-       AND id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
+    # A new leader takes the next term: one more than any term ever recorded.
+    RELAY_BECOME_LEADER: LiteralString = """
+    UPDATE {schema}.relays SET role = 'leader', last_seen = now(),
+           term = (SELECT coalesce(max(term), 0) + 1 FROM {schema}.relays)
+     WHERE id = %(id)s
+    RETURNING term
+    """
+
+    RELAY_HEARTBEAT: LiteralString = "UPDATE {schema}.relays SET last_seen = now() WHERE id = %(id)s"
+
+    # Due, unpublished rows in id order. Never a "last id" cursor: a transaction
+    # that commits late carries a lower id, and this scan still finds it. ``after``
+    # is 0 except inside one burst, where it skips the batch still being marked.
+    RELAY_SELECT_DUE: LiteralString = """
+    SELECT id, queue, task, args::text, headers::text, priority, attempts,
+           (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
+           coalesce(expires_at < now(), false) AS expired
+      FROM {schema}.outbox
+     WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+       AND id > %(after)s
      ORDER BY id
-       FOR UPDATE
-), marked AS (
-    UPDATE outbox AS o
-       SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
-      FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
-     WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
-    RETURNING 1
-)
-SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked),
-       -- RELAY_NEXT_DUE, answered here so that an idle relay need not ask it separately
-       (SELECT extract(epoch FROM min(available_at) - now())::float8
-          FROM outbox
-         WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now())
-"""
+     LIMIT %(limit)s
+    """
 
-# The planner's estimate of the unpublished rows. Right after a bulk load it can
-# be ~0 while a huge backlog waits (statistics from an emptier table); then it
-# hashes or bitmap-scans the whole backlog for every batch's mark. The relay
-# compares this estimate with a full batch it just read and ANALYZEs if it is low.
-RELAY_ESTIMATE_UNPUBLISHED: LiteralString = """
-EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox WHERE published_at IS NULL AND state IN ('pending', 'retrying')
-"""
+    # One statement for the whole batch; a row a worker already claimed (it set
+    # published_at) is left alone. The term is checked first, in the same statement:
+    # if a newer leader has been recorded, nothing is marked and ``leads`` is false.
+    # %(term)s is NULL for tools that publish without the lock (publish_once, drain).
+    # The rows are locked first, in id order, as a worker's claim locks them: an
+    # UPDATE alone locks rows in whatever order its plan visits them (a hash join
+    # probing the heap goes in physical order, as it does when the statistics were
+    # taken at another size, e.g. before a TRUNCATE), and a claim holding the lower
+    # id while the mark holds a higher one is a deadlock: a second of waiting, then
+    # the relay's session (its leadership) or the worker's claim (its entries wait
+    # for the visibility timeout) is cancelled. The locked rows are then updated by
+    # ctid (a TID scan, whatever the statistics say). A row updated in between (a
+    # worker's claim) fails the lock's recheck and is skipped, which is what we want.
+    RELAY_MARK_PUBLISHED: LiteralString = """
+    WITH lead AS (
+        SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM {schema}.relays
+    ), locked AS MATERIALIZED (
+        SELECT ctid FROM {schema}.outbox
+         WHERE (SELECT leads FROM lead)
+           AND id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
+         ORDER BY id
+           FOR UPDATE
+    ), marked AS (
+        UPDATE {schema}.outbox AS o
+           SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
+          FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
+         WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
+        RETURNING 1
+    )
+    SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked),
+           -- RELAY_NEXT_DUE, answered here so that an idle relay need not ask it separately
+           (SELECT extract(epoch FROM min(available_at) - now())::float8
+              FROM {schema}.outbox
+             WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now())
+    """
 
-RELAY_ANALYZE: LiteralString = "ANALYZE outbox"
+    # The planner's estimate of the unpublished rows. Right after a bulk load it can
+    # be ~0 while a huge backlog waits (statistics from an emptier table); then it
+    # hashes or bitmap-scans the whole backlog for every batch's mark. The relay
+    # compares this estimate with a full batch it just read and ANALYZEs if it is low.
+    RELAY_ESTIMATE_UNPUBLISHED: LiteralString = """
+    EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.outbox WHERE published_at IS NULL AND state IN ('pending', 'retrying')
+    """
 
-# Locked in id order first, like the marks above.
-RELAY_MARK_EXPIRED: LiteralString = """
-WITH locked AS MATERIALIZED (
-    SELECT ctid FROM outbox
-     WHERE id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
-       AND expires_at < now()
+    RELAY_ANALYZE: LiteralString = "ANALYZE {schema}.outbox"
+
+    # Locked in id order first, like the marks above.
+    RELAY_MARK_EXPIRED: LiteralString = """
+    WITH locked AS MATERIALIZED (
+        SELECT ctid FROM {schema}.outbox
+         WHERE id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
+           AND expires_at < now()
+         ORDER BY id
+           FOR UPDATE
+    )
+    UPDATE {schema}.outbox SET state = 'expired', finished_at = now()
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM locked))
+    """
+
+    # Seconds until the next delayed row is due (NULL: none waiting).
+    RELAY_NEXT_DUE: LiteralString = """
+    SELECT extract(epoch FROM min(available_at) - now())::float8
+      FROM {schema}.outbox
+     WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now()
+    """
+
+    RELAY_BACKLOG: LiteralString = """
+    SELECT count(*), coalesce(extract(epoch FROM now() - min(available_at))::float8, 0)
+      FROM {schema}.outbox
+     WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+    """
+
+    RELAY_NOW: LiteralString = "SELECT now()"
+
+    # After Redis lost its data: rows published before the loss was noticed and not
+    # finished (queued, or running under a claim that went stale), by id from a cursor.
+    RELAY_SELECT_LOST: LiteralString = """
+    SELECT id, queue, task, args::text, headers::text, priority, attempts,
+           (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms
+      FROM {schema}.outbox
+     WHERE id > %(after)s
+       AND ((state = 'queued' AND published_at <= %(cutoff)s)
+            OR (state = 'running' AND lease_until < now()))
      ORDER BY id
-       FOR UPDATE
-)
-UPDATE outbox SET state = 'expired', finished_at = now()
- WHERE ctid = ANY(ARRAY(SELECT ctid FROM locked))
-"""
+     LIMIT %(limit)s
+    """
 
-# Seconds until the next delayed row is due (NULL: none waiting).
-RELAY_NEXT_DUE: LiteralString = """
-SELECT extract(epoch FROM min(available_at) - now())::float8
-  FROM outbox
- WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now()
-"""
-
-RELAY_BACKLOG: LiteralString = """
-SELECT count(*), coalesce(extract(epoch FROM now() - min(available_at))::float8, 0)
-  FROM outbox
- WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
-"""
-
-RELAY_NOW: LiteralString = "SELECT now()"
-
-# After Redis lost its data: rows published before the loss was noticed and not
-# finished (queued, or running under a claim that went stale), by id from a cursor.
-RELAY_SELECT_LOST: LiteralString = """
-SELECT id, queue, task, args::text, headers::text, priority, attempts,
-       (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms
-  FROM outbox
- WHERE id > %(after)s
-   AND ((state = 'queued' AND published_at <= %(cutoff)s)
-        OR (state = 'running' AND lease_until < now()))
- ORDER BY id
- LIMIT %(limit)s
-"""
-
-# Candidates for the "is its entry still there" sweep: published rows without an
-# outcome that have waited a while (queued), or whose claim went stale (running).
-RELAY_SELECT_INFLIGHT: LiteralString = """
-SELECT id, queue, task, args::text, headers::text, priority, attempts,
-       (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms, stream_id
-  FROM outbox
- WHERE id > %(after)s AND stream_id IS NOT NULL
-   AND ((state = 'queued' AND published_at < now() - make_interval(secs => %(min_age)s))
-        OR (state = 'running' AND lease_until < now()))
- ORDER BY id
- LIMIT %(limit)s
-"""
-
-# The rows of a republish that still have no outcome, re-read right before the XADD.
-RELAY_STILL_UNFINISHED: LiteralString = """
-SELECT id FROM outbox
- WHERE id = ANY(%(ids)s::int8[])
-   AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
-"""
-
-# Record a republish; only a row still without an outcome is touched. Locked in
-# id order first, like RELAY_MARK_PUBLISHED (and for the same reason).
-RELAY_MARK_REPUBLISHED: LiteralString = """
-WITH lead AS (
-    SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM relays
-), locked AS MATERIALIZED (
-    SELECT ctid FROM outbox
-     WHERE (SELECT leads FROM lead) AND id = ANY(%(ids)s::int8[]) AND state IN ('queued', 'running')
+    # Candidates for the "is its entry still there" sweep: published rows without an
+    # outcome that have waited a while (queued), or whose claim went stale (running).
+    RELAY_SELECT_INFLIGHT: LiteralString = """
+    SELECT id, queue, task, args::text, headers::text, priority, attempts,
+           (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms, stream_id
+      FROM {schema}.outbox
+     WHERE id > %(after)s AND stream_id IS NOT NULL
+       AND ((state = 'queued' AND published_at < now() - make_interval(secs => %(min_age)s))
+            OR (state = 'running' AND lease_until < now()))
      ORDER BY id
-       FOR UPDATE
-), marked AS (
-    UPDATE outbox AS o
-       SET published_at = CASE WHEN o.state = 'queued' THEN now() ELSE o.published_at END,
-           publish_count = o.publish_count + 1, stream_id = u.sid
-      FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
-     WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
-    RETURNING 1
-)
-SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
-"""
+     LIMIT %(limit)s
+    """
 
-# --- worker ----------------------------------------------------------------------
-# (owned by worker/: claims, outcomes, leases, heartbeats)
-# The claim and outcome rules are the cross-component contract: a delivery runs
-# only if its row is claimable; only the claimant of the current attempt (the
-# fence: claimed_by, attempts, state) may record the outcome.
-
-# Claim a batch of deliveries. Rows are locked in id order (no deadlock between
-# two workers claiming overlapping batches) and re-checked after any lock wait.
-# The verdict: run it, or end it at once (expired; attempts used up by lost runs).
-WORKER_CLAIM: LiteralString = """
-WITH locked AS (
-    SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
-           o.started_at AS old_started_at,
-           CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
-                WHEN o.attempts >= o.max_attempts THEN 'dead'
-                ELSE 'running' END AS verdict
-      FROM outbox o
-     WHERE o.id = ANY(%(ids)s::int8[])
-       AND ((o.state IN ('pending', 'queued', 'retrying') AND o.available_at <= now())
-            OR (o.state = 'running' AND o.lease_until < now()))
-     ORDER BY o.id
-       FOR UPDATE
-), claimed AS (
-    UPDATE outbox o
-       SET state = l.verdict,
-           attempts = o.attempts + (l.verdict = 'running')::int,
-           claimed_by = CASE WHEN l.verdict = 'running' THEN %(worker)s END,
-           lease_until = CASE WHEN l.verdict = 'running' THEN now() + make_interval(secs => %(lease)s) END,
-           started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
-           finished_at = CASE WHEN l.verdict = 'running' THEN NULL ELSE now() END,
-           published_at = coalesce(o.published_at, now()),
-           -- a claim that beats the relay's mark stands in for it: the publish is counted here
-           publish_count = o.publish_count + (o.published_at IS NULL)::int,
-           last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted' ELSE o.last_error_class END,
-           last_error = CASE WHEN l.verdict = 'dead'
-                             THEN 'every attempt was used; the last run never recorded an outcome (worker lost)'
-                             ELSE o.last_error END,
-           result = CASE WHEN l.verdict = 'dead' THEN jsonb_build_object('error', jsonb_build_object(
-                             'class', 'AttemptsExhausted',
-                             'message', 'every attempt was used; the last run never recorded an outcome (worker lost)'))
-                         ELSE o.result END
-      FROM locked l
-     WHERE o.id = l.id
- RETURNING o.id, o.state, o.attempts, o.max_attempts, o.timeout_seconds, o.keep_result,
-           (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms, l.old_state, l.old_attempts
-), lost AS (
-    -- An attempt's history row is written when it ends: by its outcome, or here,
-    -- when a claim takes over a run whose lease went stale. A running attempt has
-    -- no row yet (OPS_JOB_HISTORY shows it from the outbox row).
-    INSERT INTO job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-    SELECT id, old_attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-      FROM locked WHERE old_state = 'running'
-    ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-     WHERE a.finished_at IS NULL
-)
--- The claim commits without waiting for its WAL flush (set_config is local to this
--- statement's transaction): handlers start sooner, and the outcome's synchronous
--- commit flushes the claim's record first. A claim lost in a PostgreSQL crash only
--- means the delivery runs again. Jobs ended here (dead, expired) are followed by a
--- synchronous NOTIFY commit, which flushes them before their entries are acknowledged.
-SELECT id, state, attempts, max_attempts, timeout_seconds, keep_result, enq_ms
-  FROM claimed CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-"""
-
-# Which of these jobs are running (under someone's claim): a reclaimed entry of
-# such a job stays pending instead of being acknowledged.
-WORKER_SELECT_RUNNING: LiteralString = """
-SELECT id FROM outbox WHERE id = ANY(%(ids)s::int8[]) AND state = 'running'
-"""
-
-# Record a batch of outcomes, fenced. ``state`` per row: succeeded, retrying,
-# dead, cancelled. Retries go back through the outbox (the relay republishes
-# when due). Terminal outcomes wake result waiters with one NOTIFY per batch.
-WORKER_RECORD_OUTCOMES: LiteralString = """
-WITH fenced AS (
-    -- Rows are found by id and matched to their input by position: no join with
-    -- unnest() for the planner to get wrong on a table whose stats see few running rows.
-    SELECT j.id, array_position(%(ids)s::int8[], j.id) AS i
-      FROM outbox j
-     WHERE j.id = ANY(%(ids)s::int8[]) AND j.claimed_by = %(worker)s AND j.state = 'running'
-     ORDER BY j.id
-       FOR UPDATE
-), done AS (
-    UPDATE outbox j
-       SET state = (%(states)s::text[])[f.i],
-           finished_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE now() END,
-           available_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying'
-                               THEN now() + make_interval(secs => (%(delays)s::float8[])[f.i])
-                               ELSE j.available_at END,
-           published_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE j.published_at END,
-           claimed_by = NULL,
-           lease_until = NULL,
-           result = ((%(results)s::text[])[f.i])::jsonb,
-           result_expires_at = CASE WHEN (%(results)s::text[])[f.i] IS NULL THEN NULL
-                                    ELSE now() + make_interval(secs => (%(result_ttls)s::float8[])[f.i]) END,
-           last_error_class = coalesce((%(error_classes)s::text[])[f.i], j.last_error_class),
-           last_error = coalesce((%(errors)s::text[])[f.i], j.last_error)
-      FROM fenced f
-     WHERE j.id = f.id AND j.attempts = (%(attempts)s::int4[])[f.i]
- RETURNING j.id, j.state, j.attempts, f.i, j.started_at
-), history AS (
-    -- One row per ended attempt, written once. ON CONFLICT: a row written at the
-    -- claim by an older postbox (before migration 0003), finished here.
-    INSERT INTO job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error)
-    SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, now()), now(), (%(outcomes)s::text[])[d.i],
-           (%(error_classes)s::text[])[d.i], (%(errors)s::text[])[d.i]
-      FROM done d
-    ON CONFLICT (outbox_id, attempt) DO UPDATE
-       SET finished_at = excluded.finished_at, outcome = excluded.outcome,
-           error_class = excluded.error_class, error = excluded.error
-), woken AS (
-    -- Off inside a handler's ctx.transaction(): PostgreSQL serializes the commits
-    -- of transactions that NOTIFY, which would undo group commit across jobs.
-    SELECT pg_notify('postbox_results', concat_ws(',', string_agg(id::text, ','), %(also_notify)s::text)) AS n
-      FROM done WHERE %(notify)s AND state <> 'retrying'
-    HAVING count(*) > 0 OR %(also_notify)s::text IS NOT NULL
-)
-SELECT d.id, (SELECT count(*) FROM woken) FROM done d
-"""
-
-# ctx.transaction(): the job id as the idempotency key of its effects.
-WORKER_INSERT_PROCESSED: LiteralString = """
-INSERT INTO processed_jobs (outbox_id) VALUES (%(id)s) ON CONFLICT (outbox_id) DO NOTHING RETURNING outbox_id
-"""
-
-# A result set after the job's success already committed (keep_result with
-# ctx.transaction(): the return value is known only when the handler returns).
-WORKER_SET_RESULT: LiteralString = """
-UPDATE outbox SET result = %(result)s::jsonb, result_expires_at = now() + make_interval(secs => %(ttl)s)
- WHERE id = %(id)s AND state = 'succeeded'
-"""
-
-WORKER_NOTIFY_RESULTS: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
-
-# Lease renewal for the jobs a worker is running; returns the ids still ours.
-# Locked in id order first, as claims, outcomes and the relay's marks lock: the
-# same worker's outcome statement may be locking some of these rows right now.
-WORKER_RENEW_LEASES: LiteralString = """
-WITH locked AS MATERIALIZED (
-    SELECT ctid FROM outbox
-     WHERE id = ANY(%(ids)s::int8[]) AND claimed_by = %(worker)s AND state = 'running'
-     ORDER BY id
-       FOR UPDATE
-)
-UPDATE outbox SET lease_until = now() + make_interval(secs => %(lease)s)
- WHERE ctid = ANY(ARRAY(SELECT ctid FROM locked))
-RETURNING id
-"""
-
-# Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
-# jobs publishable again. Queued rows go back to the relay's work list; running
-# rows under a stale claim too (their lost attempt stays counted).
-WORKER_REPUBLISH_LOST: LiteralString = """
-WITH target AS (
-    SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
-      FROM outbox
-     WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+    # The rows of a republish that still have no outcome, re-read right before the XADD.
+    RELAY_STILL_UNFINISHED: LiteralString = """
+    SELECT id FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[])
        AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
-     ORDER BY id
-       FOR UPDATE
-), rescued AS (
-    UPDATE outbox o
-       SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
-      FROM target t
-     WHERE o.id = t.id
- RETURNING o.id
-), lost AS (
-    INSERT INTO job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-    SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-      FROM target WHERE old_state = 'running'
-    ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-     WHERE a.finished_at IS NULL
-)
-SELECT id FROM rescued
-"""
+    """
 
-# Vanished entries whose job still runs under a live claim: looked at again
-# once that claim may have gone stale.
-WORKER_RUNNING_BY_STREAM_ID: LiteralString = """
-SELECT stream_id FROM outbox
- WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
-   AND state = 'running'
-"""
+    # Record a republish; only a row still without an outcome is touched. Locked in
+    # id order first, like RELAY_MARK_PUBLISHED (and for the same reason).
+    RELAY_MARK_REPUBLISHED: LiteralString = """
+    WITH lead AS (
+        SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM {schema}.relays
+    ), locked AS MATERIALIZED (
+        SELECT ctid FROM {schema}.outbox
+         WHERE (SELECT leads FROM lead) AND id = ANY(%(ids)s::int8[]) AND state IN ('queued', 'running')
+         ORDER BY id
+           FOR UPDATE
+    ), marked AS (
+        UPDATE {schema}.outbox AS o
+           SET published_at = CASE WHEN o.state = 'queued' THEN now() ELSE o.published_at END,
+               publish_count = o.publish_count + 1, stream_id = u.sid
+          FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
+         WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
+        RETURNING 1
+    )
+    SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
+    """
 
-WORKER_UPSERT: LiteralString = """
-INSERT INTO workers (id, host, pid, queues, concurrency, in_flight, processed, failed)
-VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(processed)s, %(failed)s)
-ON CONFLICT (id) DO UPDATE
-   SET last_seen = now(), in_flight = excluded.in_flight, processed = excluded.processed,
-       failed = excluded.failed, queues = excluded.queues, stopped_at = NULL
-"""
+    # --- worker ----------------------------------------------------------------------
+    # (owned by worker/: claims, outcomes, leases, heartbeats)
+    # The claim and outcome rules are the cross-component contract: a delivery runs
+    # only if its row is claimable; only the claimant of the current attempt (the
+    # fence: claimed_by, attempts, state) may record the outcome.
 
-WORKER_STOPPED: LiteralString = """
-UPDATE workers SET stopped_at = now(), last_seen = now(), in_flight = 0, processed = %(processed)s,
-       failed = %(failed)s
- WHERE id = %(id)s
-"""
+    # Claim a batch of deliveries. Rows are locked in id order (no deadlock between
+    # two workers claiming overlapping batches) and re-checked after any lock wait.
+    # The verdict: run it, or end it at once (expired; attempts used up by lost runs).
+    WORKER_CLAIM: LiteralString = """
+    WITH locked AS (
+        SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
+               o.started_at AS old_started_at,
+               CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
+                    WHEN o.attempts >= o.max_attempts THEN 'dead'
+                    ELSE 'running' END AS verdict
+          FROM {schema}.outbox o
+         WHERE o.id = ANY(%(ids)s::int8[])
+           AND ((o.state IN ('pending', 'queued', 'retrying') AND o.available_at <= now())
+                OR (o.state = 'running' AND o.lease_until < now()))
+         ORDER BY o.id
+           FOR UPDATE
+    ), claimed AS (
+        UPDATE {schema}.outbox o
+           SET state = l.verdict,
+               attempts = o.attempts + (l.verdict = 'running')::int,
+               claimed_by = CASE WHEN l.verdict = 'running' THEN %(worker)s END,
+               lease_until = CASE WHEN l.verdict = 'running' THEN now() + make_interval(secs => %(lease)s) END,
+               started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
+               finished_at = CASE WHEN l.verdict = 'running' THEN NULL ELSE now() END,
+               published_at = coalesce(o.published_at, now()),
+               -- a claim that beats the relay's mark stands in for it: the publish is counted here
+               publish_count = o.publish_count + (o.published_at IS NULL)::int,
+               last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted' ELSE o.last_error_class END,
+               last_error = CASE WHEN l.verdict = 'dead'
+                                 THEN 'every attempt was used; the last run never recorded an outcome (worker lost)'
+                                 ELSE o.last_error END,
+               result = CASE WHEN l.verdict = 'dead' THEN jsonb_build_object('error', jsonb_build_object(
+                                 'class', 'AttemptsExhausted',
+                                 'message',
+                                 'every attempt was used; the last run never recorded an outcome (worker lost)'))
+                             ELSE o.result END
+          FROM locked l
+         WHERE o.id = l.id
+     RETURNING o.id, o.state, o.attempts, o.max_attempts, o.timeout_seconds, o.keep_result,
+               (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms, l.old_state, l.old_attempts
+    ), lost AS (
+        -- An attempt's history row is written when it ends: by its outcome, or here,
+        -- when a claim takes over a run whose lease went stale. A running attempt has
+        -- no row yet (OPS_JOB_HISTORY shows it from the outbox row).
+        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+        SELECT id, old_attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+          FROM locked WHERE old_state = 'running'
+        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+         WHERE a.finished_at IS NULL
+    )
+    -- The claim commits without waiting for its WAL flush (set_config is local to this
+    -- statement's transaction): handlers start sooner, and the outcome's synchronous
+    -- commit flushes the claim's record first. A claim lost in a PostgreSQL crash only
+    -- means the delivery runs again. Jobs ended here (dead, expired) are followed by a
+    -- synchronous NOTIFY commit, which flushes them before their entries are acknowledged.
+    SELECT id, state, attempts, max_attempts, timeout_seconds, keep_result, enq_ms
+      FROM claimed CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+    """
 
-WORKER_PAUSED_QUEUES: LiteralString = """
-SELECT name FROM queues WHERE paused AND name = ANY(%(queues)s::text[])
-"""
+    # Which of these jobs are running (under someone's claim): a reclaimed entry of
+    # such a job stays pending instead of being acknowledged.
+    WORKER_SELECT_RUNNING: LiteralString = """
+    SELECT id FROM {schema}.outbox WHERE id = ANY(%(ids)s::int8[]) AND state = 'running'
+    """
 
-WORKER_CANCEL_REQUESTED: LiteralString = """
-SELECT id FROM outbox
- WHERE id = ANY(%(ids)s::int8[]) AND cancel_requested_at IS NOT NULL AND state = 'running'
-"""
+    # Record a batch of outcomes, fenced. ``state`` per row: succeeded, retrying,
+    # dead, cancelled. Retries go back through the outbox (the relay republishes
+    # when due). Terminal outcomes wake result waiters with one NOTIFY per batch.
+    WORKER_RECORD_OUTCOMES: LiteralString = """
+    WITH fenced AS (
+        -- Rows are found by id and matched to their input by position: no join with
+        -- unnest() for the planner to get wrong on a table whose stats see few running rows.
+        SELECT j.id, array_position(%(ids)s::int8[], j.id) AS i
+          FROM {schema}.outbox j
+         WHERE j.id = ANY(%(ids)s::int8[]) AND j.claimed_by = %(worker)s AND j.state = 'running'
+         ORDER BY j.id
+           FOR UPDATE
+    ), done AS (
+        UPDATE {schema}.outbox j
+           SET state = (%(states)s::text[])[f.i],
+               finished_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE now() END,
+               available_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying'
+                                   THEN now() + make_interval(secs => (%(delays)s::float8[])[f.i])
+                                   ELSE j.available_at END,
+               published_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE j.published_at END,
+               claimed_by = NULL,
+               lease_until = NULL,
+               result = ((%(results)s::text[])[f.i])::jsonb,
+               result_expires_at = CASE WHEN (%(results)s::text[])[f.i] IS NULL THEN NULL
+                                        ELSE now() + make_interval(secs => (%(result_ttls)s::float8[])[f.i]) END,
+               last_error_class = coalesce((%(error_classes)s::text[])[f.i], j.last_error_class),
+               last_error = coalesce((%(errors)s::text[])[f.i], j.last_error)
+          FROM fenced f
+         WHERE j.id = f.id AND j.attempts = (%(attempts)s::int4[])[f.i]
+     RETURNING j.id, j.state, j.attempts, f.i, j.started_at
+    ), history AS (
+        -- One row per ended attempt, written once. ON CONFLICT: a row written at the
+        -- claim by an older postbox (before migration 0003), finished here.
+        INSERT INTO {schema}.job_attempts AS a
+               (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error)
+        SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, now()), now(), (%(outcomes)s::text[])[d.i],
+               (%(error_classes)s::text[])[d.i], (%(errors)s::text[])[d.i]
+          FROM done d
+        ON CONFLICT (outbox_id, attempt) DO UPDATE
+           SET finished_at = excluded.finished_at, outcome = excluded.outcome,
+               error_class = excluded.error_class, error = excluded.error
+    ), woken AS (
+        -- Off inside a handler's ctx.transaction(): PostgreSQL serializes the commits
+        -- of transactions that NOTIFY, which would undo group commit across jobs.
+        SELECT pg_notify('postbox_results', concat_ws(',', string_agg(id::text, ','), %(also_notify)s::text)) AS n
+          FROM done WHERE %(notify)s AND state <> 'retrying'
+        HAVING count(*) > 0 OR %(also_notify)s::text IS NOT NULL
+    )
+    SELECT d.id, (SELECT count(*) FROM woken) FROM done d
+    """
 
-# --- operations ------------------------------------------------------------------
-# (owned by app/: listings, DLQ, queue control, audit, retention)
+    # ctx.transaction(): the job id as the idempotency key of its effects.
+    WORKER_INSERT_PROCESSED: LiteralString = """
+    INSERT INTO {schema}.processed_jobs (outbox_id) VALUES (%(id)s)
+    ON CONFLICT (outbox_id) DO NOTHING RETURNING outbox_id
+    """
 
-OPS_GET_JOB: LiteralString = """
-SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-       started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-       last_error_class, last_error, claimed_by, args, result
-  FROM outbox WHERE id = %(id)s
-"""
+    # A result set after the job's success already committed (keep_result with
+    # ctx.transaction(): the return value is known only when the handler returns).
+    WORKER_SET_RESULT: LiteralString = """
+    UPDATE {schema}.outbox SET result = %(result)s::jsonb, result_expires_at = now() + make_interval(secs => %(ttl)s)
+     WHERE id = %(id)s AND state = 'succeeded'
+    """
 
-# Ended attempts from job_attempts, and the attempt running now from the outbox
-# row (its history row is written when it ends).
-OPS_JOB_HISTORY: LiteralString = """
-SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error
-  FROM job_attempts WHERE outbox_id = %(id)s
-UNION ALL
-SELECT o.attempts, o.claimed_by, o.started_at, NULL, NULL, NULL, NULL
-  FROM outbox o
- WHERE o.id = %(id)s AND o.state = 'running'
-   AND NOT EXISTS (SELECT 1 FROM job_attempts a WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
- ORDER BY started_at, attempt
-"""
+    WORKER_NOTIFY_RESULTS: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
 
-# Newest first; the cursor is the last id of the previous page. NULL filters match everything.
-OPS_LIST_JOBS: LiteralString = """
-SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-       started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-       last_error_class, last_error, claimed_by
-  FROM outbox
- WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(task)s::text IS NULL OR task = %(task)s)
-   AND (%(state)s::text IS NULL OR state = %(state)s)
-   AND (%(before)s::bigint IS NULL OR id < %(before)s)
- ORDER BY id DESC
- LIMIT %(limit)s
-"""
+    # Lease renewal for the jobs a worker is running; returns the ids still ours.
+    # Locked in id order first, as claims, outcomes and the relay's marks lock: the
+    # same worker's outcome statement may be locking some of these rows right now.
+    WORKER_RENEW_LEASES: LiteralString = """
+    WITH locked AS MATERIALIZED (
+        SELECT ctid FROM {schema}.outbox
+         WHERE id = ANY(%(ids)s::int8[]) AND claimed_by = %(worker)s AND state = 'running'
+         ORDER BY id
+           FOR UPDATE
+    )
+    UPDATE {schema}.outbox SET lease_until = now() + make_interval(secs => %(lease)s)
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM locked))
+    RETURNING id
+    """
 
-OPS_LIST_DEAD: LiteralString = """
-SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-       started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-       last_error_class, last_error, claimed_by
-  FROM outbox
- WHERE state = 'dead'
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-   AND (%(task)s::text IS NULL OR task = %(task)s)
-   AND (%(discarded)s::boolean IS NULL OR (discarded_at IS NOT NULL) = %(discarded)s)
-   AND (%(before)s::bigint IS NULL OR id < %(before)s)
- ORDER BY id DESC
- LIMIT %(limit)s
-"""
+    # Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
+    # jobs publishable again. Queued rows go back to the relay's work list; running
+    # rows under a stale claim too (their lost attempt stays counted).
+    WORKER_REPUBLISH_LOST: LiteralString = """
+    WITH target AS (
+        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
+          FROM {schema}.outbox
+         WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+           AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
+         ORDER BY id
+           FOR UPDATE
+    ), rescued AS (
+        UPDATE {schema}.outbox o
+           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
+          FROM target t
+         WHERE o.id = t.id
+     RETURNING o.id
+    ), lost AS (
+        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+          FROM target WHERE old_state = 'running'
+        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+         WHERE a.finished_at IS NULL
+    )
+    SELECT id FROM rescued
+    """
 
-# Cancel: waiting jobs end at once; a running one gets a request the worker honours.
-OPS_CANCEL_WAITING: LiteralString = """
-UPDATE outbox SET state = 'cancelled', finished_at = now(), cancel_requested_at = coalesce(cancel_requested_at, now())
- WHERE id = %(id)s AND state IN ('pending', 'queued', 'retrying')
-RETURNING id, queue, task, state, attempts
-"""
+    # Vanished entries whose job still runs under a live claim: looked at again
+    # once that claim may have gone stale.
+    WORKER_RUNNING_BY_STREAM_ID: LiteralString = """
+    SELECT stream_id FROM {schema}.outbox
+     WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+       AND state = 'running'
+    """
 
-OPS_CANCEL_RUNNING: LiteralString = """
-UPDATE outbox SET cancel_requested_at = coalesce(cancel_requested_at, now())
- WHERE id = %(id)s AND state = 'running'
-RETURNING id, queue, task, state, attempts
-"""
+    WORKER_UPSERT: LiteralString = """
+    INSERT INTO {schema}.workers (id, host, pid, queues, concurrency, in_flight, processed, failed)
+    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(processed)s, %(failed)s)
+    ON CONFLICT (id) DO UPDATE
+       SET last_seen = now(), in_flight = excluded.in_flight, processed = excluded.processed,
+           failed = excluded.failed, queues = excluded.queues, stopped_at = NULL
+    """
 
-OPS_JOB_STATE: LiteralString = """
-SELECT id, queue, task, state, attempts FROM outbox WHERE id = %(id)s
-"""
+    WORKER_STOPPED: LiteralString = """
+    UPDATE {schema}.workers SET stopped_at = now(), last_seen = now(), in_flight = 0, processed = %(processed)s,
+           failed = %(failed)s
+     WHERE id = %(id)s
+    """
 
-# Waiting jobs of one queue, counted no further than the limit (cheap at any depth).
-OPS_QUEUE_DEPTH: LiteralString = """
-SELECT count(*) FROM (
-    SELECT 1 FROM outbox WHERE queue = %(queue)s AND state IN ('pending', 'queued', 'retrying') LIMIT %(limit)s
-) AS waiting
-"""
+    WORKER_PAUSED_QUEUES: LiteralString = """
+    SELECT name FROM {schema}.queues WHERE paused AND name = ANY(%(queues)s::text[])
+    """
 
-# Per-queue counts, exact at this statement's snapshot.
-OPS_QUEUE_COUNTS: LiteralString = """
-SELECT queue,
-       count(*) FILTER (WHERE state IN ('pending', 'retrying') AND published_at IS NULL AND available_at <= now())
-           AS backlog,
-       count(*) FILTER (WHERE state = 'pending' AND available_at > now()) AS scheduled,
-       count(*) FILTER (WHERE state = 'queued') AS queued,
-       count(*) FILTER (WHERE state = 'running') AS in_flight,
-       count(*) FILTER (WHERE state = 'retrying') AS retrying,
-       count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NULL) AS dead,
-       count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NOT NULL) AS discarded,
-       extract(epoch FROM now() - min(available_at)
-           FILTER (WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()))::float8
-           AS oldest_waiting_seconds
-  FROM outbox
- WHERE state IN ('pending', 'queued', 'running', 'retrying', 'dead')
-   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
- GROUP BY queue
-"""
+    WORKER_CANCEL_REQUESTED: LiteralString = """
+    SELECT id FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND cancel_requested_at IS NOT NULL AND state = 'running'
+    """
 
-OPS_QUEUE_ROWS: LiteralString = """
-SELECT name, paused, updated_at FROM queues WHERE (%(queue)s::text IS NULL OR name = %(queue)s)
-"""
+    # --- operations ------------------------------------------------------------------
+    # (owned by app/: listings, DLQ, queue control, audit, retention)
 
-OPS_KNOWN_QUEUE: LiteralString = """
-SELECT EXISTS (SELECT 1 FROM outbox WHERE queue = %(queue)s) OR EXISTS (SELECT 1 FROM queues WHERE name = %(queue)s)
-"""
+    OPS_GET_JOB: LiteralString = """
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by, args, result
+      FROM {schema}.outbox WHERE id = %(id)s
+    """
 
-OPS_SET_PAUSED: LiteralString = """
-INSERT INTO queues (name, paused, updated_at) VALUES (%(queue)s, %(paused)s, now())
-ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
-RETURNING name, paused, updated_at
-"""
+    # Ended attempts from job_attempts, and the attempt running now from the outbox
+    # row (its history row is written when it ends).
+    OPS_JOB_HISTORY: LiteralString = """
+    SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error
+      FROM {schema}.job_attempts WHERE outbox_id = %(id)s
+    UNION ALL
+    SELECT o.attempts, o.claimed_by, o.started_at, NULL, NULL, NULL, NULL
+      FROM {schema}.outbox o
+     WHERE o.id = %(id)s AND o.state = 'running'
+       AND NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
+     ORDER BY started_at, attempt
+    """
 
-OPS_LIST_WORKERS: LiteralString = """
-SELECT id, host, pid, queues, concurrency, started_at, last_seen, in_flight, processed, failed, stopped_at,
-       last_seen < now() - make_interval(secs => 3 * %(heartbeat)s::float8) AS stale,
-       extract(epoch FROM now() - last_seen)::float8 AS age_seconds
-  FROM workers
- WHERE (%(id)s::text IS NULL OR id = %(id)s)
- ORDER BY started_at DESC, id
-"""
+    # Newest first; the cursor is the last id of the previous page. NULL filters match everything.
+    OPS_LIST_JOBS: LiteralString = """
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by
+      FROM {schema}.outbox
+     WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(state)s::text IS NULL OR state = %(state)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
+     ORDER BY id DESC
+     LIMIT %(limit)s
+    """
 
-# Requeue a dead letter through the outbox. The attempts of its earlier life are
-# kept in job_attempts, moved below zero (attempt - 1,000,000 x round) so the new
-# life's attempts 1, 2, ... do not collide with them; readers map them back.
-OPS_ARCHIVE_ATTEMPTS: LiteralString = """
-UPDATE job_attempts
-   SET attempt = attempt - 1000000 * (1 + (
-           SELECT (coalesce(-min(attempt), 0) + 999999) / 1000000
-             FROM job_attempts WHERE outbox_id = %(id)s AND attempt <= 0))
- WHERE outbox_id = %(id)s AND attempt > 0
-"""
+    OPS_LIST_DEAD: LiteralString = """
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by
+      FROM {schema}.outbox
+     WHERE state = 'dead'
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(discarded)s::boolean IS NULL OR (discarded_at IS NOT NULL) = %(discarded)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
+     ORDER BY id DESC
+     LIMIT %(limit)s
+    """
 
-OPS_REQUEUE_DEAD: LiteralString = """
-UPDATE outbox SET state = 'pending', attempts = 0, available_at = now(), published_at = NULL, stream_id = NULL,
-       claimed_by = NULL, lease_until = NULL, started_at = NULL, finished_at = NULL, discarded_at = NULL,
-       cancel_requested_at = NULL, result = NULL, result_expires_at = NULL
- WHERE id = %(id)s AND state = 'dead'
-RETURNING id, queue, task, state, attempts
-"""
+    # Cancel: waiting jobs end at once; a running one gets a request the worker honours.
+    OPS_CANCEL_WAITING: LiteralString = """
+    UPDATE {schema}.outbox
+       SET state = 'cancelled', finished_at = now(), cancel_requested_at = coalesce(cancel_requested_at, now())
+     WHERE id = %(id)s AND state IN ('pending', 'queued', 'retrying')
+    RETURNING id, queue, task, state, attempts
+    """
 
-OPS_LOCK_DEAD: LiteralString = """
-SELECT id, queue, task, state, attempts, discarded_at FROM outbox WHERE id = %(id)s FOR UPDATE
-"""
+    OPS_CANCEL_RUNNING: LiteralString = """
+    UPDATE {schema}.outbox SET cancel_requested_at = coalesce(cancel_requested_at, now())
+     WHERE id = %(id)s AND state = 'running'
+    RETURNING id, queue, task, state, attempts
+    """
 
-OPS_DISCARD_DEAD: LiteralString = """
-UPDATE outbox SET discarded_at = coalesce(discarded_at, now())
- WHERE id = %(id)s AND state = 'dead'
-RETURNING id, queue, task, state, attempts, discarded_at
-"""
+    OPS_JOB_STATE: LiteralString = """
+    SELECT id, queue, task, state, attempts FROM {schema}.outbox WHERE id = %(id)s
+    """
 
-OPS_PURGE_MATCH: LiteralString = """
-SELECT count(*) FROM outbox
- WHERE queue = %(queue)s AND state = 'dead'
-   AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
-   AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
-"""
+    # Waiting jobs of one queue, counted no further than the limit (cheap at any depth).
+    OPS_QUEUE_DEPTH: LiteralString = """
+    SELECT count(*) FROM (
+        SELECT 1 FROM {schema}.outbox
+         WHERE queue = %(queue)s AND state IN ('pending', 'queued', 'retrying') LIMIT %(limit)s
+    ) AS waiting
+    """
 
-# The purged jobs' attempts go in the same statement (job_attempts has no foreign
-# key to the outbox: migration 0003). Returns how many jobs were purged.
-OPS_PURGE: LiteralString = """
-WITH gone AS (
-    DELETE FROM outbox
+    # Per-queue counts, exact at this statement's snapshot.
+    OPS_QUEUE_COUNTS: LiteralString = """
+    SELECT queue,
+           count(*) FILTER (WHERE state IN ('pending', 'retrying') AND published_at IS NULL AND available_at <= now())
+               AS backlog,
+           count(*) FILTER (WHERE state = 'pending' AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE state = 'queued') AS queued,
+           count(*) FILTER (WHERE state = 'running') AS in_flight,
+           count(*) FILTER (WHERE state = 'retrying') AS retrying,
+           count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NULL) AS dead,
+           count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NOT NULL) AS discarded,
+           extract(epoch FROM now() - min(available_at)
+               FILTER (WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()))::float8
+               AS oldest_waiting_seconds
+      FROM {schema}.outbox
+     WHERE state IN ('pending', 'queued', 'running', 'retrying', 'dead')
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+     GROUP BY queue
+    """
+
+    OPS_QUEUE_ROWS: LiteralString = """
+    SELECT name, paused, updated_at FROM {schema}.queues WHERE (%(queue)s::text IS NULL OR name = %(queue)s)
+    """
+
+    OPS_KNOWN_QUEUE: LiteralString = """
+    SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE queue = %(queue)s)
+        OR EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s)
+    """
+
+    OPS_SET_PAUSED: LiteralString = """
+    INSERT INTO {schema}.queues (name, paused, updated_at) VALUES (%(queue)s, %(paused)s, now())
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
+    RETURNING name, paused, updated_at
+    """
+
+    OPS_LIST_WORKERS: LiteralString = """
+    SELECT id, host, pid, queues, concurrency, started_at, last_seen, in_flight, processed, failed, stopped_at,
+           last_seen < now() - make_interval(secs => 3 * %(heartbeat)s::float8) AS stale,
+           extract(epoch FROM now() - last_seen)::float8 AS age_seconds
+      FROM {schema}.workers
+     WHERE (%(id)s::text IS NULL OR id = %(id)s)
+     ORDER BY started_at DESC, id
+    """
+
+    # Requeue a dead letter through the outbox. The attempts of its earlier life are
+    # kept in job_attempts, moved below zero (attempt - 1,000,000 x round) so the new
+    # life's attempts 1, 2, ... do not collide with them; readers map them back.
+    OPS_ARCHIVE_ATTEMPTS: LiteralString = """
+    UPDATE {schema}.job_attempts
+       SET attempt = attempt - 1000000 * (1 + (
+               SELECT (coalesce(-min(attempt), 0) + 999999) / 1000000
+                 FROM {schema}.job_attempts WHERE outbox_id = %(id)s AND attempt <= 0))
+     WHERE outbox_id = %(id)s AND attempt > 0
+    """
+
+    OPS_REQUEUE_DEAD: LiteralString = """
+    UPDATE {schema}.outbox
+       SET state = 'pending', attempts = 0, available_at = now(), published_at = NULL, stream_id = NULL,
+           claimed_by = NULL, lease_until = NULL, started_at = NULL, finished_at = NULL, discarded_at = NULL,
+           cancel_requested_at = NULL, result = NULL, result_expires_at = NULL
+     WHERE id = %(id)s AND state = 'dead'
+    RETURNING id, queue, task, state, attempts
+    """
+
+    OPS_LOCK_DEAD: LiteralString = """
+    SELECT id, queue, task, state, attempts, discarded_at FROM {schema}.outbox WHERE id = %(id)s FOR UPDATE
+    """
+
+    OPS_DISCARD_DEAD: LiteralString = """
+    UPDATE {schema}.outbox SET discarded_at = coalesce(discarded_at, now())
+     WHERE id = %(id)s AND state = 'dead'
+    RETURNING id, queue, task, state, attempts, discarded_at
+    """
+
+    OPS_PURGE_MATCH: LiteralString = """
+    SELECT count(*) FROM {schema}.outbox
      WHERE queue = %(queue)s AND state = 'dead'
        AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
        AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
-    RETURNING id
-), history AS (
-    DELETE FROM job_attempts a USING gone g WHERE a.outbox_id = g.id
-)
-SELECT count(*) FROM gone
-"""
+    """
 
-OPS_INSERT_AUDIT: LiteralString = """
-INSERT INTO audit_log (actor, action, target, request_id, details)
-VALUES (%(actor)s, %(action)s, %(target)s, %(request_id)s, %(details)s::jsonb)
-RETURNING id, at
-"""
+    # The purged jobs' attempts go in the same statement (job_attempts has no foreign
+    # key to the outbox: migration 0003). Returns how many jobs were purged.
+    OPS_PURGE: LiteralString = """
+    WITH gone AS (
+        DELETE FROM {schema}.outbox
+         WHERE queue = %(queue)s AND state = 'dead'
+           AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
+           AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
+        RETURNING id
+    ), history AS (
+        DELETE FROM {schema}.job_attempts a USING gone g WHERE a.outbox_id = g.id
+    )
+    SELECT count(*) FROM gone
+    """
 
-OPS_LIST_AUDIT: LiteralString = """
-SELECT id, at, actor, action, target, request_id, details FROM audit_log
- WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
- ORDER BY id DESC LIMIT %(limit)s
-"""
+    OPS_INSERT_AUDIT: LiteralString = """
+    INSERT INTO {schema}.audit_log (actor, action, target, request_id, details)
+    VALUES (%(actor)s, %(action)s, %(target)s, %(request_id)s, %(details)s::jsonb)
+    RETURNING id, at
+    """
 
-OPS_MIGRATION_VERSION: LiteralString = """
-SELECT version_num FROM alembic_version
-"""
+    OPS_LIST_AUDIT: LiteralString = """
+    SELECT id, at, actor, action, target, request_id, details FROM {schema}.audit_log
+     WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
+     ORDER BY id DESC LIMIT %(limit)s
+    """
 
-# --- retention -------------------------------------------------------------------
-# (owned by jobs/retention.py: pruning in small batches, one short transaction each;
-# SKIP LOCKED so a row someone holds is left for the next round. %(now)s is NULL in
-# production (the database clock) and a fixed time in tests.)
+    OPS_MIGRATION_VERSION: LiteralString = """
+    SELECT version_num FROM {schema}.alembic_version
+    """
 
-# Finished jobs (never dead letters: those wait for an operator's discard + purge).
-# Their job_attempts go in the same statement (no foreign key: migration 0003);
-# results live in the outbox row.
-RETENTION_DELETE_FINISHED: LiteralString = """
-WITH doomed AS (
-    SELECT id FROM outbox
+    MIGRATION_TABLE_EXISTS: LiteralString = """
+    SELECT to_regclass('{schema}.alembic_version') IS NOT NULL
+    """
+
+    # --- retention -------------------------------------------------------------------
+    # (owned by jobs/retention.py: pruning in small batches, one short transaction each;
+    # SKIP LOCKED so a row someone holds is left for the next round. %(now)s is NULL in
+    # production (the database clock) and a fixed time in tests.)
+
+    # Finished jobs (never dead letters: those wait for an operator's discard + purge).
+    # Their job_attempts go in the same statement (no foreign key: migration 0003);
+    # results live in the outbox row.
+    RETENTION_DELETE_FINISHED: LiteralString = """
+    WITH doomed AS (
+        SELECT id FROM {schema}.outbox
+         WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+           AND state IN ('succeeded', 'cancelled', 'expired')
+         ORDER BY finished_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM {schema}.outbox o USING doomed d WHERE o.id = d.id
+        RETURNING o.id
+    ), history AS (
+        DELETE FROM {schema}.job_attempts a USING gone g WHERE a.outbox_id = g.id
+    )
+    SELECT id FROM gone
+    """
+
+    RETENTION_COUNT_FINISHED: LiteralString = """
+    SELECT count(*) FROM {schema}.outbox
      WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
        AND state IN ('succeeded', 'cancelled', 'expired')
-     ORDER BY finished_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM outbox o USING doomed d WHERE o.id = d.id
-    RETURNING o.id
-), history AS (
-    DELETE FROM job_attempts a USING gone g WHERE a.outbox_id = g.id
-)
-SELECT id FROM gone
-"""
+    """
 
-RETENTION_COUNT_FINISHED: LiteralString = """
-SELECT count(*) FROM outbox
- WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
-   AND state IN ('succeeded', 'cancelled', 'expired')
-"""
+    # Idempotency markers, only once their job is finished for good (or gone): a
+    # marker of a job that may still run (or be requeued from the DLQ) is kept.
+    RETENTION_DELETE_PROCESSED: LiteralString = """
+    WITH doomed AS (
+        SELECT p.outbox_id FROM {schema}.processed_jobs p
+         WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
+         ORDER BY p.processed_at
+         LIMIT %(limit)s
+           FOR UPDATE OF p SKIP LOCKED
+    )
+    DELETE FROM {schema}.processed_jobs p USING doomed d WHERE p.outbox_id = d.outbox_id
+    RETURNING p.outbox_id
+    """
 
-# Idempotency markers, only once their job is finished for good (or gone): a
-# marker of a job that may still run (or be requeued from the DLQ) is kept.
-RETENTION_DELETE_PROCESSED: LiteralString = """
-WITH doomed AS (
-    SELECT p.outbox_id FROM processed_jobs p
+    RETENTION_COUNT_PROCESSED: LiteralString = """
+    SELECT count(*) FROM {schema}.processed_jobs p
      WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
-       AND NOT EXISTS (SELECT 1 FROM outbox o
+       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
                         WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
-     ORDER BY p.processed_at
-     LIMIT %(limit)s
-       FOR UPDATE OF p SKIP LOCKED
-)
-DELETE FROM processed_jobs p USING doomed d WHERE p.outbox_id = d.outbox_id
-RETURNING p.outbox_id
-"""
+    """
 
-RETENTION_COUNT_PROCESSED: LiteralString = """
-SELECT count(*) FROM processed_jobs p
- WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
-   AND NOT EXISTS (SELECT 1 FROM outbox o
-                    WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
-"""
+    # Results past their own expiry (result_expires_at, set from the task's result
+    # TTL) are cleared on rows that are kept.
+    RETENTION_CLEAR_RESULTS: LiteralString = """
+    WITH doomed AS (
+        SELECT id FROM {schema}.outbox
+         WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+         ORDER BY result_expires_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE {schema}.outbox o SET result = NULL, result_expires_at = NULL FROM doomed d WHERE o.id = d.id
+    RETURNING o.id
+    """
 
-# Results past their own expiry (result_expires_at, set from the task's result
-# TTL) are cleared on rows that are kept.
-RETENTION_CLEAR_RESULTS: LiteralString = """
-WITH doomed AS (
-    SELECT id FROM outbox
-     WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
-     ORDER BY result_expires_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox o SET result = NULL, result_expires_at = NULL FROM doomed d WHERE o.id = d.id
-RETURNING o.id
-"""
+    RETENTION_COUNT_RESULTS: LiteralString = """
+    SELECT count(*) FROM {schema}.outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+    """
 
-RETENTION_COUNT_RESULTS: LiteralString = """
-SELECT count(*) FROM outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
-"""
+    def __init__(self, schema_name: str) -> None:
+        self.schema = schema_name
+        for name, template in vars(Statements).items():
+            if name.isupper():
+                setattr(self, name, schema.render(template, schema_name))
+
+
+@functools.cache
+def statements(schema_name: str) -> Statements:
+    """The statements rendered for ``schema_name`` (validated), built once per schema."""
+    return Statements(schema.validate(schema_name))
+
+
+def active() -> Statements:
+    """The statements for this process's schema (:func:`postbox.schema.active`)."""
+    return statements(schema.active())

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from jobs import logs
-from jobs.errors import SettingsError
-from jobs.settings import Settings, load_settings
+from postbox import logs
+from postbox.errors import SettingsError
+from postbox.settings import Settings, load_settings
 
 T = TypeVar("T")
 

@@ -1,13 +1,23 @@
-"""Alembic environment: plain SQL migrations run over psycopg 3."""
+"""Alembic environment of postbox's own schema: plain SQL migrations over psycopg 3.
+
+Everything, the version table included, lives in the schema named by
+``config.attributes["schema"]`` (``postbox.migrate`` sets it from
+``POSTBOX_SCHEMA``), so a database the application migrates with its own
+alembic history keeps its ``public.alembic_version`` untouched.
+"""
 
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, pool, text
 
-from jobs.settings import libpq_url, load_settings
+from postbox import schema
+from postbox.settings import libpq_url, load_settings
 
 config = context.config
+SCHEMA = schema.validate(config.attributes.get("schema") or schema.active())
+config.attributes["schema"] = SCHEMA
+VERSION_TABLE = "alembic_version"
 
 
 def _url() -> str:
@@ -17,16 +27,37 @@ def _url() -> str:
     return "postgresql+psycopg://" + libpq_url(url).split("://", 1)[1]
 
 
+def _create_schema() -> None:
+    # alembic creates its version table before the first revision runs.
+    context.execute(schema.render("CREATE SCHEMA IF NOT EXISTS {schema}", SCHEMA))
+
+
 def run_migrations_offline() -> None:
-    context.configure(url=_url(), literal_binds=True, transactional_ddl=True)
+    """``postbox migrate --sql``: print the DDL instead of running it."""
+    context.configure(
+        url=_url(),
+        literal_binds=True,
+        transactional_ddl=True,
+        version_table=VERSION_TABLE,
+        version_table_schema=SCHEMA,
+    )
     with context.begin_transaction():
+        _create_schema()
         context.run_migrations()
 
 
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, transactional_ddl=True)
+        # The version table is created before the first revision runs: its schema first.
+        connection.execute(text(schema.render("CREATE SCHEMA IF NOT EXISTS {schema}", SCHEMA)))
+        connection.commit()
+        context.configure(
+            connection=connection,
+            transactional_ddl=True,
+            version_table=VERSION_TABLE,
+            version_table_schema=SCHEMA,
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -13,6 +13,9 @@ Nothing here does I/O at import time.
 
 from __future__ import annotations
 
-from relay.service import Relay, RelaySignals
+from postbox.relay.service import Relay, RelaySignals
 
 __all__ = ["Relay", "RelaySignals"]
+
+if __name__ != "postbox.relay":  # this folder imported under its own name, not as the installed package
+    raise ImportError("import postbox.relay, not relay: the folder relay/ is installed as postbox.relay")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from relay.cli import main
+from postbox.relay.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -13,8 +13,8 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from jobs.settings import Settings
-from jobs.startup import process_settings, run_loop
+from postbox.settings import Settings
+from postbox.startup import process_settings, run_loop
 
 log = logging.getLogger("postbox.relay")
 
@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def serve(settings: Settings, relay_id: str | None = None) -> int:
-    from relay.service import Relay
+    from postbox.relay.service import Relay
 
     relay = Relay(settings, relay_id=relay_id)
     loop = asyncio.get_running_loop()

@@ -28,8 +28,8 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from jobs import sql
-from jobs.db import connect_async
+from postbox import sql
+from postbox.db import connect_async
 
 APPLICATION_NAME = "postbox-relay"
 
@@ -72,23 +72,24 @@ class LeaderSession:
 
     async def register(self, role: str) -> None:
         await self.conn.execute(
-            sql.RELAY_REGISTER, {"id": self.relay_id, "host": socket.gethostname(), "pid": os.getpid(), "role": role}
+            sql.active().RELAY_REGISTER,
+            {"id": self.relay_id, "host": socket.gethostname(), "pid": os.getpid(), "role": role},
         )
 
     async def set_role(self, role: str) -> None:
-        await self.conn.execute(sql.RELAY_SET_ROLE, {"id": self.relay_id, "role": role})
+        await self.conn.execute(sql.active().RELAY_SET_ROLE, {"id": self.relay_id, "role": role})
 
     async def heartbeat(self) -> None:
-        await self.conn.execute(sql.RELAY_HEARTBEAT, {"id": self.relay_id})
+        await self.conn.execute(sql.active().RELAY_HEARTBEAT, {"id": self.relay_id})
 
     async def try_acquire(self) -> bool:
         """Take the lock if it is free; on success record the new term and return True."""
-        cur = await self.conn.execute(sql.RELAY_TRY_LOCK, {"key": self.lock_key})
+        cur = await self.conn.execute(sql.active().RELAY_TRY_LOCK, {"key": self.lock_key})
         row = await cur.fetchone()
         if not (row and row[0]):
             return False
         self.holds_lock = True
-        cur = await self.conn.execute(sql.RELAY_BECOME_LEADER, {"id": self.relay_id})
+        cur = await self.conn.execute(sql.active().RELAY_BECOME_LEADER, {"id": self.relay_id})
         term_row = await cur.fetchone()
         self.term = int(term_row[0]) if term_row else 0
         return True
@@ -96,7 +97,7 @@ class LeaderSession:
     async def release(self) -> None:
         """Unlock and record ``stopped``; the session stays open (close it after)."""
         if self.holds_lock:
-            await self.conn.execute(sql.RELAY_UNLOCK, {"key": self.lock_key})
+            await self.conn.execute(sql.active().RELAY_UNLOCK, {"key": self.lock_key})
             self.holds_lock = False
         await self.set_role("stopped")
 

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import psycopg
 
-from jobs import sql
-from jobs.db import connect_async
+from postbox import sql
+from postbox.db import connect_async
 
 log = logging.getLogger("postbox.relay")
 
@@ -48,7 +48,7 @@ class Notifier:
                 conn = await connect_async(
                     self.url, autocommit=True, application_name=LISTENER_APPLICATION_NAME, connect_timeout=5
                 )
-                await conn.execute(sql.RELAY_LISTEN)
+                await conn.execute(sql.active().RELAY_LISTEN)
                 self.backend_pid = conn.info.backend_pid
                 delay = self.reconnect_delay
                 self.wake.set()  # poll right after every (re-)LISTEN: anything sent meanwhile is lost

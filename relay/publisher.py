@@ -28,16 +28,16 @@ from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from jobs import events, pgarray, resp, sql
-from jobs.streams import GROUP, events_channel, stream_key
-from relay.leader import LeadershipLost
+from postbox import events, pgarray, resp, sql
+from postbox.relay.leader import LeadershipLost
+from postbox.streams import GROUP, events_channel, stream_key
 
 log = logging.getLogger("postbox.relay")
 
 EVENTS_CHECK_INTERVAL = 1.0  # seconds between PUBSUB NUMSUB checks of the events channel
 STATISTICS_CHECK_INTERVAL = 30.0  # seconds between checks of the planner's backlog estimate (full batches only)
 
-# (id, queue, task, args, headers, priority, attempts, enq_ms, ...) as selected by sql.RELAY_SELECT_*
+# (id, queue, task, args, headers, priority, attempts, enq_ms, ...) as selected by sql.active().RELAY_SELECT_*
 Row = tuple[Any, ...]
 
 
@@ -169,7 +169,7 @@ class Publisher:
 
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
         """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
-        cur = await conn.execute(sql.RELAY_SELECT_DUE, {"after": after, "limit": limit or self.batch_size})
+        cur = await conn.execute(sql.active().RELAY_SELECT_DUE, {"after": after, "limit": limit or self.batch_size})
         rows = await cur.fetchall()
         if len(rows) >= self.batch_size:
             await self.check_statistics(conn)
@@ -186,7 +186,7 @@ class Publisher:
         if seen is not None:
             due_at = seen[0]
             return None if due_at is None else max(0.0, due_at - self.monotonic())
-        cur = await conn.execute(sql.RELAY_NEXT_DUE)
+        cur = await conn.execute(sql.active().RELAY_NEXT_DUE)
         row = await cur.fetchone()
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
@@ -199,14 +199,14 @@ class Publisher:
         if now - self._statistics_checked < STATISTICS_CHECK_INTERVAL:
             return False
         self._statistics_checked = now
-        cur = await conn.execute(sql.RELAY_ESTIMATE_UNPUBLISHED)
+        cur = await conn.execute(sql.active().RELAY_ESTIMATE_UNPUBLISHED)
         row = await cur.fetchone()
         plan = row[0] if row else None
         estimate = float(plan[0]["Plan"]["Plan Rows"]) if plan else 0.0
         if estimate >= self.batch_size:
             return False
         log.info("outbox statistics are stale: analyzing", extra={"count": int(estimate)})
-        await conn.execute(sql.RELAY_ANALYZE)
+        await conn.execute(sql.active().RELAY_ANALYZE)
         return True
 
     async def _expire(self, conn: AsyncConnection[Any], rows: list[Row]) -> tuple[BatchResult, list[Row]]:
@@ -214,7 +214,7 @@ class Publisher:
         result = BatchResult(selected=len(rows))
         result.expired = [row[0] for row in rows if row[8]]
         if result.expired:
-            await conn.execute(sql.RELAY_MARK_EXPIRED, {"ids": result.expired})
+            await conn.execute(sql.active().RELAY_MARK_EXPIRED, {"ids": result.expired})
             return result, [row for row in rows if not row[8]]
         return result, rows
 
@@ -223,7 +223,7 @@ class Publisher:
             await self.before_mark(ids)
         if ids:
             params = {"ids": pgarray.ints(ids), "sids": pgarray.words(sids), "term": self.term}
-            cur = await conn.execute(sql.RELAY_MARK_PUBLISHED, params)
+            cur = await conn.execute(sql.active().RELAY_MARK_PUBLISHED, params)
             row = await cur.fetchone()
             result.marked = term_checked(row, self.term)
             assert row is not None

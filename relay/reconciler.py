@@ -31,9 +31,9 @@ from typing import Any
 from psycopg import AsyncConnection
 from redis.asyncio import Redis
 
-from jobs import sql
-from jobs.streams import epoch_key, stream_key
-from relay.publisher import Publisher, Row, check_term
+from postbox import sql
+from postbox.relay.publisher import Publisher, Row, check_term
+from postbox.streams import epoch_key, stream_key
 
 log = logging.getLogger("postbox.relay")
 
@@ -147,7 +147,7 @@ class Reconciler:
         self.token = uuid.uuid4().hex
         await self.redis.set(self.key, RECOVERING + self.token)
         self.publisher.forget_groups()
-        cur = await conn.execute(sql.RELAY_NOW)
+        cur = await conn.execute(sql.active().RELAY_NOW)
         row = await cur.fetchone()
         assert row is not None
         self.cutoff = row[0]
@@ -167,7 +167,9 @@ class Reconciler:
         allowed = self.limiter.take(self.batch_size)
         if allowed == 0:
             return []
-        cur = await conn.execute(sql.RELAY_SELECT_LOST, {"after": self.cursor, "cutoff": self.cutoff, "limit": allowed})
+        cur = await conn.execute(
+            sql.active().RELAY_SELECT_LOST, {"after": self.cursor, "cutoff": self.cutoff, "limit": allowed}
+        )
         rows = await cur.fetchall()
         if not rows:
             self.limiter.tokens += allowed
@@ -194,7 +196,7 @@ class Reconciler:
 
     async def _sweep(self, conn: AsyncConnection[Any]) -> list[int]:
         cur = await conn.execute(
-            sql.RELAY_SELECT_INFLIGHT,
+            sql.active().RELAY_SELECT_INFLIGHT,
             {"after": self.sweep_cursor, "min_age": self.sweep_min_age, "limit": self.sweep_batch},
         )
         rows = await cur.fetchall()
@@ -225,13 +227,13 @@ class Reconciler:
 
     async def _republish(self, conn: AsyncConnection[Any], rows: list[Row]) -> list[int]:
         # Re-read the state right before the XADD: a job that finished meanwhile is never published.
-        cur = await conn.execute(sql.RELAY_STILL_UNFINISHED, {"ids": [row[0] for row in rows]})
+        cur = await conn.execute(sql.active().RELAY_STILL_UNFINISHED, {"ids": [row[0] for row in rows]})
         alive = {r[0] for r in await cur.fetchall()}
         rows = [row for row in rows if row[0] in alive]
         ids, sids, _refused = await self.publisher.xadd_rows(rows)
         if ids:
             cur = await conn.execute(
-                sql.RELAY_MARK_REPUBLISHED, {"ids": ids, "sids": sids, "term": self.publisher.term}
+                sql.active().RELAY_MARK_REPUBLISHED, {"ids": ids, "sids": sids, "term": self.publisher.term}
             )
             await check_term(cur, self.publisher.term)
             self.republished_total += len(ids)

@@ -35,14 +35,14 @@ from psycopg import AsyncConnection
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from jobs import sql
-from jobs.retention import PruneDuty
-from jobs.settings import Settings
-from relay.leader import LeaderSession, LeadershipLost
-from relay.metrics import RelayMetrics
-from relay.notifier import Notifier
-from relay.publisher import BatchResult, Publisher
-from relay.reconciler import Reconciler
+from postbox import sql
+from postbox.relay.leader import LeaderSession, LeadershipLost
+from postbox.relay.metrics import RelayMetrics
+from postbox.relay.notifier import Notifier
+from postbox.relay.publisher import BatchResult, Publisher
+from postbox.relay.reconciler import Reconciler
+from postbox.retention import PruneDuty
+from postbox.settings import Settings
 
 log = logging.getLogger("postbox.relay")
 
@@ -355,7 +355,7 @@ class Relay:
             self.signals.republished.put_nowait(ids)
 
     async def _update_backlog(self, conn: AsyncConnection[Any]) -> None:
-        cur = await conn.execute(sql.RELAY_BACKLOG)
+        cur = await conn.execute(sql.active().RELAY_BACKLOG)
         row = await cur.fetchone()
         if row is not None:
             self.metrics.backlog.set(row[0])

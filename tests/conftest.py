@@ -21,7 +21,7 @@ import pytest
 import redis as syncredis
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
+from postbox.settings import Settings
 from tests.harness import databases
 from tests.harness.redis_server import private_redis  # noqa: F401 - a fixture for every suite
 from tests.harness.servers import Servers, acquire

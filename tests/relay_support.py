@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
-from jobs.streams import decode_entry, queue_streams
-from relay import Relay, RelaySignals
+from postbox.relay import Relay, RelaySignals
+from postbox.settings import Settings
+from postbox.streams import decode_entry, queue_streams
 
 Predicate = Callable[[], Any]
 
@@ -77,7 +77,7 @@ def enqueue_sql(
     ids = []
     for _ in range(n):
         row = conn.execute(
-            "SELECT postbox_enqueue('noop', '{}'::jsonb, %s, %s, now() + make_interval(secs => %s))",
+            "SELECT postbox.enqueue('noop', '{}'::jsonb, %s, %s, now() + make_interval(secs => %s))",
             (queue, priority, delay),
         ).fetchone()
         assert row is not None
@@ -105,7 +105,7 @@ async def entry_ids(redis: aioredis.Redis, prefix: str, queue: str = "default") 
 def states(conn: psycopg.Connection[Any]) -> dict[int, tuple[str, int]]:
     """id -> (state, publish_count), read in a fresh transaction."""
     conn.commit()
-    rows = conn.execute("SELECT id, state, publish_count FROM outbox ORDER BY id").fetchall()
+    rows = conn.execute("SELECT id, state, publish_count FROM postbox.outbox ORDER BY id").fetchall()
     conn.commit()
     return {r[0]: (r[1], r[2]) for r in rows}
 
@@ -138,7 +138,7 @@ def relay_processes(env: dict[str, str], n: int, log_dir: Any) -> Iterator[list[
             files.append(log_file)
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "relay", "run", "--relay-id", f"relay-t{i}"],
+                    [sys.executable, "-m", "postbox.relay", "run", "--relay-id", f"relay-t{i}"],
                     env=env,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
@@ -160,6 +160,6 @@ def relay_processes(env: dict[str, str], n: int, log_dir: Any) -> Iterator[list[
 
 def relay_role(conn: psycopg.Connection[Any], relay_id: str) -> str | None:
     conn.commit()
-    row = conn.execute("SELECT role FROM relays WHERE id = %s", (relay_id,)).fetchone()
+    row = conn.execute("SELECT role FROM postbox.relays WHERE id = %s", (relay_id,)).fetchone()
     conn.commit()
     return str(row[0]) if row else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from jobs import PermanentError, task
+from postbox import PermanentError, task
 
 
 @task(queue="apiq")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jobs import task
+from postbox import task
 
 
 @task

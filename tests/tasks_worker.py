@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from jobs import JobCancelled, PermanentError, RetryLater, RetryPolicy, task
+from postbox import JobCancelled, PermanentError, RetryLater, RetryPolicy, task
 
 QUEUE = "wtest"
 FAST = RetryPolicy(base_delay=0.05, max_delay=0.2, jitter=0.0)

@@ -11,10 +11,10 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-import jobs
-from jobs.settings import Settings
+import postbox
+from postbox.settings import Settings
+from postbox.worker import Worker, WorkerSignals
 from tests import tasks_worker
-from worker import Worker, WorkerSignals
 
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:
@@ -63,7 +63,7 @@ async def running_worker(settings: Settings, **options: Any) -> AsyncIterator[Wo
 
 async def enqueue(aconn: AsyncConnection[Any], task: Any, args: dict[str, Any] | None = None, **kw: Any) -> int:
     """Enqueue one job and commit."""
-    job_id = await jobs.enqueue_async(aconn, task, args, **kw)
+    job_id = await postbox.enqueue_async(aconn, task, args, **kw)
     await aconn.commit()
     return job_id
 
@@ -109,4 +109,4 @@ async def fetchval(aconn: AsyncConnection[Any], query: str, params: Any = None) 
 
 
 async def job_state(aconn: AsyncConnection[Any], job_id: int) -> str:
-    return str(await fetchval(aconn, "SELECT state FROM outbox WHERE id = %s", (job_id,)))
+    return str(await fetchval(aconn, "SELECT state FROM postbox.outbox WHERE id = %s", (job_id,)))

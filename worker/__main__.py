@@ -2,6 +2,6 @@
 
 import sys
 
-from worker.cli import main
+from postbox.worker.cli import main
 
 sys.exit(main(sys.argv[1:]))

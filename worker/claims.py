@@ -14,8 +14,8 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from jobs import pgarray, sql
-from worker.delivery import Delivery, Job
+from postbox import pgarray, sql
+from postbox.worker.delivery import Delivery, Job
 
 
 @dataclass
@@ -34,16 +34,18 @@ async def claim(
         return batch
     ids = sorted({d.job_id for d in deliveries})
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.WORKER_CLAIM, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease})
+        cur = await conn.execute(
+            sql.active().WORKER_CLAIM, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease}
+        )
         rows = {row[0]: row for row in await cur.fetchall()}
         running: set[int] = set()
         reclaimed_left = [d.job_id for d in deliveries if d.reclaimed and d.job_id not in rows]
         if reclaimed_left:
-            cur = await conn.execute(sql.WORKER_SELECT_RUNNING, {"ids": reclaimed_left})
+            cur = await conn.execute(sql.active().WORKER_SELECT_RUNNING, {"ids": reclaimed_left})
             running = {row[0] for row in await cur.fetchall()}
         ended = [job_id for job_id, row in rows.items() if row[1] != "running"]
         if ended:
-            await conn.execute(sql.WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, ended))})
+            await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, ended))})
     for delivery in deliveries:
         row = rows.pop(delivery.job_id, None)  # a job delivered twice in one read runs once
         if row is None:

@@ -14,9 +14,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from jobs.errors import SettingsError
-from jobs.registry import load_task_modules
-from jobs.startup import process_settings, run_loop
+from postbox.errors import SettingsError, TaskModuleError
+from postbox.registry import load_task_modules
+from postbox.startup import process_settings, run_loop
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,11 +36,11 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         load_task_modules(settings.tasks)
-    except ImportError as exc:
-        print(f"postbox worker: POSTBOX_TASKS: cannot import {exc.name or exc}", file=sys.stderr)
+    except TaskModuleError as exc:
+        print(f"{exc.details}\npostbox worker: {exc}", file=sys.stderr)
         return 2
 
-    from worker.worker import Worker
+    from postbox.worker.worker import Worker
 
     try:
         worker = Worker(settings)

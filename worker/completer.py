@@ -22,10 +22,10 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from jobs import events, pgarray, resp, sql
-from jobs.streams import GROUP, events_channel
-from worker.delivery import Delivery, Job
-from worker.outcomes import Outcome
+from postbox import events, pgarray, resp, sql
+from postbox.streams import GROUP, events_channel
+from postbox.worker.delivery import Delivery, Job
+from postbox.worker.outcomes import Outcome
 
 log = logging.getLogger("postbox.worker.completer")
 _GROUP = GROUP.encode()
@@ -87,7 +87,7 @@ async def record_outcomes(
     committed in their own ctx.transaction()) wake result waiters.
     """
     params = outcome_params(worker_id, items, result_ttl, notify=notify, also_notify=also_notify)
-    cur = await conn.execute(sql.WORKER_RECORD_OUTCOMES, params)
+    cur = await conn.execute(sql.active().WORKER_RECORD_OUTCOMES, params)
     return {row[0] for row in await cur.fetchall()}
 
 
@@ -251,14 +251,15 @@ class Completer:
                 async with self._pool.connection() as conn:
                     for job, result in late:
                         await conn.execute(
-                            sql.WORKER_SET_RESULT, {"id": job.id, "result": result, "ttl": self._result_ttl(job)}
+                            sql.active().WORKER_SET_RESULT,
+                            {"id": job.id, "result": result, "ttl": self._result_ttl(job)},
                         )
                     if writes:
                         return await record_outcomes(
                             conn, self._worker_id, writes, self._result_ttl, also_notify=committed
                         )
                     if committed:
-                        await conn.execute(sql.WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, committed))})
+                        await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, committed))})
                     return set()
             except Exception:
                 if self._closing:

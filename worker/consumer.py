@@ -18,9 +18,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from jobs import resp
-from jobs.streams import GROUP
-from worker.delivery import Delivery, parse_delivery
+from postbox import resp
+from postbox.streams import GROUP
+from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger("postbox.worker.consumer")
 

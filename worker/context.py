@@ -11,12 +11,12 @@ import orjson
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from jobs import sql
-from jobs.errors import AlreadyProcessed
-from jobs.producer import enqueue_async
-from jobs.registry import Registry
-from worker.delivery import Job
-from worker.outcomes import Outcome
+from postbox import sql
+from postbox.errors import AlreadyProcessed
+from postbox.producer import enqueue_async
+from postbox.registry import Registry
+from postbox.worker.delivery import Job
+from postbox.worker.outcomes import Outcome
 
 logger = logging.getLogger("postbox.job")
 
@@ -86,7 +86,7 @@ class WorkerJobContext:
             raise RuntimeError("ctx.transaction() may be entered once per run")
         self._entered = True
         async with self._pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(sql.WORKER_INSERT_PROCESSED, {"id": self.job_id})
+            cur = await conn.execute(sql.active().WORKER_INSERT_PROCESSED, {"id": self.job_id})
             if await cur.fetchone() is None:
                 raise AlreadyProcessed(f"job {self.job_id} already committed its effects")
             self._conn = conn

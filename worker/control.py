@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from jobs import sql
+from postbox import sql
 
 POLL_INTERVAL = 1.0
 
@@ -22,10 +22,10 @@ async def poll(
     """(paused queues among ``queues``, running job ids whose cancel was requested)."""
     ids = list(running)
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.WORKER_PAUSED_QUEUES, {"queues": list(queues)})
+        cur = await conn.execute(sql.active().WORKER_PAUSED_QUEUES, {"queues": list(queues)})
         paused = {row[0] for row in await cur.fetchall()}
         cancel: set[int] = set()
         if ids:
-            cur = await conn.execute(sql.WORKER_CANCEL_REQUESTED, {"ids": ids})
+            cur = await conn.execute(sql.active().WORKER_CANCEL_REQUESTED, {"ids": ids})
             cancel = {row[0] for row in await cur.fetchall()}
     return paused, cancel

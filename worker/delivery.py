@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from jobs.streams import decode_entry
+from postbox.streams import decode_entry
 
 
 @dataclass(slots=True)

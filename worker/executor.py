@@ -21,14 +21,14 @@ import orjson
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from jobs.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
-from jobs.registry import Registry, TaskSpec
-from jobs.settings import Settings
-from worker import outcomes
-from worker.completer import record_outcomes
-from worker.context import StaleAttempt, WorkerJobContext
-from worker.delivery import Job
-from worker.outcomes import JobTimeout, Outcome
+from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
+from postbox.registry import Registry, TaskSpec
+from postbox.settings import Settings
+from postbox.worker import outcomes
+from postbox.worker.completer import record_outcomes
+from postbox.worker.context import StaleAttempt, WorkerJobContext
+from postbox.worker.delivery import Job
+from postbox.worker.outcomes import JobTimeout, Outcome
 
 log = logging.getLogger("postbox.worker.executor")
 

@@ -19,9 +19,9 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
-from jobs import sql
-from jobs.streams import GROUP
-from worker.delivery import Job
+from postbox import sql
+from postbox.streams import GROUP
+from postbox.worker.delivery import Job
 
 log = logging.getLogger("postbox.worker.heartbeat")
 
@@ -47,7 +47,7 @@ class Heartbeat:
     async def beat(self, in_flight: int, processed: int, failed: int) -> None:
         async with self._pool.connection() as conn:
             await conn.execute(
-                sql.WORKER_UPSERT,
+                sql.active().WORKER_UPSERT,
                 {
                     "id": self._worker_id,
                     "host": socket.gethostname(),
@@ -67,7 +67,7 @@ class Heartbeat:
             return 0
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                sql.WORKER_RENEW_LEASES, {"ids": list(by_id), "worker": self._worker_id, "lease": self._lease}
+                sql.active().WORKER_RENEW_LEASES, {"ids": list(by_id), "worker": self._worker_id, "lease": self._lease}
             )
             ours = [row[0] for row in await cur.fetchall()]
         entries: dict[str, list[Any]] = defaultdict(list)
@@ -82,4 +82,6 @@ class Heartbeat:
 
     async def stopped(self, processed: int, failed: int) -> None:
         async with self._pool.connection() as conn:
-            await conn.execute(sql.WORKER_STOPPED, {"id": self._worker_id, "processed": processed, "failed": failed})
+            await conn.execute(
+                sql.active().WORKER_STOPPED, {"id": self._worker_id, "processed": processed, "failed": failed}
+            )

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from jobs.errors import InvalidArgsError, PermanentError, RetryLater, UnknownTaskError
+from postbox.errors import InvalidArgsError, PermanentError, RetryLater, UnknownTaskError
 
 MAX_ERROR_CHARS = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")

@@ -17,10 +17,10 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
-from jobs import sql
-from jobs.streams import GROUP, parse_stream_key
-from worker.consumer import ensure_groups, is_nogroup
-from worker.delivery import Delivery, parse_delivery
+from postbox import sql
+from postbox.streams import GROUP, parse_stream_key
+from postbox.worker.consumer import ensure_groups, is_nogroup
+from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger("postbox.worker.reclaimer")
 
@@ -110,9 +110,9 @@ class Reclaimer:
                 queue, priority = parse_stream_key(self._prefix, stream)
                 texts = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
                 params = {"queue": queue, "priority": priority, "stream_ids": texts}
-                cur = await conn.execute(sql.WORKER_REPUBLISH_LOST, params)
+                cur = await conn.execute(sql.active().WORKER_REPUBLISH_LOST, params)
                 rescued += [row[0] for row in await cur.fetchall()]
-                cur = await conn.execute(sql.WORKER_RUNNING_BY_STREAM_ID, params)
+                cur = await conn.execute(sql.active().WORKER_RUNNING_BY_STREAM_ID, params)
                 running = [row[0].encode() for row in await cur.fetchall()]
                 if running:
                     still_running[stream] = running

@@ -24,21 +24,21 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
-from jobs import events
-from jobs.errors import SettingsError
-from jobs.registry import Registry, default_registry
-from jobs.settings import Settings
-from jobs.streams import PRIORITIES, all_streams, stream_key
-from worker import claims, control
-from worker.capacity import Capacity
-from worker.completer import Completer, Finished
-from worker.consumer import Consumer, ensure_groups
-from worker.delivery import Delivery, Job
-from worker.executor import Executor
-from worker.heartbeat import Heartbeat
-from worker.metrics import WorkerMetrics
-from worker.reclaimer import Reclaimer
-from worker.signals import WorkerSignals, fire
+from postbox import events
+from postbox.errors import SettingsError
+from postbox.registry import Registry, default_registry
+from postbox.settings import Settings
+from postbox.streams import PRIORITIES, all_streams, stream_key
+from postbox.worker import claims, control
+from postbox.worker.capacity import Capacity
+from postbox.worker.completer import Completer, Finished
+from postbox.worker.consumer import Consumer, ensure_groups
+from postbox.worker.delivery import Delivery, Job
+from postbox.worker.executor import Executor
+from postbox.worker.heartbeat import Heartbeat
+from postbox.worker.metrics import WorkerMetrics
+from postbox.worker.reclaimer import Reclaimer
+from postbox.worker.signals import WorkerSignals, fire
 
 log = logging.getLogger("postbox.worker")
 

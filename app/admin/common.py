@@ -19,9 +19,9 @@ import orjson
 import psycopg
 import redis.asyncio as aioredis
 
-from jobs.control import Actor, ControlError
-from jobs.errors import EnqueueError, PostboxError, SettingsError
-from jobs.settings import Settings, load_settings
+from postbox.control import Actor, ControlError
+from postbox.errors import EnqueueError, PostboxError, SettingsError
+from postbox.settings import Settings, load_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")

@@ -7,7 +7,8 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from app.admin.common import (
+from postbox import control
+from postbox.app.admin.common import (
     EXIT_FAILED,
     EXIT_OK,
     Parser,
@@ -20,7 +21,6 @@ from app.admin.common import (
     show_page,
     to_json,
 )
-from jobs import control
 
 LIST_COLUMNS = ("id", "task", "queue", "attempts", "finished_at", "discarded", "last_error_class", "last_error")
 

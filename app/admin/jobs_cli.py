@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from app.admin.common import (
+from postbox import control
+from postbox.app.admin.common import (
     EXIT_OK,
     Parser,
     Session,
@@ -22,9 +23,9 @@ from app.admin.common import (
     show_page,
     to_json,
 )
-from jobs import control
-from jobs.producer import prepare
-from jobs.registry import default_registry, load_task_modules
+from postbox.errors import TaskModuleError
+from postbox.producer import prepare
+from postbox.registry import default_registry, load_task_modules
 
 LIST_COLUMNS = ("id", "task", "queue", "priority", "state", "attempts", "max_attempts", "created_at", "last_error")
 
@@ -99,8 +100,8 @@ async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
     modules = [m.strip() for m in a.tasks.split(",") if m.strip()] if a.tasks else s.settings.tasks
     try:
         load_task_modules(modules)
-    except ImportError as exc:
-        raise UsageError(f"cannot import task module: {exc}") from None
+    except TaskModuleError as exc:
+        raise UsageError(f"{exc.details}\n{exc}") from None
     row = prepare(
         a.task,
         _args(a.args),

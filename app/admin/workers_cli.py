@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from app.admin.common import EXIT_OK, Parser, Session, run, table, to_json
-from jobs import control
+from postbox import control
+from postbox.app.admin.common import EXIT_OK, Parser, Session, run, table, to_json
 
 COLUMNS = (
     "id",

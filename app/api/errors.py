@@ -12,9 +12,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.schemas import ErrorResponse
-from jobs.control import ControlError, QueueFullError
-from jobs.errors import EnqueueError, PayloadTooLargeError, UnknownTaskError
+from postbox.app.api.schemas import ErrorResponse
+from postbox.control import ControlError, QueueFullError
+from postbox.errors import EnqueueError, PayloadTooLargeError, UnknownTaskError
 
 log = logging.getLogger("postbox.api")
 

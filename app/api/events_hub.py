@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from jobs.events import TERMINAL_EVENTS, EventType, decode, encode, event
-from jobs.streams import events_channel
+from postbox.events import TERMINAL_EVENTS, EventType, decode, encode, event
+from postbox.streams import events_channel
 
 log = logging.getLogger("postbox.api.events")
 

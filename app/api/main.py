@@ -10,30 +10,35 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_system, stagedoor
-from app.api.events_hub import EventHub, EventPublisher
-from app.api.metrics import ApiMetrics
-from app.api.state import ApiState, request_id
-from jobs import migrate
-from jobs.registry import Registry, default_registry, load_task_modules
-from jobs.settings import Settings
+from postbox import migrate
+from postbox.app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_system
+from postbox.app.api.events_hub import EventHub, EventPublisher
+from postbox.app.api.metrics import ApiMetrics
+from postbox.app.api.state import ApiState, request_id
+from postbox.registry import Registry, default_registry, load_task_modules
+from postbox.settings import Settings
 
 log = logging.getLogger("postbox.api")
 BODY_SLACK = 65_536  # JSON envelope allowed on top of the args limit
 ENQUEUE_PATH = "/api/v1/jobs"
 
 
-def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
-    """The API on ``settings``' PostgreSQL and Redis; ``registry`` defaults to the process-wide one."""
+def create_app(settings: Settings, registry: Registry | None = None, routers: Sequence[APIRouter] = ()) -> FastAPI:
+    """The API on ``settings``' PostgreSQL and Redis; ``registry`` defaults to the process-wide one.
+
+    It serves postbox's operations surface only. An application adds its own
+    endpoints with ``routers`` (mounted under ``/api/v1``, sharing the API's pool
+    as ``app.state.postbox.pool``): the Stagedoor demo's API process does.
+    """
     database_url = settings.require_database_url()
     redis_url = settings.require_redis_url()
     if registry is None:
@@ -123,5 +128,6 @@ def create_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         routes_queues.audit,
     ):
         app.include_router(router, prefix="/api/v1")
-    app.include_router(stagedoor.router, prefix="/api/v1")
+    for router in routers:
+        app.include_router(router, prefix="/api/v1")
     return app

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Path, Query
 
-from jobs import control
-from jobs.states import ALL_STATES
+from postbox import control
+from postbox.states import ALL_STATES
 
 JobId = Annotated[int, Path(ge=1, le=control.MAX_BIGINT, description="The job's outbox id.")]
 QueueFilter = Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]

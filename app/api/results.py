@@ -13,12 +13,12 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from jobs.control import NotFoundError
-from jobs.results import JobResult, get_result_async
-from jobs.results import wait_result as wait_finished
+from postbox.control import NotFoundError
+from postbox.results import JobResult, get_result_async
+from postbox.results import wait_result as wait_finished
 
 if TYPE_CHECKING:
-    from app.api.state import ApiState
+    from postbox.app.api.state import ApiState
 
 MAX_WAITERS = 32
 

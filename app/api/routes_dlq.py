@@ -7,12 +7,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from psycopg import AsyncConnection
 
-from app.api.errors import responses
-from app.api.params import Cursor, JobId, Limit, QueueFilter, TaskFilter
-from app.api.schemas import QUEUE_PATTERN, DeadLetter, DeadPage, DiscardResult, PurgeResult, RequeueResult
-from app.api.state import Destructive, db, read_access
-from jobs import control
-from jobs.control import Actor
+from postbox import control
+from postbox.app.api.errors import responses
+from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, TaskFilter
+from postbox.app.api.schemas import QUEUE_PATTERN, DeadLetter, DeadPage, DiscardResult, PurgeResult, RequeueResult
+from postbox.app.api.state import Destructive, db, read_access
+from postbox.control import Actor
 
 router = APIRouter(prefix="/dlq", tags=["dead letters"], dependencies=[Depends(read_access)])
 

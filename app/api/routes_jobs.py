@@ -8,15 +8,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from psycopg import AsyncConnection
 
-from app.api import results
-from app.api.errors import responses
-from app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
-from app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
-from app.api.state import Destructive, api_state, db, read_access
-from jobs import control
-from jobs.control import Actor
-from jobs.errors import InvalidArgsError, InvalidOptionError
-from jobs.producer import Limits, prepare
+from postbox import control
+from postbox.app.api import results
+from postbox.app.api.errors import responses
+from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
+from postbox.app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
+from postbox.app.api.state import Destructive, api_state, db, read_access
+from postbox.control import Actor
+from postbox.errors import InvalidArgsError, InvalidOptionError
+from postbox.producer import Limits, prepare
 
 log = logging.getLogger("postbox.api")
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)])

@@ -7,11 +7,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from psycopg import AsyncConnection
 
-from app.api.errors import responses
-from app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
-from app.api.state import Destructive, api_state, db, read_access
-from jobs import control
-from jobs.control import Actor
+from postbox import control
+from postbox.app.api.errors import responses
+from postbox.app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
+from postbox.app.api.state import Destructive, api_state, db, read_access
+from postbox.control import Actor
 
 queues = APIRouter(prefix="/queues", tags=["queues"], dependencies=[Depends(read_access)])
 workers = APIRouter(prefix="/workers", tags=["workers"], dependencies=[Depends(read_access)])

@@ -10,11 +10,11 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from app.api.errors import error_response, responses
-from app.api.events_hub import ClientBuffer
-from app.api.schemas import Health, Ready
-from app.api.state import ApiState, api_state, key_matches
-from jobs import control, sql
+from postbox import control, sql
+from postbox.app.api.errors import error_response, responses
+from postbox.app.api.events_hub import ClientBuffer
+from postbox.app.api.schemas import Health, Ready
+from postbox.app.api.state import ApiState, api_state, key_matches
 
 log = logging.getLogger("postbox.api")
 router = APIRouter(tags=["system"])
@@ -30,7 +30,7 @@ async def health() -> dict[str, str]:
 async def _check_postgres(st: ApiState) -> tuple[str, str]:
     try:
         async with asyncio.timeout(CHECK_TIMEOUT), st.pool.connection(timeout=CHECK_TIMEOUT) as conn:
-            cur = await conn.execute(sql.OPS_MIGRATION_VERSION)
+            cur = await conn.execute(sql.active().OPS_MIGRATION_VERSION)
             row = await cur.fetchone()
     except Exception as exc:
         return f"unreachable: {type(exc).__name__}", "unknown"

@@ -15,12 +15,12 @@ from fastapi import Depends, Header, Request
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from app.api.errors import ApiError
-from app.api.events_hub import EventHub, EventPublisher
-from app.api.metrics import ApiMetrics
-from jobs.control import Actor
-from jobs.registry import Registry
-from jobs.settings import Settings
+from postbox.app.api.errors import ApiError
+from postbox.app.api.events_hub import EventHub, EventPublisher
+from postbox.app.api.metrics import ApiMetrics
+from postbox.control import Actor
+from postbox.registry import Registry
+from postbox.settings import Settings
 
 log = logging.getLogger("postbox.api")
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

@@ -15,16 +15,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from app.bench import machine
-from app.bench.params import Params
-from app.bench.progress import Progress
-from app.bench.report import Figure, Report, render
-from app.bench.sandbox import Sandbox, sandbox
-from jobs.errors import SettingsError
-from jobs.settings import load_settings
+from postbox.app.bench import machine
+from postbox.app.bench.params import Params
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Report, render
+from postbox.app.bench.sandbox import Sandbox, sandbox
+from postbox.errors import SettingsError
+from postbox.settings import load_settings
 
 if TYPE_CHECKING:
-    from app.bench.peers import Peer, PeerDrain
+    from postbox.app.bench.peers import Peer, PeerDrain
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
 
@@ -80,19 +80,19 @@ ScenarioRun = Callable[[Sandbox, str, Params, Progress], list[Figure]]
 def _scenario(name: str, between: Callable[[int], None] | None = None) -> ScenarioRun:
     # Imported on demand: `bench enqueue` needs neither relay nor worker.
     if name == "enqueue":
-        from app.bench import enqueue
+        from postbox.app.bench import enqueue
 
         return lambda box, url, params, progress: enqueue.run(url, params, progress)
     if name == "relay":
-        from app.bench.relay import run as run_relay
+        from postbox.app.bench.relay import run as run_relay
 
         return run_relay
     if name == "worker":
-        from app.bench.worker import run as run_worker
+        from postbox.app.bench.worker import run as run_worker
 
         return lambda box, url, params, progress: run_worker(box, url, params, progress, between)
     if name == "latency":
-        from app.bench.latency import run as run_latency
+        from postbox.app.bench.latency import run as run_latency
 
         return run_latency
     raise ValueError(f"unknown scenario {name!r}")
@@ -144,7 +144,7 @@ def main(argv: Sequence[str]) -> int:
         peers: list[Peer] = []
         drains: list[PeerDrain] = []
         if params.peers:
-            from app.bench import peers as peer_runs
+            from postbox.app.bench import peers as peer_runs
 
             progress.say("peers: installing")
             peers = peer_runs.prepare_peers(box, params, progress, report)

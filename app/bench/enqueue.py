@@ -12,8 +12,8 @@ Three ways:
   for its reply, so the enqueue adds one round trip;
 - ``pipeline mode``: the same inside ``conn.pipeline()``, where the enqueue's
   INSERT travels with the COMMIT (ids drawn ahead, see ``jobs.ids``);
-- ``one statement``: ``postbox_enqueue()`` called from the business INSERT's own
-  statement (``WITH o AS (INSERT ...) SELECT postbox_enqueue(...) FROM o``).
+- ``one statement``: ``postbox.enqueue()`` called from the business INSERT's own
+  statement (``WITH o AS (INSERT ...) SELECT postbox.enqueue(...) FROM o``).
 
 Bulk = ``jobs.enqueue_many`` in batches of ``batch`` jobs, one commit per batch,
 validation included.  The outbox is truncated between runs (no relay runs
@@ -29,11 +29,11 @@ from typing import Any
 
 import psycopg
 
-from app.bench import tasks
-from app.bench.params import Params
-from app.bench.progress import Progress
-from app.bench.report import Figure, Target
-from jobs import enqueue, enqueue_many
+from postbox import enqueue, enqueue_many
+from postbox.app.bench import tasks
+from postbox.app.bench.params import Params
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Target
 
 SCENARIO = "enqueue"
 
@@ -48,10 +48,10 @@ CREATE TABLE IF NOT EXISTS bench_orders (
 INSERT_ORDER = "INSERT INTO bench_orders (customer_id, amount) VALUES (%s, %s) RETURNING id"
 INSERT_ORDER_WITH_JOB = """
 WITH o AS (INSERT INTO bench_orders (customer_id, amount) VALUES (%s, %s) RETURNING id)
-SELECT id, postbox_enqueue('bench_noop', jsonb_build_object('n', id), 'bench') FROM o
+SELECT id, postbox.enqueue('bench_noop', jsonb_build_object('n', id), 'bench') FROM o
 """
 MODES = {"": "plain connection", ".pipeline": "pipeline mode", ".statement": "one statement"}
-RESET = "TRUNCATE outbox, job_attempts, bench_orders"
+RESET = "TRUNCATE postbox.outbox, postbox.job_attempts, bench_orders"
 
 
 SLICE_SECONDS = 0.25

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import psycopg
 
-from app.bench import outbox
-from app.bench.params import Params
-from app.bench.procs import bench_env, children
-from app.bench.progress import Progress
-from app.bench.report import Figure, Target
-from app.bench.sandbox import Sandbox
-from app.bench.stats import Latency
-from app.bench.steady import produce
-from app.bench.tasks import PROBE_FILE_ENV, read_probes
-from app.bench.worker import worker_argv
+from postbox.app.bench import outbox
+from postbox.app.bench.params import Params
+from postbox.app.bench.procs import bench_env, children
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Target
+from postbox.app.bench.sandbox import Sandbox
+from postbox.app.bench.stats import Latency
+from postbox.app.bench.steady import produce
+from postbox.app.bench.tasks import PROBE_FILE_ENV, read_probes
+from postbox.app.bench.worker import worker_argv
 
 SCENARIO = "latency"
 TARGETS = {200: {"p50": Target("<=", 5), "p99": Target("<=", 20)}}
@@ -59,7 +59,7 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                 probe = folder / f"probe-{rep}-{rate}.txt"
                 env = bench_env(database_url, box.redis_url, box.prefix, **{PROBE_FILE_ENV: str(probe)})
                 with children(env) as kids:
-                    kids.python("relay", ["relay", "run"])
+                    kids.python("relay", ["postbox.relay", "run"])
                     kids.python("worker", worker_argv(params.concurrency))
                     warm = produce(database_url, "bench_probe", rate, 1.0)
                     wait_started(probe, warm.commits.keys(), kids.check_alive)

@@ -15,23 +15,23 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from jobs import enqueue_many
+from postbox import enqueue_many
 
-RESET: LiteralString = "TRUNCATE outbox, job_attempts, processed_jobs"
+RESET: LiteralString = "TRUNCATE postbox.outbox, postbox.job_attempts, postbox.processed_jobs"
 COUNT_UNPUBLISHED: LiteralString = (
-    "SELECT count(*) FROM outbox WHERE published_at IS NULL AND state IN ('pending', 'retrying')"
+    "SELECT count(*) FROM postbox.outbox WHERE published_at IS NULL AND state IN ('pending', 'retrying')"
 )
-COUNT_UNFINISHED: LiteralString = "SELECT count(*) FROM outbox WHERE finished_at IS NULL"
-COUNT_BY_STATE: LiteralString = "SELECT state, count(*) FROM outbox GROUP BY state ORDER BY state"
+COUNT_UNFINISHED: LiteralString = "SELECT count(*) FROM postbox.outbox WHERE finished_at IS NULL"
+COUNT_BY_STATE: LiteralString = "SELECT state, count(*) FROM postbox.outbox GROUP BY state ORDER BY state"
 PUBLISH_SPAN: LiteralString = """
 SELECT min(published_at), max(published_at), count(*),
-       count(*) FILTER (WHERE published_at = (SELECT min(published_at) FROM outbox))
-  FROM outbox WHERE published_at IS NOT NULL
+       count(*) FILTER (WHERE published_at = (SELECT min(published_at) FROM postbox.outbox))
+  FROM postbox.outbox WHERE published_at IS NOT NULL
 """
 FINISH_SPAN: LiteralString = """
 SELECT min(finished_at), max(finished_at), count(*),
-       count(*) FILTER (WHERE finished_at = (SELECT min(finished_at) FROM outbox))
-  FROM outbox WHERE finished_at IS NOT NULL
+       count(*) FILTER (WHERE finished_at = (SELECT min(finished_at) FROM postbox.outbox))
+  FROM postbox.outbox WHERE finished_at IS NOT NULL
 """
 
 

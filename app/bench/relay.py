@@ -21,16 +21,16 @@ from typing import Any
 import psycopg
 import redis
 
-from app.bench import outbox
-from app.bench.params import Params
-from app.bench.procs import bench_env, children
-from app.bench.progress import Progress
-from app.bench.report import Figure, Target
-from app.bench.sandbox import Sandbox
-from app.bench.stats import Latency
-from app.bench.steady import produce
-from app.bench.tasks import QUEUE
-from jobs.streams import stream_key
+from postbox.app.bench import outbox
+from postbox.app.bench.params import Params
+from postbox.app.bench.procs import bench_env, children
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Target
+from postbox.app.bench.sandbox import Sandbox
+from postbox.app.bench.stats import Latency
+from postbox.app.bench.steady import produce
+from postbox.app.bench.tasks import QUEUE
+from postbox.streams import stream_key
 
 SCENARIO = "relay"
 
@@ -93,7 +93,7 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
             box.clean_redis_prefix()
             outbox.prefill(conn, "bench_noop", rows, params.batch)
             with children(env) as kids:
-                kids.python("relay", ["relay", "run"])
+                kids.python("relay", ["postbox.relay", "run"])
                 try:
                     outbox.wait_until(
                         lambda: outbox.scalar(conn, outbox.COUNT_UNPUBLISHED) == 0,
@@ -117,7 +117,7 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
             reader.start()
             try:
                 with children(env) as kids:
-                    kids.python("relay", ["relay", "run"])
+                    kids.python("relay", ["postbox.relay", "run"])
                     warm = produce(database_url, "bench_noop", rate, 1.0)  # relay up and leading, caches warm
                     wait_seen(reader, warm.commits, kids.check_alive)
                     measured = produce(database_url, "bench_noop", rate, params.duration)

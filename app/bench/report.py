@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.bench.stats import Spread
+from postbox.app.bench.stats import Spread
 
 POSTBOX = "postbox"
 

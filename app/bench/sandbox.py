@@ -20,7 +20,7 @@ import psycopg
 import redis
 from psycopg import sql
 
-from jobs import migrate
+from postbox import migrate
 
 
 def with_database(url: str, name: str) -> str:

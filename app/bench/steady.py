@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from jobs import enqueue
+from postbox import enqueue
 
 
 @dataclass

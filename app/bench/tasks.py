@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any
 
-from jobs import task
+from postbox import task
 
 QUEUE = "bench"
 PROBE_FILE_ENV = "POSTBOX_BENCH_PROBE_FILE"

@@ -26,14 +26,14 @@ from typing import Any
 
 import psycopg
 
-from app.bench import outbox
-from app.bench.machine import peak_rss_mb
-from app.bench.params import Params
-from app.bench.procs import Children, bench_env, children
-from app.bench.progress import Progress
-from app.bench.report import Figure, Target
-from app.bench.sandbox import Sandbox
-from app.bench.tasks import QUEUE
+from postbox.app.bench import outbox
+from postbox.app.bench.machine import peak_rss_mb
+from postbox.app.bench.params import Params
+from postbox.app.bench.procs import Children, bench_env, children
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Target
+from postbox.app.bench.sandbox import Sandbox
+from postbox.app.bench.tasks import QUEUE
 
 SCENARIO = "worker"
 WARMUP_JOBS = 2_000
@@ -58,12 +58,21 @@ def variants(params: Params) -> list[Variant]:
 
 
 def worker_argv(concurrency: int) -> list[str]:
-    return ["worker", "run", "--tasks", "app.bench.tasks", "--queues", QUEUE, "--concurrency", str(concurrency)]
+    return [
+        "postbox.worker",
+        "run",
+        "--tasks",
+        "postbox.app.bench.tasks",
+        "--queues",
+        QUEUE,
+        "--concurrency",
+        str(concurrency),
+    ]
 
 
 def start_system(kids: Children, processes: int, concurrency: int) -> list[int]:
     """A relay and ``processes`` workers; returns the workers' pids."""
-    kids.python("relay", ["relay", "run"])
+    kids.python("relay", ["postbox.relay", "run"])
     return [kids.python(f"worker{i}", worker_argv(concurrency)).pid for i in range(processes)]
 
 

@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
 
-from app.provider import store
-from app.provider.faults import AfterDelivery, Faults, seeded
+from postbox.app.provider import store
+from postbox.app.provider.faults import AfterDelivery, Faults, seeded
 
 log = logging.getLogger("postbox.provider")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from jobs import logs
-from jobs.errors import SettingsError
-from jobs.settings import libpq_url, load_settings
+from postbox import logs
+from postbox.errors import SettingsError
+from postbox.settings import libpq_url, load_settings
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,8 +37,8 @@ def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
     import uvicorn
 
-    from app.provider.app import create_app
-    from app.provider.faults import Faults, seeded
+    from postbox.app.provider.app import create_app
+    from postbox.app.provider.faults import Faults, seeded
 
     try:
         url = args.database_url or load_settings().require_database_url()

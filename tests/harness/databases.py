@@ -17,7 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from jobs import migrate
+from postbox import migrate
+from postbox.app.stagedoor import schema as stagedoor_schema
 
 HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
 
@@ -51,7 +52,9 @@ def create(admin_url: str, kind: str, template: str | None = None) -> str:
 
 def create_template(admin_url: str) -> str:
     name = create(admin_url, "tpl")
-    migrate.upgrade(with_database(admin_url, name))
+    url = with_database(admin_url, name)
+    migrate.upgrade(url)
+    stagedoor_schema.migrate(url)  # the example's own tables, as the demo creates them
     return name
 
 

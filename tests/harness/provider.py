@@ -29,7 +29,7 @@ class ProviderProcess:
         self.args = [
             sys.executable,
             "-m",
-            "app",
+            "postbox.app",
             "provider",
             "run",
             "--port",

@@ -14,12 +14,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from psycopg import AsyncConnection
 
-from jobs.streams import encode_entry, stream_key
+from postbox.streams import encode_entry, stream_key
 
 SELECT_DUE = """
 SELECT id, queue, task, args::text, headers::text, priority, attempts,
        (extract(epoch FROM created_at) * 1000)::int8
-  FROM outbox
+  FROM postbox.outbox
  WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
  ORDER BY id
 """
@@ -27,11 +27,11 @@ SELECT id, queue, task, args::text, headers::text, priority, attempts,
 SELECT_ROWS = """
 SELECT id, queue, task, args::text, headers::text, priority, attempts,
        (extract(epoch FROM created_at) * 1000)::int8
-  FROM outbox WHERE id = ANY(%(ids)s) ORDER BY id
+  FROM postbox.outbox WHERE id = ANY(%(ids)s) ORDER BY id
 """
 
 MARK = """
-UPDATE outbox SET state = 'queued', published_at = now(), publish_count = publish_count + 1, stream_id = u.sid
+UPDATE postbox.outbox SET state = 'queued', published_at = now(), publish_count = publish_count + 1, stream_id = u.sid
   FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
  WHERE outbox.id = u.id AND outbox.published_at IS NULL AND outbox.state IN ('pending', 'retrying')
 """

@@ -17,10 +17,12 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from jobs.errors import AlreadyProcessed
-from jobs.producer import enqueue_async
+from postbox.errors import AlreadyProcessed
+from postbox.producer import enqueue_async
 
-CLAIM_PROCESSED = "INSERT INTO processed_jobs (outbox_id) VALUES (%(id)s) ON CONFLICT DO NOTHING RETURNING outbox_id"
+CLAIM_PROCESSED = (
+    "INSERT INTO postbox.processed_jobs (outbox_id) VALUES (%(id)s) ON CONFLICT DO NOTHING RETURNING outbox_id"
+)
 
 
 @dataclass

@@ -16,9 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import tests.tasks_api  # noqa: F401  (registers the api_* tasks)
-from app.api.main import create_app
-from jobs.registry import default_registry
-from jobs.settings import Settings
+from postbox.app.api.main import create_app
+from postbox.registry import default_registry
+from postbox.settings import Settings
 
 API_KEY = "s3cret-key"
 
@@ -55,7 +55,7 @@ def insert_job(conn: psycopg.Connection[Any], task: str = "api_echo", queue: str
     """A job row straight in SQL (state etc. as given)."""
     values = {"task": task, "queue": queue, "args": "{}", **cols}
     names = list(values)
-    query = "INSERT INTO outbox ({}) VALUES ({}) RETURNING id".format(
+    query = "INSERT INTO postbox.outbox ({}) VALUES ({}) RETURNING id".format(
         ", ".join(names), ", ".join(f"%({n})s" for n in names)
     )
     row = conn.execute(query, values).fetchone()  # type: ignore[arg-type]
@@ -68,12 +68,12 @@ def make_dead(conn: psycopg.Connection[Any], job_id: int, attempts: int = 2, err
     """Simulate a worker running a job to death: attempt rows, then state dead."""
     for attempt in range(1, attempts + 1):
         conn.execute(
-            "INSERT INTO job_attempts (outbox_id, attempt, worker_id, finished_at, outcome, error_class, error)"
+            "INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, finished_at, outcome, error_class, error)"
             " VALUES (%s, %s, 'worker-deadbeef', now(), %s, 'PermanentError', %s)",
             (job_id, attempt, "dead" if attempt == attempts else "retry", error),
         )
     conn.execute(
-        "UPDATE outbox SET state = 'dead', attempts = %s, finished_at = now(), published_at = now(),"
+        "UPDATE postbox.outbox SET state = 'dead', attempts = %s, finished_at = now(), published_at = now(),"
         " last_error_class = 'PermanentError', last_error = %s WHERE id = %s",
         (attempts, error, job_id),
     )
@@ -81,13 +81,13 @@ def make_dead(conn: psycopg.Connection[Any], job_id: int, attempts: int = 2, err
 
 
 def audit_rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
-    rows = conn.execute("SELECT actor, action, target, request_id FROM audit_log ORDER BY id").fetchall()
+    rows = conn.execute("SELECT actor, action, target, request_id FROM postbox.audit_log ORDER BY id").fetchall()
     conn.commit()
     return rows
 
 
 def job_state(conn: psycopg.Connection[Any], job_id: int) -> str:
-    row = conn.execute("SELECT state FROM outbox WHERE id = %s", (job_id,)).fetchone()
+    row = conn.execute("SELECT state FROM postbox.outbox WHERE id = %s", (job_id,)).fetchone()
     conn.commit()
     assert row is not None
     return str(row[0])
@@ -127,8 +127,8 @@ class Fleet:
 def running_fleet(child_env: dict[str, str], log_dir: Path) -> Iterator[Fleet]:
     fleet = Fleet(child_env, log_dir)
     try:
-        fleet.start("-m", "relay", "run", name="relay")
-        fleet.start("-m", "worker", "run", "--queues", "apiq", "--concurrency", "2", name="worker")
+        fleet.start("-m", "postbox.relay", "run", name="relay")
+        fleet.start("-m", "postbox.worker", "run", "--queues", "apiq", "--concurrency", "2", name="worker")
         yield fleet
     finally:
         fleet.close()

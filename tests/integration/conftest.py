@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from jobs.settings import Settings
-from relay import Relay
+from postbox.relay import Relay
+from postbox.settings import Settings
 from tests import tasks_worker as t
 from tests.worker_support import worker_settings
 

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from app.admin import dlq_cli, jobs_cli, queues_cli, workers_cli
-from jobs.settings import Settings
+from postbox.app.admin import dlq_cli, jobs_cli, queues_cli, workers_cli
+from postbox.settings import Settings
 from tests.integration.api_support import audit_rows, insert_job, job_state, make_dead
 
 
@@ -23,7 +23,7 @@ def cli_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POSTBOX_TASKS", "tests.tasks_api")
 
 
-def _count(conn: psycopg.Connection[Any], query: str = "SELECT count(*) FROM outbox") -> int:
+def _count(conn: psycopg.Connection[Any], query: str = "SELECT count(*) FROM postbox.outbox") -> int:
     row = conn.execute(query).fetchone()
     conn.commit()
     assert row is not None
@@ -129,7 +129,7 @@ def test_dlq_purge_asks_unless_yes(
 ) -> None:
     job = insert_job(conn)
     make_dead(conn, job)
-    dead = "SELECT count(*) FROM outbox WHERE state = 'dead'"
+    dead = "SELECT count(*) FROM postbox.outbox WHERE state = 'dead'"
 
     monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
     assert dlq_cli.main(["purge", "--queue", "apiq", "--older-than", "0"]) == 1
@@ -173,7 +173,7 @@ def test_dlq_bad_input(conn: psycopg.Connection[Any], capsys: pytest.CaptureFixt
         assert dlq_cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("postbox dlq: error: ") and message in err, (argv, err)
-    assert _count(conn, "SELECT count(*) FROM outbox WHERE state = 'dead'") == 1
+    assert _count(conn, "SELECT count(*) FROM postbox.outbox WHERE state = 'dead'") == 1
     assert audit_rows(conn) == []
 
 
@@ -193,7 +193,8 @@ def test_queues_and_workers(conn: psycopg.Connection[Any], capsys: pytest.Captur
     assert "invalid queue name" in capsys.readouterr().err
 
     conn.execute(
-        "INSERT INTO workers (id, host, pid, last_seen) VALUES ('worker-11111111', 'h', 1, now() - interval '1 hour')"
+        "INSERT INTO postbox.workers (id, host, pid, last_seen)"
+        " VALUES ('worker-11111111', 'h', 1, now() - interval '1 hour')"
     )
     conn.commit()
     assert workers_cli.main(["list", "--json"]) == 0
@@ -218,7 +219,7 @@ def test_the_postbox_command_runs_a_subcommand(child_env: dict[str, str], conn: 
     job = insert_job(conn)
     make_dead(conn, job)
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "dlq", "purge", "--queue", "apiq", "--older-than", "0"],
+        [sys.executable, "-m", "postbox.app", "dlq", "purge", "--queue", "apiq", "--older-than", "0"],
         env=child_env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -227,4 +228,4 @@ def test_the_postbox_command_runs_a_subcommand(child_env: dict[str, str], conn: 
     )
     assert proc.returncode == 1
     assert "no terminal to confirm on: pass --yes" in proc.stderr
-    assert _count(conn, "SELECT count(*) FROM outbox WHERE state = 'dead'") == 1
+    assert _count(conn, "SELECT count(*) FROM postbox.outbox WHERE state = 'dead'") == 1

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-from jobs.settings import Settings
+from postbox.settings import Settings
 from tests.integration.api_support import (  # noqa: F401
     API_KEY,
     audit_rows,
@@ -62,14 +62,14 @@ def test_destructive_endpoint_needs_the_key_and_is_audited(
     setup: Setup, keyed_client: TestClient, conn: psycopg.Connection[Any]
 ) -> None:
     path, params, action, target = setup(conn)
-    before = conn.execute("SELECT count(*) FROM outbox WHERE state = 'dead'").fetchone()
+    before = conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'dead'").fetchone()
     conn.commit()
     missing = keyed_client.post(path, params=params)
     assert missing.status_code == 401
     assert missing.json() == UNAUTHORIZED
     wrong = keyed_client.post(path, params=params, headers={"X-API-Key": API_KEY + "x"})
     assert wrong.status_code == 401
-    assert conn.execute("SELECT count(*) FROM outbox WHERE state = 'dead'").fetchone() == before
+    assert conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'dead'").fetchone() == before
     conn.commit()
     assert audit_rows(conn) == []
 
@@ -97,7 +97,7 @@ def test_key_for_all_guards_reads_too(settings: Settings, conn: psycopg.Connecti
         assert c.post("/api/v1/jobs", json={"task": "api_echo"}).status_code == 401
         assert c.get("/api/v1/jobs", headers={"X-API-Key": API_KEY}).status_code == 200
         assert c.get("/health").status_code == 200  # probes stay open
-    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
 
 
 def test_without_a_key_destructive_operations_are_open_and_audited_as_anonymous(

@@ -60,7 +60,7 @@ def test_requeue_resets_attempts_and_keeps_history(client: TestClient, conn: psy
     assert r.status_code == 200
     assert r.json() == {"id": job, "queue": "apiq", "task": "api_echo", "state": "pending", "attempts": 0}
     row = conn.execute(
-        "SELECT state, attempts, published_at, finished_at, claimed_by FROM outbox WHERE id = %s", (job,)
+        "SELECT state, attempts, published_at, finished_at, claimed_by FROM postbox.outbox WHERE id = %s", (job,)
     ).fetchone()
     assert row == ("pending", 0, None, None, None)
     conn.commit()
@@ -112,12 +112,12 @@ def test_discard_keeps_the_row_visible(client: TestClient, conn: psycopg.Connect
 def test_purge_needs_confirm_and_respects_age_and_queue(client: TestClient, conn: psycopg.Connection[Any]) -> None:
     old = insert_job(conn)
     make_dead(conn, old)
-    conn.execute("UPDATE outbox SET finished_at = now() - interval '2 days' WHERE id = %s", (old,))
+    conn.execute("UPDATE postbox.outbox SET finished_at = now() - interval '2 days' WHERE id = %s", (old,))
     young = insert_job(conn)
     make_dead(conn, young)
     elsewhere = insert_job(conn, queue="other")
     make_dead(conn, elsewhere)
-    conn.execute("UPDATE outbox SET finished_at = now() - interval '2 days' WHERE id = %s", (elsewhere,))
+    conn.execute("UPDATE postbox.outbox SET finished_at = now() - interval '2 days' WHERE id = %s", (elsewhere,))
     conn.commit()
 
     r = client.post("/api/v1/dlq/purge", params={"queue": "apiq", "older_than": 86400})
@@ -129,14 +129,14 @@ def test_purge_needs_confirm_and_respects_age_and_queue(client: TestClient, conn
             "details": {"queue": "apiq", "would_purge": 1, "field": "confirm"},
         }
     }
-    assert conn.execute("SELECT count(*) FROM outbox WHERE state = 'dead'").fetchone() == (3,)
+    assert conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'dead'").fetchone() == (3,)
     conn.commit()
     r = client.post("/api/v1/dlq/purge", params={"queue": "apiq", "older_than": 86400, "confirm": True})
     assert r.status_code == 200 and r.json() == {"queue": "apiq", "purged": 1}
-    left = {row[0] for row in conn.execute("SELECT id FROM outbox").fetchall()}
+    left = {row[0] for row in conn.execute("SELECT id FROM postbox.outbox").fetchall()}
     assert left == {young, elsewhere}
-    assert conn.execute("SELECT count(*) FROM job_attempts WHERE outbox_id = %s", (old,)).fetchone() == (0,)
-    kept = "SELECT count(*) FROM job_attempts WHERE outbox_id = ANY(%s)"
+    assert conn.execute("SELECT count(*) FROM postbox.job_attempts WHERE outbox_id = %s", (old,)).fetchone() == (0,)
+    kept = "SELECT count(*) FROM postbox.job_attempts WHERE outbox_id = ANY(%s)"
     assert conn.execute(kept, ([young, elsewhere],)).fetchone() == (4,)  # the purge took only its own jobs' history
     conn.commit()
     # discarded_only: only discarded rows go

@@ -7,9 +7,9 @@ import redis as syncredis
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from jobs.events import encode, event
-from jobs.settings import Settings
-from jobs.streams import events_channel
+from postbox.events import encode, event
+from postbox.settings import Settings
+from postbox.streams import events_channel
 from tests.integration.api_support import API_KEY, client_fixture, make_client  # noqa: F401
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from fastapi.testclient import TestClient
 
-from jobs.settings import Settings
+from postbox.settings import Settings
 from tests.integration.api_support import client_fixture, insert_job, job_state, make_client  # noqa: F401
 
 
@@ -26,7 +26,7 @@ def test_enqueue_returns_201_with_the_job(client: TestClient, conn: psycopg.Conn
     assert body["history"] == []
     assert body["duplicate"] is False
     assert r.headers["x-request-id"]
-    row = conn.execute("SELECT task, queue, priority, args FROM outbox WHERE id = %s", (body["id"],)).fetchone()
+    row = conn.execute("SELECT task, queue, priority, args FROM postbox.outbox WHERE id = %s", (body["id"],)).fetchone()
     assert row == ("api_sum", "apiq", 8, {"a": 2, "b": 3})
 
 
@@ -44,7 +44,7 @@ def test_idempotency_key_wins_over_dedup_key(client: TestClient, conn: psycopg.C
     assert again.json()["duplicate"] is True
     by_body = client.post("/api/v1/jobs", json={"task": "api_echo", "dedup_key": "hdr-key"})
     assert by_body.status_code == 200 and by_body.json()["id"] == first.json()["id"]
-    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (1,)
 
 
 def test_unknown_task_is_400_naming_the_field(client: TestClient, conn: psycopg.Connection[Any]) -> None:
@@ -53,7 +53,7 @@ def test_unknown_task_is_400_naming_the_field(client: TestClient, conn: psycopg.
     assert r.json() == {
         "error": {"code": "UNKNOWN_TASK", "message": "unknown task 'nope'", "details": {"field": "task"}}
     }
-    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
 
 
 def test_bad_args_are_422_naming_the_field(client: TestClient, conn: psycopg.Connection[Any]) -> None:
@@ -66,7 +66,7 @@ def test_bad_args_are_422_naming_the_field(client: TestClient, conn: psycopg.Con
     assert r.status_code == 422 and r.json()["error"]["details"]["field"] == "args.zzz"
     r = client.post("/api/v1/jobs", json={"task": "api_echo", "args": {"text": "a\u0000b"}})
     assert r.status_code == 422 and r.json()["error"]["details"]["field"] == "args.text"
-    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
 
 
 def test_body_validation_is_422_in_the_error_shape(client: TestClient) -> None:
@@ -93,7 +93,7 @@ def test_payload_over_the_limit_is_413(settings: Settings, conn: psycopg.Connect
         assert err["details"] == {"size": 211, "limit": 100, "field": "args"}
         huge = c.post("/api/v1/jobs", json={"task": "api_echo", "args": {"text": "x" * 70_000}})
         assert huge.status_code == 413 and huge.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
-    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
 
 
 def test_queue_full_is_429_with_retry_after(settings: Settings, conn: psycopg.Connection[Any]) -> None:
@@ -113,16 +113,16 @@ def test_queue_full_is_429_with_retry_after(settings: Settings, conn: psycopg.Co
         # an existing key is still answered; another queue is not limited by this one
         assert c.post("/api/v1/jobs", json={"task": "api_echo", "dedup_key": "k"}).status_code == 200
         assert c.post("/api/v1/jobs", json={"task": "api_echo", "queue": "other"}).status_code == 201
-        conn.execute("UPDATE outbox SET state = 'succeeded' WHERE queue = 'apiq' AND dedup_key = 'k'")
+        conn.execute("UPDATE postbox.outbox SET state = 'succeeded' WHERE queue = 'apiq' AND dedup_key = 'k'")
         conn.commit()
         assert c.post("/api/v1/jobs", json={"task": "api_echo"}).status_code == 201
-    assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (4,)
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (4,)
 
 
 def test_get_job_with_history_and_404(client: TestClient, conn: psycopg.Connection[Any]) -> None:
     job_id = insert_job(conn, state="running", attempts=1, claimed_by="worker-0000abcd")
     conn.execute(
-        "INSERT INTO job_attempts (outbox_id, attempt, worker_id) VALUES (%s, 1, 'worker-0000abcd')", (job_id,)
+        "INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id) VALUES (%s, 1, 'worker-0000abcd')", (job_id,)
     )
     conn.commit()
     r = client.get(f"/api/v1/jobs/{job_id}")
@@ -147,9 +147,9 @@ def test_history_shows_the_running_attempt_from_the_outbox_row(
 ) -> None:
     """An attempt's history row is written when it ends; until then the outbox row stands for it."""
     job_id = insert_job(conn, state="running", attempts=2, claimed_by="worker-0000beef")
-    conn.execute("UPDATE outbox SET started_at = now() WHERE id = %s", (job_id,))
+    conn.execute("UPDATE postbox.outbox SET started_at = now() WHERE id = %s", (job_id,))
     conn.execute(
-        "INSERT INTO job_attempts (outbox_id, attempt, worker_id, started_at, finished_at, outcome)"
+        "INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, started_at, finished_at, outcome)"
         " VALUES (%s, 1, 'worker-0000dead', now() - interval '1 minute', now() - interval '30 s', 'lost')",
         (job_id,),
     )
@@ -213,7 +213,9 @@ def test_cancel_paths(client: TestClient, conn: psycopg.Connection[Any], redis_u
         "state": "running",
         "cancel_requested": True,
     }
-    row = conn.execute("SELECT state, cancel_requested_at IS NOT NULL FROM outbox WHERE id = %s", (running,)).fetchone()
+    row = conn.execute(
+        "SELECT state, cancel_requested_at IS NOT NULL FROM postbox.outbox WHERE id = %s", (running,)
+    ).fetchone()
     assert row == ("running", True)
     conflict = client.post(f"/api/v1/jobs/{done}/cancel")
     assert conflict.status_code == 409
@@ -229,7 +231,7 @@ def test_cancel_paths(client: TestClient, conn: psycopg.Connection[Any], redis_u
     missing = client.post("/api/v1/jobs/424242/cancel")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "NOT_FOUND"
     conn.commit()
-    audits = conn.execute("SELECT action, target FROM audit_log ORDER BY id").fetchall()
+    audits = conn.execute("SELECT action, target FROM postbox.audit_log ORDER BY id").fetchall()
     assert audits == [("job.cancel", f"job:{pending}"), ("job.cancel", f"job:{running}")]
 
 
@@ -260,7 +262,7 @@ def test_result_immediate_and_waiting(client: TestClient, conn: psycopg.Connecti
         # the "worker": record the outcome and notify waiters in the same transaction
         with psycopg.connect(str(settings.database_url)) as c2:
             c2.execute(
-                "UPDATE outbox SET state = 'dead', last_error_class = 'PermanentError', last_error = 'no'"
+                "UPDATE postbox.outbox SET state = 'dead', last_error_class = 'PermanentError', last_error = 'no'"
                 " WHERE id = %s",
                 (waiting,),
             )

@@ -9,8 +9,8 @@ import psycopg
 import redis as syncredis
 from fastapi.testclient import TestClient
 
-from jobs.settings import Settings
-from jobs.streams import GROUP, stream_key
+from postbox.settings import Settings
+from postbox.streams import GROUP, stream_key
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401
 from tests.integration.api_support import client_fixture, insert_job, make_client  # noqa: F401
 
@@ -19,7 +19,7 @@ def _seed_queue(conn: psycopg.Connection[Any]) -> None:
     insert_job(conn)  # backlog: due and unpublished
     insert_job(conn, available_at="2999-01-01T00:00:00Z")  # scheduled
     insert_job(conn, state="queued", published_at="now()", available_at="-infinity")
-    conn.execute("UPDATE outbox SET available_at = now() - interval '60 seconds' WHERE state = 'queued'")
+    conn.execute("UPDATE postbox.outbox SET available_at = now() - interval '60 seconds' WHERE state = 'queued'")
     insert_job(conn, state="queued", published_at="now()")
     insert_job(conn, state="running", attempts=1)
     insert_job(conn, state="retrying", attempts=1, available_at="2999-01-01T00:00:00Z")
@@ -79,17 +79,17 @@ def test_pause_and_resume(client: TestClient, conn: psycopg.Connection[Any]) -> 
     r = client.post("/api/v1/queues/apiq/pause")
     assert r.status_code == 200
     assert r.json()["queue"] == "apiq" and r.json()["paused"] is True
-    assert conn.execute("SELECT paused FROM queues WHERE name = 'apiq'").fetchone() == (True,)
+    assert conn.execute("SELECT paused FROM postbox.queues WHERE name = 'apiq'").fetchone() == (True,)
     conn.commit()
     assert client.get("/api/v1/queues/apiq").json()["paused"] is True
     r = client.post("/api/v1/queues/apiq/resume")
     assert r.status_code == 200 and r.json()["paused"] is False
-    assert conn.execute("SELECT paused FROM queues WHERE name = 'apiq'").fetchone() == (False,)
+    assert conn.execute("SELECT paused FROM postbox.queues WHERE name = 'apiq'").fetchone() == (False,)
 
 
 def test_workers_list_marks_stale(client: TestClient, conn: psycopg.Connection[Any]) -> None:
     conn.execute(
-        """INSERT INTO workers (id, host, pid, queues, concurrency, started_at, last_seen, stopped_at) VALUES
+        """INSERT INTO postbox.workers (id, host, pid, queues, concurrency, started_at, last_seen, stopped_at) VALUES
            ('worker-aaaaaaaa', 'h1', 11, '{apiq}', 4, now() - interval '1 minute', now(), NULL),
            ('worker-bbbbbbbb', 'h2', 12, '{apiq}', 4, now() - interval '2 minutes',
             now() - interval '16 seconds', NULL),
@@ -157,7 +157,7 @@ def test_ready_is_503_naming_postgresql_when_it_is_unreachable(settings: Setting
 
 
 def test_ready_is_503_when_migrations_are_behind(client: TestClient, conn: psycopg.Connection[Any]) -> None:
-    conn.execute("UPDATE alembic_version SET version_num = '0001_outbox'")
+    conn.execute("UPDATE postbox.alembic_version SET version_num = '0001_outbox'")
     conn.commit()
     r = client.get("/ready")
     assert r.status_code == 503

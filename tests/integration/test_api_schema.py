@@ -22,7 +22,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from jobs.settings import Settings
+from postbox.settings import Settings
 from tests.integration.api_support import make_client
 
 CHECKS = [

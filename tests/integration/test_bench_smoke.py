@@ -11,10 +11,10 @@ import sys
 import psycopg
 import redis as syncredis
 
-from app.bench import worker as bench_worker
-from app.bench.params import Params
-from app.bench.progress import Progress
-from app.bench.sandbox import sandbox
+from postbox.app.bench import worker as bench_worker
+from postbox.app.bench.params import Params
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.sandbox import sandbox
 from tests.harness.servers import Servers
 
 
@@ -27,7 +27,7 @@ def test_bench_enqueue_runs_prints_figures_and_cleans_up(servers: Servers) -> No
         [
             sys.executable,
             "-m",
-            "app",
+            "postbox.app",
             "bench",
             "enqueue",
             "--repeat",
@@ -90,8 +90,8 @@ def test_bench_worker_runs_each_peer_repetition_right_after_its_own_one_process_
         def between(rep: int) -> None:
             with psycopg.connect(url) as conn:
                 rows = conn.execute(
-                    "SELECT o.task, count(*), (SELECT count(DISTINCT worker_id) FROM job_attempts)"
-                    " FROM outbox o WHERE o.state = 'succeeded' GROUP BY o.task"
+                    "SELECT o.task, count(*), (SELECT count(DISTINCT worker_id) FROM postbox.job_attempts)"
+                    " FROM postbox.outbox o WHERE o.state = 'succeeded' GROUP BY o.task"
                 ).fetchall()
             seen.append((rep, [(task, count, workers) for task, count, workers in rows]))
 

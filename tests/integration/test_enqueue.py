@@ -10,19 +10,19 @@ from typing import Any
 import psycopg
 import pytest
 
-import jobs
-from jobs import errors
+import postbox
+from postbox import errors
 from tests import tasks_core
 
 
 def count(conn: psycopg.Connection[Any]) -> int:
-    return conn.execute("SELECT count(*) FROM outbox").fetchone()[0]  # type: ignore[index]
+    return conn.execute("SELECT count(*) FROM postbox.outbox").fetchone()[0]  # type: ignore[index]
 
 
 def test_rollback_leaves_no_row(conn: psycopg.Connection[Any], database_url: str) -> None:
     with pytest.raises(RuntimeError), conn.transaction():
         conn.execute("CREATE TABLE IF NOT EXISTS biz (id int)")
-        job_id = jobs.enqueue(conn, tasks_core.noop)
+        job_id = postbox.enqueue(conn, tasks_core.noop)
         assert job_id > 0
         raise RuntimeError("business failure")
     assert count(conn) == 0
@@ -31,7 +31,7 @@ def test_rollback_leaves_no_row(conn: psycopg.Connection[Any], database_url: str
 def test_nothing_is_visible_before_commit(conn: psycopg.Connection[Any], database_url: str) -> None:
     with psycopg.connect(database_url) as other:
         with conn.transaction():
-            jobs.enqueue(conn, tasks_core.noop)
+            postbox.enqueue(conn, tasks_core.noop)
             assert count(other) == 0
             other.rollback()
         assert count(other) == 1
@@ -40,7 +40,7 @@ def test_nothing_is_visible_before_commit(conn: psycopg.Connection[Any], databas
 def test_commit_leaves_one_row_with_every_field(conn: psycopg.Connection[Any]) -> None:
     run_at = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
     with conn.transaction():
-        job_id = jobs.enqueue(
+        job_id = postbox.enqueue(
             conn,
             "send_welcome",
             {"user_id": 42, "lang": "fr"},
@@ -53,7 +53,7 @@ def test_commit_leaves_one_row_with_every_field(conn: psycopg.Connection[Any]) -
         )
     row = conn.execute(
         "SELECT id, queue, task, args, priority, state, attempts, max_attempts, available_at, dedup_key,"
-        " headers, published_at, finished_at FROM outbox"
+        " headers, published_at, finished_at FROM postbox.outbox"
     ).fetchall()
     assert row == [
         (
@@ -76,36 +76,36 @@ def test_commit_leaves_one_row_with_every_field(conn: psycopg.Connection[Any]) -
 
 def test_delay_is_measured_by_the_database_clock(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
-        job_id = jobs.enqueue(conn, tasks_core.noop, delay=timedelta(minutes=10))
-    gap = conn.execute("SELECT available_at - created_at FROM outbox WHERE id = %s", (job_id,)).fetchone()[0]  # type: ignore[index]
+        job_id = postbox.enqueue(conn, tasks_core.noop, delay=timedelta(minutes=10))
+    gap = conn.execute("SELECT available_at - created_at FROM postbox.outbox WHERE id = %s", (job_id,)).fetchone()[0]  # type: ignore[index]
     assert timedelta(minutes=10) <= gap < timedelta(minutes=10, seconds=1)
 
 
 async def test_async_rollback_and_commit(aconn: psycopg.AsyncConnection[Any]) -> None:
     with pytest.raises(RuntimeError):
         async with aconn.transaction():
-            await jobs.enqueue_async(aconn, tasks_core.noop)
+            await postbox.enqueue_async(aconn, tasks_core.noop)
             raise RuntimeError("rollback")
     async with aconn.transaction():
-        job_id = await jobs.enqueue_async(aconn, tasks_core.send_welcome, {"user_id": 7}, priority=2)
-    rows = await (await aconn.execute("SELECT id, task, args, priority, queue FROM outbox")).fetchall()
+        job_id = await postbox.enqueue_async(aconn, tasks_core.send_welcome, {"user_id": 7}, priority=2)
+    rows = await (await aconn.execute("SELECT id, task, args, priority, queue FROM postbox.outbox")).fetchall()
     assert rows == [(job_id, "send_welcome", {"user_id": 7}, 2, "mail")]
 
 
 def test_enqueue_many_ten_thousand_in_one_call(conn: psycopg.Connection[Any]) -> None:
     items = [{"task": "send_welcome", "args": {"user_id": i}, "priority": i % 10} for i in range(10_000)]
     with conn.transaction():
-        ids = jobs.enqueue_many(conn, items)
+        ids = postbox.enqueue_many(conn, items)
     assert len(ids) == 10_000 and len(set(ids)) == 10_000
-    rows = dict(conn.execute("SELECT id, (args->>'user_id')::int FROM outbox").fetchall())
+    rows = dict(conn.execute("SELECT id, (args->>'user_id')::int FROM postbox.outbox").fetchall())
     assert [rows[job_id] for job_id in ids] == list(range(10_000))
-    assert conn.execute("SELECT count(*), count(DISTINCT priority) FROM outbox").fetchone() == (10_000, 10)
+    assert conn.execute("SELECT count(*), count(DISTINCT priority) FROM postbox.outbox").fetchone() == (10_000, 10)
 
 
 async def test_enqueue_many_async_with_dedup_keys(aconn: psycopg.AsyncConnection[Any]) -> None:
     async with aconn.transaction():
-        first = await jobs.enqueue_async(aconn, tasks_core.noop, dedup_key="k1")
-        ids = await jobs.enqueue_many_async(
+        first = await postbox.enqueue_async(aconn, tasks_core.noop, dedup_key="k1")
+        ids = await postbox.enqueue_many_async(
             aconn,
             [
                 {"task": "noop", "dedup_key": "k1"},
@@ -118,21 +118,23 @@ async def test_enqueue_many_async_with_dedup_keys(aconn: psycopg.AsyncConnection
     assert ids[0] == first
     assert ids[2] == ids[3]
     assert len({first, ids[1], ids[2], ids[4]}) == 4
-    total = await (await aconn.execute("SELECT count(*) FROM outbox")).fetchone()
+    total = await (await aconn.execute("SELECT count(*) FROM postbox.outbox")).fetchone()
     assert total == (4,)
 
 
 def test_sql_function_from_plain_sql(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
         job_id = conn.execute(
-            "SELECT postbox_enqueue('send_welcome', '{\"user_id\": 3}'::jsonb, 'mail', 9, now(), 'sql-key', 2)"
+            "SELECT postbox.enqueue('send_welcome', '{\"user_id\": 3}'::jsonb, 'mail', 9, now(), 'sql-key', 2)"
         ).fetchone()[0]  # type: ignore[index]
         again = conn.execute(
-            "SELECT postbox_enqueue('send_welcome', '{\"user_id\": 3}'::jsonb, 'mail', 9, now(), 'sql-key')"
+            "SELECT postbox.enqueue('send_welcome', '{\"user_id\": 3}'::jsonb, 'mail', 9, now(), 'sql-key')"
         ).fetchone()[0]  # type: ignore[index]
-        default = conn.execute("SELECT postbox_enqueue('noop', '{}')").fetchone()[0]  # type: ignore[index]
+        default = conn.execute("SELECT postbox.enqueue('noop', '{}')").fetchone()[0]  # type: ignore[index]
     assert again == job_id
-    assert conn.execute("SELECT task, queue, priority, max_attempts, state FROM outbox ORDER BY id").fetchall() == [
+    assert conn.execute(
+        "SELECT task, queue, priority, max_attempts, state FROM postbox.outbox ORDER BY id"
+    ).fetchall() == [
         ("send_welcome", "mail", 9, 2, "pending"),
         ("noop", "default", 5, 5, "pending"),
     ]
@@ -142,11 +144,11 @@ def test_sql_function_from_plain_sql(conn: psycopg.Connection[Any]) -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        "SELECT postbox_enqueue('t', '[]'::jsonb)",
-        "SELECT postbox_enqueue('t', '{}', 'Bad Queue')",
-        "SELECT postbox_enqueue('t', '{}', 'q', 10)",
-        "SELECT postbox_enqueue('t', '{}', 'q', 5, now(), NULL, 0)",
-        "SELECT postbox_enqueue('', '{}')",
+        "SELECT postbox.enqueue('t', '[]'::jsonb)",
+        "SELECT postbox.enqueue('t', '{}', 'Bad Queue')",
+        "SELECT postbox.enqueue('t', '{}', 'q', 10)",
+        "SELECT postbox.enqueue('t', '{}', 'q', 5, now(), NULL, 0)",
+        "SELECT postbox.enqueue('', '{}')",
     ],
 )
 def test_sql_function_rejects_bad_input(conn: psycopg.Connection[Any], call: str) -> None:
@@ -170,7 +172,7 @@ def test_twenty_concurrent_producers_on_one_dedup_key(database_url: str) -> None
         with own:
             barrier.wait()
             with own.transaction():
-                job_id = jobs.enqueue(own, tasks_core.noop, dedup_key="race")
+                job_id = postbox.enqueue(own, tasks_core.noop, dedup_key="race")
             with lock:
                 results.append(job_id)
 
@@ -188,7 +190,7 @@ def test_twenty_concurrent_producers_on_one_dedup_key(database_url: str) -> None
 async def test_twenty_concurrent_async_producers_on_one_dedup_key(database_url: str) -> None:
     async def produce() -> int:
         async with await psycopg.AsyncConnection.connect(database_url) as own, own.transaction():
-            return await jobs.enqueue_async(own, tasks_core.noop, dedup_key="race")
+            return await postbox.enqueue_async(own, tasks_core.noop, dedup_key="race")
 
     results = await asyncio.gather(*(produce() for _ in range(20)))
     assert len(set(results)) == 1
@@ -196,8 +198,8 @@ async def test_twenty_concurrent_async_producers_on_one_dedup_key(database_url: 
 
 def test_dedup_is_scoped_per_queue(conn: psycopg.Connection[Any]) -> None:
     with conn.transaction():
-        a = jobs.enqueue(conn, tasks_core.noop, dedup_key="same", queue="a")
-        b = jobs.enqueue(conn, tasks_core.noop, dedup_key="same", queue="b")
+        a = postbox.enqueue(conn, tasks_core.noop, dedup_key="same", queue="a")
+        b = postbox.enqueue(conn, tasks_core.noop, dedup_key="same", queue="b")
     assert a != b and count(conn) == 2
 
 
@@ -220,9 +222,9 @@ def test_bad_input_writes_nothing(conn: psycopg.Connection[Any], kwargs: dict[st
     args = kwargs.pop("args", None)
     with conn.transaction():
         with pytest.raises(error):
-            jobs.enqueue(conn, task, args, **kwargs)
+            postbox.enqueue(conn, task, args, **kwargs)
         with pytest.raises(error):
-            jobs.enqueue_many(conn, [{"task": "noop"}, {"task": task, "args": args, **kwargs}])
+            postbox.enqueue_many(conn, [{"task": "noop"}, {"task": task, "args": args, **kwargs}])
     assert count(conn) == 0
 
 
@@ -230,7 +232,7 @@ def test_insert_notifies_the_relay_channel(conn: psycopg.Connection[Any], databa
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute("LISTEN postbox_outbox")
         with conn.transaction():
-            jobs.enqueue_many(conn, [{"task": "noop"}] * 50)
+            postbox.enqueue_many(conn, [{"task": "noop"}] * 50)
         got = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.channel for n in got] == ["postbox_outbox"]
 
@@ -238,7 +240,7 @@ def test_insert_notifies_the_relay_channel(conn: psycopg.Connection[Any], databa
 def test_enqueue_many_without_keys_keeps_every_option_and_the_database_clock(conn: psycopg.Connection[Any]) -> None:
     run_at = datetime(2031, 5, 6, 7, 8, 9, tzinfo=UTC)
     with conn.transaction():
-        ids = jobs.enqueue_many(
+        ids = postbox.enqueue_many(
             conn,
             [
                 {"task": "noop"},
@@ -248,7 +250,7 @@ def test_enqueue_many_without_keys_keeps_every_option_and_the_database_clock(con
         )
     rows = conn.execute(
         "SELECT id, task, args, priority, max_attempts, headers, available_at - created_at, available_at, state"
-        " FROM outbox ORDER BY id"
+        " FROM postbox.outbox ORDER BY id"
     ).fetchall()
     assert [row[0] for row in rows] == ids == sorted(ids)
     assert rows[0][1:7] == ("noop", {}, 5, 5, {}, timedelta(0))
@@ -259,10 +261,10 @@ def test_enqueue_many_without_keys_keeps_every_option_and_the_database_clock(con
 
 async def test_enqueue_many_async_without_keys(aconn: psycopg.AsyncConnection[Any]) -> None:
     async with aconn.transaction():
-        ids = await jobs.enqueue_many_async(
+        ids = await postbox.enqueue_many_async(
             aconn, [{"task": "send_welcome", "args": {"user_id": i}} for i in range(500)]
         )
-    rows = await (await aconn.execute("SELECT id, (args->>'user_id')::int FROM outbox ORDER BY id")).fetchall()
+    rows = await (await aconn.execute("SELECT id, (args->>'user_id')::int FROM postbox.outbox ORDER BY id")).fetchall()
     assert rows == list(zip(ids, range(500), strict=True))
 
 
@@ -277,25 +279,27 @@ def test_pipelined_enqueue_commits_and_rolls_back_with_the_business_row(
             with conn.transaction():
                 biz = conn.execute("INSERT INTO biz (note) VALUES (%s) RETURNING id", (f"o{i}",)).fetchone()
                 assert biz is not None
-                ids.append(jobs.enqueue(conn, "send_welcome", {"user_id": biz[0]}, priority=8))
+                ids.append(postbox.enqueue(conn, "send_welcome", {"user_id": biz[0]}, priority=8))
         with pytest.raises(RuntimeError), conn.transaction():
-            lost = jobs.enqueue(conn, tasks_core.noop)
+            lost = postbox.enqueue(conn, tasks_core.noop)
             raise RuntimeError("business failure")
         pipe.sync()
-    rows = conn.execute("SELECT id, task, (args->>'user_id')::int, priority, state FROM outbox ORDER BY id").fetchall()
+    rows = conn.execute(
+        "SELECT id, task, (args->>'user_id')::int, priority, state FROM postbox.outbox ORDER BY id"
+    ).fetchall()
     assert [r[0] for r in rows] == sorted(ids) and len(set(ids)) == 40 and lost not in ids
     assert [(r[1], r[2], r[3], r[4]) for r in sorted(rows, key=lambda r: ids.index(r[0]))] == [
         ("send_welcome", n, 8, "pending") for n in range(1, 41)
     ]
     # a plain enqueue afterwards draws from the sequence as before: no id is handed out twice
     with conn.transaction():
-        assert jobs.enqueue(conn, tasks_core.noop) not in [*ids, lost]
+        assert postbox.enqueue(conn, tasks_core.noop) not in [*ids, lost]
 
 
 def test_pipelined_enqueue_with_a_dedup_key_waits_for_its_answer(conn: psycopg.Connection[Any]) -> None:
     with conn.pipeline(), conn.transaction():
-        first = jobs.enqueue(conn, tasks_core.noop, dedup_key="k")
-        again = jobs.enqueue(conn, tasks_core.noop, dedup_key="k")
+        first = postbox.enqueue(conn, tasks_core.noop, dedup_key="k")
+        again = postbox.enqueue(conn, tasks_core.noop, dedup_key="k")
     assert first == again
     assert count(conn) == 1
 
@@ -304,13 +308,13 @@ def test_an_error_later_in_the_pipeline_takes_the_enqueued_job_with_it(conn: psy
     conn.execute("CREATE TABLE biz (id int PRIMARY KEY)")
     conn.commit()
     with pytest.raises(psycopg.errors.UniqueViolation), conn.pipeline(), conn.transaction():
-        jobs.enqueue(conn, tasks_core.noop)
+        postbox.enqueue(conn, tasks_core.noop)
         conn.execute("INSERT INTO biz VALUES (1), (1)")  # fails at the sync, after the enqueue was sent
     assert count(conn) == 0
 
 
 async def test_pipelined_enqueue_async(aconn: psycopg.AsyncConnection[Any]) -> None:
     async with aconn.pipeline(), aconn.transaction():
-        ids = [await jobs.enqueue_async(aconn, "send_welcome", {"user_id": i}) for i in range(3)]
-    rows = await (await aconn.execute("SELECT id, (args->>'user_id')::int FROM outbox ORDER BY id")).fetchall()
+        ids = [await postbox.enqueue_async(aconn, "send_welcome", {"user_id": i}) for i in range(3)]
+    rows = await (await aconn.execute("SELECT id, (args->>'user_id')::int FROM postbox.outbox ORDER BY id")).fetchall()
     assert rows == list(zip(ids, range(3), strict=True))

@@ -1,11 +1,22 @@
-"""Migrations go up, down and up again on an empty database, and the result is what the code expects."""
+"""postbox's migrations: up, down and up again, all inside postbox's own schema.
+
+They create nothing outside that schema (``postbox``, or ``POSTBOX_SCHEMA``), keep
+their version table there, leave an application's own tables and alembic
+history alone, and the SQL of the code finds its tables whatever the
+connection's ``search_path``.
+"""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
-from jobs import migrate
+from postbox import enqueue, migrate, schema
+from tests import tasks_core
 
 EXPECTED_TABLES = {
     "outbox",
@@ -18,21 +29,55 @@ EXPECTED_TABLES = {
     "alembic_version",
 }
 
+# Everything a database holds outside the system schemas, by kind.
+OBJECTS = """
+SELECT n.nspname, c.relname, c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+UNION ALL
+SELECT n.nspname, p.proname, 'function' FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')
+UNION ALL
+SELECT n.nspname, t.typname, 'domain' FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+ WHERE t.typtype = 'd' AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+"""
 
-def tables(url: str) -> set[str]:
+
+def objects(url: str) -> set[tuple[str, str, str]]:
     with psycopg.connect(url) as conn:
-        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()
+        return set(conn.execute(OBJECTS).fetchall())  # type: ignore[arg-type]
+
+
+def tables(url: str, in_schema: str = "postbox") -> set[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s", (in_schema,)).fetchall()
     return {name for (name,) in rows}
 
 
-def test_up_down_up(empty_database_url: str) -> None:
+@pytest.fixture
+def other_schema() -> Iterator[str]:
+    schema.use("shop_jobs")
+    yield "shop_jobs"
+    schema.reset()
+
+
+def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
+    before = objects(empty_database_url)
     migrate.upgrade(empty_database_url)
-    after_first = tables(empty_database_url)
-    assert EXPECTED_TABLES <= after_first
+    created = objects(empty_database_url) - before
+    assert {s for s, _, _ in created} == {"postbox"}, "nothing outside the postbox schema"
+    assert tables(empty_database_url) == EXPECTED_TABLES
+    assert tables(empty_database_url, "public") == set()
+    assert {(name, kind) for _, name, kind in created if kind in ("function", "domain")} == {
+        ("enqueue", "function"),
+        ("notify_outbox", "function"),
+        ("queue_name", "domain"),
+        ("task_name", "domain"),
+        ("json_object", "domain"),
+    }
     migrate.downgrade(empty_database_url, "base")
     assert tables(empty_database_url) == {"alembic_version"}
     migrate.upgrade(empty_database_url)
-    assert tables(empty_database_url) == after_first
+    assert objects(empty_database_url) - before == created
     with psycopg.connect(empty_database_url) as conn:
         assert migrate.current_revision(conn) == migrate.head_revision()
         states = conn.execute(
@@ -42,19 +87,37 @@ def test_up_down_up(empty_database_url: str) -> None:
         assert f"'{state}'" in states
 
 
-def test_0003_drops_the_attempts_key_and_its_downgrade_restores_it_without_orphans(empty_database_url: str) -> None:
-    fk = "SELECT count(*) FROM pg_constraint WHERE conname = 'job_attempts_outbox_id_fkey'"
-    migrate.upgrade(empty_database_url)
+def test_an_application_with_its_own_tables_and_alembic_history_is_left_alone(empty_database_url: str) -> None:
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        assert conn.execute(fk).fetchone() == (0,)
-        conn.execute("INSERT INTO outbox (queue, task) VALUES ('default', 'noop')")
-        conn.execute("INSERT INTO job_attempts (outbox_id, attempt) SELECT id, 1 FROM outbox")
-        conn.execute("INSERT INTO job_attempts (outbox_id, attempt) VALUES (999999, 1)")  # an orphan
-    migrate.downgrade(empty_database_url, "0002_stagedoor")
-    with psycopg.connect(empty_database_url, autocommit=True) as conn:
-        assert conn.execute(fk).fetchone() == (1,)
-        assert conn.execute("SELECT count(*) FROM job_attempts").fetchone() == (1,)
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int)")
+        conn.execute("CREATE TABLE outbox (id int PRIMARY KEY, note text)")  # the application's own "outbox"
+        conn.execute("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('app_0007')")
+        conn.execute("INSERT INTO orders VALUES (1, 42)")
     migrate.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT version_num FROM public.alembic_version").fetchall() == [("app_0007",)]
+        assert conn.execute("SELECT version_num FROM postbox.alembic_version").fetchall() == [
+            (migrate.head_revision(),)
+        ]
+        assert migrate.current_revision(conn) == migrate.head_revision()
+        with conn.transaction():
+            # Unqualified names resolve to the application's tables; postbox's SQL names its schema.
+            job = enqueue(conn, tasks_core.noop)
+            conn.execute("INSERT INTO orders VALUES (2, 7)")
+        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+        assert conn.execute("SELECT id FROM postbox.outbox").fetchall() == [(job,)]
+    assert tables(empty_database_url, "public") == {"orders", "outbox", "alembic_version"}
+
+
+def test_enqueue_and_the_sql_function_whatever_the_search_path(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url, options="-c search_path=pg_catalog") as conn:
+        with conn.transaction():
+            first = enqueue(conn, tasks_core.noop)
+            second = conn.execute("SELECT postbox.enqueue('noop', '{}'::jsonb, 'other', 7)").fetchone()[0]  # type: ignore[index]
+        rows = conn.execute("SELECT id, queue, priority FROM postbox.outbox ORDER BY id").fetchall()
+    assert rows == [(first, "default", 5), (second, "other", 7)]
 
 
 BAD_ROWS = [
@@ -63,45 +126,56 @@ BAD_ROWS = [
     ("default", "noop", "[]", "{}"),  # args
     ("default", "noop", "{}", "1"),  # headers
 ]
-INSERT_ROW = "INSERT INTO outbox (queue, task, args, headers) VALUES (%s, %s, %s::jsonb, %s::jsonb)"
+INSERT_ROW = "INSERT INTO postbox.outbox (queue, task, args, headers) VALUES (%s, %s, %s::jsonb, %s::jsonb)"
 
 
-def _rejected(url: str) -> list[str]:
-    """The constraint named by each bad row's error (every one must fail as a check violation)."""
+def test_write_once_columns_are_checked_as_domains(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
     names = []
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
         for row in BAD_ROWS:
             with pytest.raises(psycopg.errors.CheckViolation) as caught:
                 conn.execute(INSERT_ROW, row)
             names.append(caught.value.diag.constraint_name or "")
         conn.execute(INSERT_ROW, ("default", "noop", "{}", "{}"))
-        # An update that leaves the checked columns alone still works, with or without the domains.
-        conn.execute("UPDATE outbox SET state = 'queued' WHERE task = 'noop'")
-        conn.execute("DELETE FROM outbox")
-    return names
-
-
-def test_0004_checks_write_once_columns_as_domains_and_its_downgrade_restores_the_table_checks(
-    empty_database_url: str,
-) -> None:
-    migrate.upgrade(empty_database_url)
-    assert _rejected(empty_database_url) == [
-        "postbox_queue_name_check",
-        "postbox_task_name_check",
-        "postbox_json_object_check",
-        "postbox_json_object_check",
-    ]
-    with psycopg.connect(empty_database_url) as conn:
-        cur = conn.execute("SELECT queue, task, args, headers FROM outbox LIMIT 0")
+        conn.execute("UPDATE postbox.outbox SET state = 'queued' WHERE task = 'noop'")
+        cur = conn.execute("SELECT queue, task, args, headers FROM postbox.outbox LIMIT 0")
         # Clients see the base types: args and headers still load as JSON.
         assert [d.type_code for d in cur.description or []] == [25, 25, 3802, 3802]
-    migrate.downgrade(empty_database_url, "0003_attempts_without_fk")
-    assert _rejected(empty_database_url) == [
-        "outbox_queue_check",
-        "outbox_task_check",
-        "outbox_args_check",
-        "outbox_headers_check",
-    ]
-    with psycopg.connect(empty_database_url) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_type WHERE typname LIKE 'postbox\\_%%'").fetchone() == (0,)
+    assert names == ["queue_name_check", "task_name_check", "json_object_check", "json_object_check"]
+
+
+def test_another_schema_by_setting(empty_database_url: str, other_schema: str) -> None:
     migrate.upgrade(empty_database_url)
+    assert tables(empty_database_url, other_schema) == EXPECTED_TABLES
+    assert tables(empty_database_url, "postbox") == set()
+    with psycopg.connect(empty_database_url) as conn:
+        with conn.transaction():
+            job = enqueue(conn, tasks_core.noop)
+        assert conn.execute("SELECT id FROM shop_jobs.outbox").fetchall() == [(job,)]
+        assert migrate.current_revision(conn) == migrate.head_revision()
+    migrate.downgrade(empty_database_url, "base")
+    assert tables(empty_database_url, other_schema) == {"alembic_version"}
+
+
+def test_migrate_sql_prints_the_ddl_and_changes_nothing(empty_database_url: str) -> None:
+    before = objects(empty_database_url)
+    env = {"POSTBOX_DATABASE_URL": empty_database_url, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "postbox.app", "migrate", "--sql"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'CREATE TABLE "postbox".outbox' in done.stdout
+    assert "CREATE TABLE postbox.alembic_version" in done.stdout
+    assert "INSERT INTO postbox.alembic_version" in done.stdout
+    assert objects(empty_database_url) == before
+    bad = subprocess.run(
+        [sys.executable, "-m", "postbox.app", "migrate"],
+        env={**env, "POSTBOX_SCHEMA": "Bad-Name"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert "POSTBOX_SCHEMA" in bad.stderr
+    assert objects(empty_database_url) == before

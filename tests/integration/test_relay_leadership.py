@@ -13,9 +13,9 @@ import orjson
 import psycopg
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
-from jobs.streams import events_channel
-from relay import Relay, RelaySignals
+from postbox.relay import Relay, RelaySignals
+from postbox.settings import Settings
+from postbox.streams import events_channel
 from tests.harness.redis_server import free_port
 from tests.relay_support import (
     enqueue_sql,
@@ -42,7 +42,7 @@ async def test_of_two_relays_one_leads_and_the_other_stands_by(
             assert b.published_total == 0
             assert b_signals.leader is not None and not b_signals.leader.is_set()
             conn.commit()
-            assert dict(conn.execute("SELECT id, role FROM relays").fetchall()) == {
+            assert dict(conn.execute("SELECT id, role FROM postbox.relays").fetchall()) == {
                 "relay-a": "leader",
                 "relay-b": "standby",
             }
@@ -53,7 +53,10 @@ async def test_of_two_relays_one_leads_and_the_other_stands_by(
             await wait_until(lambda: b.published_total == 2, 5, what="the new leader publishes")
     assert states(conn) == {i: ("queued", 1) for i in ids + more}
     conn.commit()
-    assert dict(conn.execute("SELECT id, role FROM relays").fetchall()) == {"relay-a": "stopped", "relay-b": "stopped"}
+    assert dict(conn.execute("SELECT id, role FROM postbox.relays").fetchall()) == {
+        "relay-a": "stopped",
+        "relay-b": "stopped",
+    }
 
 
 async def test_a_leader_whose_session_dies_between_xadd_and_mark_marks_nothing(
@@ -111,7 +114,7 @@ async def test_stop_finishes_releases_the_lock_and_records_stopped(
         await event_within(signals.stopped, 2)
     assert leader_pid(conn, settings.relay_lock_key) is None
     conn.commit()
-    assert conn.execute("SELECT role FROM relays WHERE id = 'relay-a'").fetchone() == ("stopped",)
+    assert conn.execute("SELECT role FROM postbox.relays WHERE id = 'relay-a'").fetchone() == ("stopped",)
 
 
 async def test_published_events_go_out_while_someone_listens(
@@ -164,15 +167,17 @@ async def test_the_leader_prunes_finished_jobs_past_their_retention(
     settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     old, recent, live = enqueue_sql(conn, 3)
-    conn.execute("UPDATE outbox SET state = 'succeeded', finished_at = now() - interval '8 days' WHERE id = %s", (old,))
     conn.execute(
-        "UPDATE outbox SET state = 'succeeded', finished_at = now() - interval '1 day' WHERE id = %s", (recent,)
+        "UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() - interval '8 days' WHERE id = %s", (old,)
+    )
+    conn.execute(
+        "UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() - interval '1 day' WHERE id = %s", (recent,)
     )
     conn.commit()
 
     def remaining() -> set[int]:
         conn.commit()
-        found = {r[0] for r in conn.execute("SELECT id FROM outbox").fetchall()}
+        found = {r[0] for r in conn.execute("SELECT id FROM postbox.outbox").fetchall()}
         conn.commit()
         return found
 
@@ -207,7 +212,9 @@ async def test_a_mark_refuses_when_a_newer_term_is_recorded(
     async with running_relay(settings, relay_id="relay-a") as (relay, signals):
         await event_within(signals.leader, 10)
         assert relay.term == 1 and signals.leader is not None
-        conn.execute("INSERT INTO relays (id, host, pid, role, term) VALUES ('relay-z', 'elsewhere', 1, 'leader', 7)")
+        conn.execute(
+            "INSERT INTO postbox.relays (id, host, pid, role, term) VALUES ('relay-z', 'elsewhere', 1, 'leader', 7)"
+        )
         conn.commit()
         signals.leader.clear()
         [job] = enqueue_sql(conn, 1)

@@ -11,11 +11,11 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from jobs import sql
-from jobs.settings import Settings
-from jobs.streams import GROUP, stream_key
-from relay.publisher import Publisher, ensure_group
-from relay.service import run_until_published
+from postbox import sql
+from postbox.relay.publisher import Publisher, ensure_group
+from postbox.relay.service import run_until_published
+from postbox.settings import Settings
+from postbox.streams import GROUP, stream_key
 from tests.relay_support import (
     enqueue_sql,
     entries,
@@ -48,7 +48,7 @@ async def test_publishes_committed_rows_to_their_stream_and_marks_them(
     by_id = {int(e["id"]): e["_sid"] for e in found}
     conn.commit()
     rows = conn.execute(
-        "SELECT id, state, publish_count, stream_id, published_at IS NOT NULL FROM outbox ORDER BY id"
+        "SELECT id, state, publish_count, stream_id, published_at IS NOT NULL FROM postbox.outbox ORDER BY id"
     ).fetchall()
     assert rows == [(i, "queued", 1, by_id[i], True) for i in ids]
     groups = await redis.xinfo_groups(stream_key(settings.redis_prefix, "mail", 7))
@@ -91,7 +91,7 @@ async def test_expired_rows_are_not_published(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
 ) -> None:
     [stale] = enqueue_sql(conn, 1)
-    conn.execute("UPDATE outbox SET expires_at = now() - interval '1 second' WHERE id = %s", (stale,))
+    conn.execute("UPDATE postbox.outbox SET expires_at = now() - interval '1 second' WHERE id = %s", (stale,))
     conn.commit()
     [fresh] = enqueue_sql(conn, 1)
     async with running_relay(settings) as (_relay, signals):
@@ -108,15 +108,15 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
     [job] = enqueue_sql(conn, 1)
     await aconn.set_autocommit(True)
     publisher = Publisher(redis, settings.redis_prefix)
-    cur = await aconn.execute(sql.RELAY_SELECT_DUE, {"after": 0, "limit": 10})
+    cur = await aconn.execute(sql.active().RELAY_SELECT_DUE, {"after": 0, "limit": 10})
     ids, sids, refused = await publisher.xadd_rows(await cur.fetchall())
     assert (ids, refused) == ([job], [])
     conn.execute(
-        """UPDATE outbox SET state = 'running', attempts = 1, claimed_by = 'w', published_at = now(),
+        """UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'w', published_at = now(),
                              lease_until = now() + interval '30 s'"""
     )
     conn.commit()
-    cur = await aconn.execute(sql.RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
+    cur = await aconn.execute(sql.active().RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
     assert await cur.fetchone() == (True, 0, None)  # leads, rows marked, seconds to the next delayed row
     assert states(conn) == {job: ("running", 0)}
 
@@ -124,10 +124,10 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
 @pytest.mark.parametrize(
     ("statement", "state", "expected"),
     [
-        (sql.RELAY_MARK_PUBLISHED, "pending", [(True, 20, None)]),
-        (sql.RELAY_MARK_REPUBLISHED, "queued", [(True, 20)]),
-        (sql.RELAY_MARK_EXPIRED, "pending", 20),
-        (sql.WORKER_RENEW_LEASES, "running", "every id"),
+        (sql.active().RELAY_MARK_PUBLISHED, "pending", [(True, 20, None)]),
+        (sql.active().RELAY_MARK_REPUBLISHED, "queued", [(True, 20)]),
+        (sql.active().RELAY_MARK_EXPIRED, "pending", 20),
+        (sql.active().WORKER_RENEW_LEASES, "running", "every id"),
     ],
 )
 def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncate(
@@ -141,24 +141,24 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
     must hold none of the others, or that claim's next lock is a deadlock.
     """
     conn.execute(
-        """INSERT INTO outbox (queue, task, state, published_at, claimed_by, expires_at)
+        """INSERT INTO postbox.outbox (queue, task, state, published_at, claimed_by, expires_at)
            SELECT 'default', 'noop', %(state)s, CASE WHEN %(state)s <> 'pending' THEN now() END,
                   CASE WHEN %(state)s = 'running' THEN 'w1' END, now() - interval '1 hour'
              FROM generate_series(1, 20000)""",
         {"state": state},
     )
-    conn.execute("ANALYZE outbox")
-    conn.execute("TRUNCATE outbox, job_attempts, processed_jobs")
+    conn.execute("ANALYZE postbox.outbox")
+    conn.execute("TRUNCATE postbox.outbox, postbox.job_attempts, postbox.processed_jobs")
     conn.execute(
-        """INSERT INTO outbox (queue, task, state, published_at, finished_at)
+        """INSERT INTO postbox.outbox (queue, task, state, published_at, finished_at)
            SELECT 'default', 'noop', 'succeeded', now(), now() FROM generate_series(1, 2000)"""
     )
-    row = conn.execute("SELECT max(id) FROM outbox").fetchone()
+    row = conn.execute("SELECT max(id) FROM postbox.outbox").fetchone()
     assert row is not None
     ids = list(range(row[0] + 20, row[0], -1))
     for job_id in ids:  # highest id first in the heap
         conn.execute(
-            """INSERT INTO outbox (id, queue, task, state, published_at, claimed_by, expires_at)
+            """INSERT INTO postbox.outbox (id, queue, task, state, published_at, claimed_by, expires_at)
                OVERRIDING SYSTEM VALUE
                VALUES (%(id)s, 'default', 'noop', %(state)s, CASE WHEN %(state)s <> 'pending' THEN now() END,
                        CASE WHEN %(state)s = 'running' THEN 'w1' END, now() - interval '1 hour')""",
@@ -168,7 +168,7 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
     ids.sort()
     found: list[Any] = []
     with psycopg.connect(database_url) as claim, psycopg.connect(database_url, autocommit=True) as relay_conn:
-        claim.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (ids[0],))
+        claim.execute("SELECT 1 FROM postbox.outbox WHERE id = %s FOR UPDATE", (ids[0],))
         params = {"ids": ids, "sids": [f"1-{i}" for i in ids], "term": None, "worker": "w1", "lease": 30}
 
         def mark() -> None:
@@ -188,17 +188,17 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
 
             wait_until_sync(mark_waits, 10, what="the mark waiting for the claimed row")
             # the claim's next row: free, not held by the waiting mark (NOWAIT: no deadlock wait)
-            claim.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE NOWAIT", (ids[-1],))
+            claim.execute("SELECT 1 FROM postbox.outbox WHERE id = %s FOR UPDATE NOWAIT", (ids[-1],))
         finally:
             claim.rollback()
             marking.join(10)
     if expected == "every id":
         expected = [(i,) for i in ids]
     assert found == [expected]
-    if statement is sql.RELAY_MARK_EXPIRED:
-        assert conn.execute("SELECT count(*) FROM outbox WHERE state = 'expired'").fetchone() == (20,)
-    if statement is sql.WORKER_RENEW_LEASES:
-        renewed = "SELECT count(*) FROM outbox WHERE lease_until > now() + interval '20 s'"
+    if statement is sql.active().RELAY_MARK_EXPIRED:
+        assert conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'expired'").fetchone() == (20,)
+    if statement is sql.active().WORKER_RENEW_LEASES:
+        renewed = "SELECT count(*) FROM postbox.outbox WHERE lease_until > now() + interval '20 s'"
         assert conn.execute(renewed).fetchone() == (20,)
 
 
@@ -238,7 +238,7 @@ async def test_a_burst_marks_one_batch_while_sending_the_next_and_never_skips_a_
     await aconn.set_autocommit(True)
     publisher = Publisher(redis, settings.redis_prefix, batch_size=10)
     with psycopg.connect(database_url) as tx_a:
-        row = tx_a.execute("SELECT postbox_enqueue('noop', '{}'::jsonb)").fetchone()
+        row = tx_a.execute("SELECT postbox.enqueue('noop', '{}'::jsonb)").fetchone()
         assert row is not None
         late = row[0]
         ids = enqueue_sql(conn, 25)
@@ -257,7 +257,7 @@ async def test_stale_planner_statistics_are_refreshed_when_a_full_batch_waits(
 ) -> None:
     """A bulk load into a never-analyzed outbox: the planner thinks ~1 row waits; the relay ANALYZEs once."""
     await aconn.set_autocommit(True)
-    conn.execute("INSERT INTO outbox (queue, task) SELECT 'default', 'noop' FROM generate_series(1, 500)")
+    conn.execute("INSERT INTO postbox.outbox (queue, task) SELECT 'default', 'noop' FROM generate_series(1, 500)")
     conn.commit()
     publisher = Publisher(redis, settings.redis_prefix, batch_size=100)
     assert await publisher.check_statistics(aconn) is True  # estimate < 100: analyzed

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
-from jobs.streams import GROUP, epoch_key, stream_key
+from postbox.settings import Settings
+from postbox.streams import GROUP, epoch_key, stream_key
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
 from tests.relay_support import enqueue_sql, entries, event_within, running_relay, wait_until
 
@@ -36,15 +36,16 @@ def set_outcomes(conn: psycopg.Connection[Any], ids: list[int]) -> dict[str, lis
     }
     for state in FINISHED:
         conn.execute(
-            "UPDATE outbox SET state = %s, finished_at = now(), attempts = 1 WHERE id = ANY(%s)", (state, groups[state])
+            "UPDATE postbox.outbox SET state = %s, finished_at = now(), attempts = 1 WHERE id = ANY(%s)",
+            (state, groups[state]),
         )
     conn.execute(
-        """UPDATE outbox SET state = 'running', attempts = 1, claimed_by = 'worker-dead',
+        """UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'worker-dead',
                              lease_until = now() - interval '1 second' WHERE id = ANY(%s)""",
         (groups["running_stale"],),
     )
     conn.execute(
-        """UPDATE outbox SET state = 'running', attempts = 1, claimed_by = 'worker-live',
+        """UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'worker-live',
                              lease_until = now() + interval '1 hour' WHERE id = ANY(%s)""",
         (groups["running_live"],),
     )
@@ -116,7 +117,7 @@ async def test_after_redis_loses_everything_every_unfinished_job_is_republished_
     assert epoch is not None and not epoch.startswith(b"recovering:")
     assert [g["name"] for g in groups_found] == [GROUP.encode()]
     conn.commit()
-    counts = dict(conn.execute("SELECT id, publish_count FROM outbox").fetchall())
+    counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
     assert {i for i, c in counts.items() if c == 2} == expected
     assert relay.metrics.republished._value.get() == len(expected)
 
@@ -154,14 +155,14 @@ async def test_a_lost_entry_is_republished_by_the_sweep_but_never_a_finished_job
             ids = enqueue_sql(conn, 4)
             await wait_until(lambda: relay.published_total == 4, 10, what="4 published")
             lost, done, kept, stale = ids
-            conn.execute("UPDATE outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (done,))
+            conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (done,))
             conn.execute(
-                """UPDATE outbox SET state = 'running', claimed_by = 'w', attempts = 1,
+                """UPDATE postbox.outbox SET state = 'running', claimed_by = 'w', attempts = 1,
                                      lease_until = now() - interval '1 s' WHERE id = %s""",
                 (stale,),
             )
             conn.commit()
-            sids = dict(conn.execute("SELECT id, stream_id FROM outbox").fetchall())
+            sids = dict(conn.execute("SELECT id, stream_id FROM postbox.outbox").fetchall())
             key = stream_key(prefix, "default", 5)
             assert await client.xdel(key, sids[lost], sids[done], sids[stale]) == 3
             assert signals.republished is not None
@@ -178,4 +179,4 @@ async def test_a_lost_entry_is_republished_by_the_sweep_but_never_a_finished_job
     assert sorted(republished) == sorted([lost, stale])
     assert found == sorted([lost, kept, stale])
     conn.commit()
-    assert conn.execute("SELECT publish_count FROM outbox WHERE id = %s", (done,)).fetchone() == (1,)
+    assert conn.execute("SELECT publish_count FROM postbox.outbox WHERE id = %s", (done,)).fetchone() == (1,)

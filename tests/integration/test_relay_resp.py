@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from jobs import resp
+from postbox import resp
 from tests.harness.redis_server import RedisServer
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
+from postbox.settings import Settings
 from tests.relay_support import (
     enqueue_sql,
     entries,
@@ -27,7 +27,7 @@ async def test_late_commit_is_published_after_a_higher_id(
     with psycopg.connect(database_url) as tx_a:
         [a] = [
             r[0]
-            for r in tx_a.execute("SELECT postbox_enqueue('noop', '{}'::jsonb)").fetchall()  # not committed yet
+            for r in tx_a.execute("SELECT postbox.enqueue('noop', '{}'::jsonb)").fetchall()  # not committed yet
         ]
         async with running_relay(settings) as (_relay, signals):
             assert signals.published is not None
@@ -83,7 +83,7 @@ async def test_delayed_job_is_published_within_a_second_of_its_time_not_before(
     row = conn.execute(
         """SELECT extract(epoch FROM published_at - available_at)::float8,
                   (extract(epoch FROM available_at) * 1000)::int8
-             FROM outbox WHERE id = %s""",
+             FROM postbox.outbox WHERE id = %s""",
         (job,),
     ).fetchone()
     assert row is not None

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from app import prune_cli
-from jobs import retention
-from jobs.settings import Settings
+from postbox import retention
+from postbox.app import prune_cli
+from postbox.settings import Settings
 
 NOW = datetime(2026, 1, 10, 12, 0, tzinfo=UTC)
 OLD = NOW - timedelta(days=8)  # past the 7-day retention
@@ -35,7 +35,7 @@ def insert_job(
 ) -> int:
     row = conn.execute(
         """
-        INSERT INTO outbox (queue, task, state, attempts, created_at, finished_at, result, result_expires_at,
+        INSERT INTO postbox.outbox (queue, task, state, attempts, created_at, finished_at, result, result_expires_at,
                             discarded_at, published_at)
         VALUES ('default', 'noop', %s, %s, %s, %s, %s, %s, %s, %s)
         RETURNING id
@@ -55,7 +55,7 @@ def insert_job(
     job_id = int(row[0])
     for attempt in range(1, attempts + 1):
         conn.execute(
-            "INSERT INTO job_attempts (outbox_id, attempt, worker_id, started_at, outcome)"
+            "INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, started_at, outcome)"
             " VALUES (%s, %s, 'w', %s, %s)",
             (job_id, attempt, finished_at or NOW, state),
         )
@@ -63,7 +63,9 @@ def insert_job(
 
 
 def insert_marker(conn: psycopg.Connection[Any], outbox_id: int, processed_at: datetime) -> None:
-    conn.execute("INSERT INTO processed_jobs (outbox_id, processed_at) VALUES (%s, %s)", (outbox_id, processed_at))
+    conn.execute(
+        "INSERT INTO postbox.processed_jobs (outbox_id, processed_at) VALUES (%s, %s)", (outbox_id, processed_at)
+    )
 
 
 def ids(conn: psycopg.Connection[Any], query: Any) -> set[int]:
@@ -127,17 +129,17 @@ def test_prune_removes_exactly_the_rows_past_retention_in_batches(
     assert report.batches == [("finished", 10), ("finished", 10), ("finished", 10), ("finished", 3), ("processed", 7)]
     assert seen == report.batches
 
-    remaining = ids(conn, "SELECT id FROM outbox")
+    remaining = ids(conn, "SELECT id FROM postbox.outbox")
     assert remaining == world["kept"]
     assert not remaining & world["old_finished"]
-    assert ids(conn, "SELECT id FROM outbox WHERE state = 'dead'") == world["dead"]
+    assert ids(conn, "SELECT id FROM postbox.outbox WHERE state = 'dead'") == world["dead"]
     # attempts went with their jobs (same statement); the kept ones' history is intact
-    assert ids(conn, "SELECT DISTINCT outbox_id FROM job_attempts") == ids(
-        conn, "SELECT id FROM outbox WHERE attempts > 0"
+    assert ids(conn, "SELECT DISTINCT outbox_id FROM postbox.job_attempts") == ids(
+        conn, "SELECT id FROM postbox.outbox WHERE attempts > 0"
     )
-    assert conn.execute("SELECT count(*) FROM job_attempts").fetchone() == (4 + 3 * 5 + 4,)
+    assert conn.execute("SELECT count(*) FROM postbox.job_attempts").fetchone() == (4 + 3 * 5 + 4,)
     conn.commit()
-    assert ids(conn, "SELECT outbox_id FROM processed_jobs") == world["markers_kept"]
+    assert ids(conn, "SELECT outbox_id FROM postbox.processed_jobs") == world["markers_kept"]
 
     again = retention.prune(conn, small_batches(settings), now=NOW)
     assert (again.total, again.batches) == (0, [])
@@ -146,11 +148,15 @@ def test_prune_removes_exactly_the_rows_past_retention_in_batches(
 def test_dry_run_counts_and_changes_nothing(
     conn: psycopg.Connection[Any], settings: Settings, world: dict[str, set[int]]
 ) -> None:
-    before = conn.execute("SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM processed_jobs)").fetchone()
+    before = conn.execute(
+        "SELECT (SELECT count(*) FROM postbox.outbox), (SELECT count(*) FROM postbox.processed_jobs)"
+    ).fetchone()
     conn.commit()
     report = retention.prune(conn, small_batches(settings), now=NOW, dry_run=True)
     assert (report.finished, report.processed, report.results, report.batches) == (33, 7, 0, [])
-    after = conn.execute("SELECT (SELECT count(*) FROM outbox), (SELECT count(*) FROM processed_jobs)").fetchone()
+    after = conn.execute(
+        "SELECT (SELECT count(*) FROM postbox.outbox), (SELECT count(*) FROM postbox.processed_jobs)"
+    ).fetchone()
     assert after == before == (33 + len(world["kept"]), 11)
 
 
@@ -162,7 +168,7 @@ def test_max_batches_bounds_one_call(
     assert first.complete is False
     rest = retention.prune(conn, small_batches(settings), now=NOW)
     assert rest.batches == [("finished", 10), ("finished", 3), ("processed", 7)]
-    assert ids(conn, "SELECT id FROM outbox") == world["kept"]
+    assert ids(conn, "SELECT id FROM postbox.outbox") == world["kept"]
 
 
 def test_expired_results_are_cleared_on_kept_rows(conn: psycopg.Connection[Any], settings: Settings) -> None:
@@ -171,7 +177,7 @@ def test_expired_results_are_cleared_on_kept_rows(conn: psycopg.Connection[Any],
     conn.commit()
     report = retention.prune(conn, settings, now=NOW)
     assert (report.finished, report.results, report.batches) == (0, 1, [("results", 1)])
-    rows = dict(conn.execute("SELECT id, result FROM outbox").fetchall())
+    rows = dict(conn.execute("SELECT id, result FROM postbox.outbox").fetchall())
     assert rows == {expired: None, fresh: {"n": 2}}
 
 
@@ -181,20 +187,20 @@ def test_a_locked_row_is_skipped_and_nothing_waits(
     old = [insert_job(conn, "succeeded", OLD) for _ in range(3)]
     conn.commit()
     with psycopg.connect(database_url) as holder, psycopg.connect(database_url) as producer:
-        holder.execute("SELECT 1 FROM outbox WHERE id = %s FOR UPDATE", (old[0],))
+        holder.execute("SELECT 1 FROM postbox.outbox WHERE id = %s FOR UPDATE", (old[0],))
         # a producer transaction in flight: inserting, not yet committed
-        producer.execute("INSERT INTO outbox (queue, task) VALUES ('default', 'noop')")
+        producer.execute("INSERT INTO postbox.outbox (queue, task) VALUES ('default', 'noop')")
         conn.execute("SET lock_timeout = '2s'")  # a wait would fail the test instead of hanging
         conn.commit()
         report = retention.prune(conn, settings, now=NOW)
         assert report.batches == [("finished", 2)]
-        assert ids(conn, "SELECT id FROM outbox WHERE state = 'succeeded'") == {old[0]}
+        assert ids(conn, "SELECT id FROM postbox.outbox WHERE state = 'succeeded'") == {old[0]}
         producer.commit()
         holder.rollback()
     report = retention.prune(conn, settings, now=NOW)
     assert report.batches == [("finished", 1)]
-    assert ids(conn, "SELECT id FROM outbox WHERE state = 'succeeded'") == set()
-    assert conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone() == (1,)
+    assert ids(conn, "SELECT id FROM postbox.outbox WHERE state = 'succeeded'") == set()
+    assert conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'pending'").fetchone() == (1,)
 
 
 def test_prune_refuses_a_connection_inside_a_transaction(conn: psycopg.Connection[Any], settings: Settings) -> None:
@@ -208,7 +214,7 @@ async def test_prune_async_matches(
 ) -> None:
     report = await retention.prune_async(aconn, small_batches(settings, 20), now=NOW)
     assert report.batches == [("finished", 20), ("finished", 13), ("processed", 7)]
-    assert ids(conn, "SELECT id FROM outbox") == world["kept"]
+    assert ids(conn, "SELECT id FROM postbox.outbox") == world["kept"]
 
 
 def test_cli_prunes_with_the_database_clock(
@@ -218,7 +224,7 @@ def test_cli_prunes_with_the_database_clock(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     insert = (
-        "INSERT INTO outbox (queue, task, state, finished_at)"
+        "INSERT INTO postbox.outbox (queue, task, state, finished_at)"
         " VALUES ('default', 'noop', 'succeeded', now() - make_interval(days => %s)) RETURNING id"
     )
     stale = conn.execute(insert, (8,)).fetchone()
@@ -230,11 +236,11 @@ def test_cli_prunes_with_the_database_clock(
 
     assert prune_cli.main(["--dry-run", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["finished"] == 1
-    assert ids(conn, "SELECT id FROM outbox") == {stale[0], recent[0]}
+    assert ids(conn, "SELECT id FROM postbox.outbox") == {stale[0], recent[0]}
 
     assert prune_cli.main([]) == 0
     assert "removed 1 finished jobs" in capsys.readouterr().out
-    assert ids(conn, "SELECT id FROM outbox") == {recent[0]}
+    assert ids(conn, "SELECT id FROM postbox.outbox") == {recent[0]}
 
     monkeypatch.setenv("POSTBOX_PRUNE_BATCH_SIZE", "0")
     assert prune_cli.main([]) == 2
@@ -245,7 +251,7 @@ async def test_prune_duty_runs_a_round_per_interval(
     conn: psycopg.Connection[Any], database_url: str, settings: Settings
 ) -> None:
     insert = (
-        "INSERT INTO outbox (queue, task, state, finished_at)"
+        "INSERT INTO postbox.outbox (queue, task, state, finished_at)"
         " SELECT 'default', 'noop', 'succeeded', now() - make_interval(days => 8) FROM generate_series(1, %s)"
     )
     conn.execute(insert, (5,))
@@ -273,7 +279,7 @@ async def test_prune_duty_runs_a_round_per_interval(
         second = await duty.task
         assert second.batches == [("finished", 1)] and second.complete is True
         assert reports == [first, second]
-        assert conn.execute("SELECT count(*) FROM outbox").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
     finally:
         await duty.stop()
 

@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from psycopg import AsyncConnection
 
-from jobs.errors import AlreadyProcessed, PermanentError, RetryLater
-from jobs.settings import Settings
-from jobs.stagedoor import services as stagedoor_services
-from jobs.stagedoor import sql as stagedoor_sql
-from jobs.stagedoor import tasks
-from jobs.stagedoor.mail import MailClient, Message, ProviderError
-from jobs.stagedoor.orders import PlacedOrder, create_event, place_order
-from jobs.stagedoor.services import Services
+from postbox.app.stagedoor import services as stagedoor_services
+from postbox.app.stagedoor import sql as stagedoor_sql
+from postbox.app.stagedoor import tasks
+from postbox.app.stagedoor.mail import MailClient, Message, ProviderError
+from postbox.app.stagedoor.orders import PlacedOrder, create_event, place_order
+from postbox.app.stagedoor.services import Services
+from postbox.errors import AlreadyProcessed, PermanentError, RetryLater
+from postbox.settings import Settings
 from tests.harness.provider import ProviderProcess
 from tests.harness.stagedoor_ctx import DbJobContext
 
@@ -89,7 +89,7 @@ async def db_now(conn: AsyncConnection[Any]) -> datetime:
 async def send_jobs(conn: AsyncConnection[Any], order_id: int) -> list[tuple[Any, ...]]:
     return await fetch(
         conn,
-        "SELECT id, args, headers FROM outbox WHERE task = 'send_tickets' AND args->>'order_id' = %s",
+        "SELECT id, args, headers FROM postbox.outbox WHERE task = 'send_tickets' AND args->>'order_id' = %s",
         str(order_id),
     )
 
@@ -120,13 +120,16 @@ async def test_render_twice_at_once_one_pdf_one_email_job(
     )
     assert results == [None, None]
     # Both committed their run (both passed the check), and exactly one queued the email.
-    assert await fetch(aconn, "SELECT outbox_id FROM processed_jobs ORDER BY 1") == [(render_job,), (duplicate_job,)]
+    assert await fetch(aconn, "SELECT outbox_id FROM postbox.processed_jobs ORDER BY 1") == [
+        (render_job,),
+        (duplicate_job,),
+    ]
     jobs = await send_jobs(aconn, order.id)
     assert [(args, headers) for _, args, headers in jobs] == [({"order_id": order.id}, {"request_id": "req-42"})]
     key = f"tickets/{order.public_id}.pdf"
-    assert await fetch(aconn, "SELECT seat, pdf_key FROM tickets WHERE order_id = %s ORDER BY seat", order.id) == [
-        (seat, key) for seat in order.seat_numbers
-    ]
+    assert await fetch(
+        aconn, "SELECT seat, pdf_key FROM stagedoor.tickets WHERE order_id = %s ORDER BY seat", order.id
+    ) == [(seat, key) for seat in order.seat_numbers]
     assert svc.blobs.keys() == [key]
     pdf = svc.blobs.get(key)
     assert pdf.startswith(b"%PDF-") and pdf.count(b"/Type /Page\n") == 3
@@ -137,7 +140,7 @@ async def test_render_twice_at_once_one_pdf_one_email_job(
     # A later delivery of the same order checks state first and stops there.
     late_job = render_job + 2000
     await tasks.render_tickets(ctx(database_url, late_job), order_id=order.id)
-    assert (late_job,) not in await fetch(aconn, "SELECT outbox_id FROM processed_jobs")
+    assert (late_job,) not in await fetch(aconn, "SELECT outbox_id FROM postbox.processed_jobs")
     assert len(await send_jobs(aconn, order.id)) == 1
 
 
@@ -188,7 +191,9 @@ async def test_send_twice_at_once_one_email(
     assert order.public_id in messages[0]["subject"]
     (attachment,) = messages[0]["attachments"]
     assert attachment["sha256"] == hashlib.sha256(svc.blobs.get(f"tickets/{order.public_id}.pdf")).hexdigest()
-    rows = await fetch(aconn, "SELECT kind, sent_at IS NOT NULL FROM email_sends WHERE order_id = %s", order.id)
+    rows = await fetch(
+        aconn, "SELECT kind, sent_at IS NOT NULL FROM stagedoor.email_sends WHERE order_id = %s", order.id
+    )
     assert rows == [("tickets", True)]
     # Any later delivery sees sent_at and is done.
     await tasks.send_tickets(ctx(database_url, send_job, attempt=3), order_id=order.id)
@@ -208,7 +213,7 @@ async def test_crash_between_send_and_sent_at_retry_sends_same_key(
         await svc.mail.aclose()
         svc.mail = real_mail
     assert [(m["idempotency_key"], m["replays"]) for m in provider.messages()] == [(f"tickets-{order.id}", 0)]
-    assert await fetch(aconn, "SELECT sent_at FROM email_sends WHERE order_id = %s", order.id) == [(None,)]
+    assert await fetch(aconn, "SELECT sent_at FROM stagedoor.email_sends WHERE order_id = %s", order.id) == [(None,)]
 
     # The redelivery finds the dead run's claim still fresh: it must not send, it comes back later.
     with pytest.raises(RetryLater) as retry:
@@ -221,7 +226,7 @@ async def test_crash_between_send_and_sent_at_retry_sends_same_key(
     svc.now = lambda: later
     await tasks.send_tickets(ctx(database_url, send_job, attempt=3), order_id=order.id)
     assert [(m["idempotency_key"], m["replays"]) for m in provider.messages()] == [(f"tickets-{order.id}", 1)]
-    rows = await fetch(aconn, "SELECT sent_at, claimed_by FROM email_sends WHERE order_id = %s", order.id)
+    rows = await fetch(aconn, "SELECT sent_at, claimed_by FROM stagedoor.email_sends WHERE order_id = %s", order.id)
     assert rows == [(later, f"worker-testctx0/{send_job}/3")]
 
 
@@ -246,7 +251,7 @@ async def test_stale_claim_reclaimed_after_two_minutes_not_before(
             {"order_id": order.id, "kind": "tickets", "now": t0 + timedelta(seconds=130), "message_id": "m"},
         )
     assert await claim(t0 + timedelta(days=1), "d") is False  # a sent email is never claimed again
-    rows = await fetch(aconn, "SELECT claimed_at, claimed_by FROM email_sends WHERE order_id = %s", order.id)
+    rows = await fetch(aconn, "SELECT claimed_at, claimed_by FROM stagedoor.email_sends WHERE order_id = %s", order.id)
     assert rows == [(t0 + timedelta(seconds=121), "b")]
 
 
@@ -257,12 +262,12 @@ async def test_provider_error_releases_claim_and_retry_is_a_replay(
     send_job = await rendered(database_url, aconn, order)
     with pytest.raises(ProviderError):
         await tasks.send_tickets(ctx(database_url, send_job, attempt=1), order_id=order.id)
-    released = "SELECT claimed_at = 'epoch', claimed_by, sent_at FROM email_sends WHERE order_id = %s"
+    released = "SELECT claimed_at = 'epoch', claimed_by, sent_at FROM stagedoor.email_sends WHERE order_id = %s"
     assert await fetch(aconn, released, order.id) == [(True, None, None)]
     # No two-minute wait: the released claim is taken at once, the provider replays its first answer.
     await tasks.send_tickets(ctx(database_url, send_job, attempt=2), order_id=order.id)
     assert [(m["idempotency_key"], m["replays"]) for m in provider.messages()] == [(f"tickets-{order.id}", 1)]
-    sent = await fetch(aconn, "SELECT sent_at IS NOT NULL FROM email_sends WHERE order_id = %s", order.id)
+    sent = await fetch(aconn, "SELECT sent_at IS NOT NULL FROM stagedoor.email_sends WHERE order_id = %s", order.id)
     assert sent == [(True,)]
 
 
@@ -285,7 +290,7 @@ async def test_counter_twice_at_once_one_increment(
     assert sorted(type(r).__name__ for r in results) == ["AlreadyProcessed", "NoneType"]
     with pytest.raises(AlreadyProcessed):
         await tasks.update_sales_counter(ctx(database_url, counter_job), order_id=order.id)
-    rows = await fetch(aconn, "SELECT seats_sold FROM events WHERE id = %s", order.event_id)
+    rows = await fetch(aconn, "SELECT seats_sold FROM stagedoor.events WHERE id = %s", order.event_id)
     assert rows == [(3,)]
 
 
@@ -294,4 +299,4 @@ async def test_counter_for_unknown_order_commits_nothing(
 ) -> None:
     with pytest.raises(PermanentError):
         await tasks.update_sales_counter(ctx(database_url, 5), order_id=424242)
-    assert await fetch(aconn, "SELECT count(*) FROM processed_jobs") == [(0,)]
+    assert await fetch(aconn, "SELECT count(*) FROM postbox.processed_jobs") == [(0,)]

@@ -9,20 +9,22 @@ import httpx
 import orjson
 import pytest
 from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from psycopg import AsyncConnection
 
-from app.api.stagedoor import connection, router
-from jobs.stagedoor.errors import InvalidEmailError, InvalidOrderError, NotEnoughSeatsError, UnknownEventError
-from jobs.stagedoor.orders import create_event, place_order
+from postbox.app.stagedoor.cli import create_demo_app
+from postbox.app.stagedoor.errors import InvalidEmailError, InvalidOrderError, NotEnoughSeatsError, UnknownEventError
+from postbox.app.stagedoor.orders import create_event, place_order
+from postbox.app.stagedoor.routes import connection, router
 from tests.integration.api_support import make_client
 
 
 async def counts(conn: AsyncConnection[Any]) -> dict[str, int]:
     out = {}
-    for table in ("orders", "tickets", "outbox", "email_sends"):
+    for table in ("stagedoor.orders", "stagedoor.tickets", "postbox.outbox", "stagedoor.email_sends"):
         cur = await conn.execute(f"SELECT count(*) FROM {table}")  # type: ignore[arg-type]
         row = await cur.fetchone()
-        out[table] = int(row[0]) if row else -1
+        out[table.split(".")[1]] = int(row[0]) if row else -1
     return out
 
 
@@ -34,7 +36,7 @@ async def test_order_writes_order_tickets_and_two_jobs(aconn: AsyncConnection[An
     assert first.seat_numbers == [1, 2, 3]
     assert second.seat_numbers == [4, 5]
     assert first.public_id.startswith("SD-") and len(first.public_id) == 13
-    cur = await aconn.execute("SELECT id, task, args, headers, state FROM outbox ORDER BY id")
+    cur = await aconn.execute("SELECT id, task, args, headers, state FROM postbox.outbox ORDER BY id")
     jobs = await cur.fetchall()
     assert [(j[0], j[1], j[2], j[4]) for j in jobs] == [
         (first.job_ids[0], "render_tickets", {"order_id": first.id}, "pending"),
@@ -44,9 +46,9 @@ async def test_order_writes_order_tickets_and_two_jobs(aconn: AsyncConnection[An
     ]
     assert jobs[0][3] == {"request_id": "req-1"} and jobs[1][3] == {"request_id": "req-1"}
     assert jobs[2][3] == {}
-    cur = await aconn.execute("SELECT order_id, seat, pdf_key FROM tickets ORDER BY seat")
+    cur = await aconn.execute("SELECT order_id, seat, pdf_key FROM stagedoor.tickets ORDER BY seat")
     assert await cur.fetchall() == [(first.id, s, None) for s in (1, 2, 3)] + [(second.id, s, None) for s in (4, 5)]
-    cur = await aconn.execute("SELECT seats_reserved, seats_sold FROM events WHERE id = %s", (event.id,))
+    cur = await aconn.execute("SELECT seats_reserved, seats_sold FROM stagedoor.events WHERE id = %s", (event.id,))
     assert await cur.fetchone() == (5, 0)
 
 
@@ -70,7 +72,7 @@ async def test_refused_order_leaves_nothing(
     with pytest.raises(error):
         await place_order(aconn, event.id if event_id is None else event_id, seats, email)
     assert await counts(aconn) == before == {"orders": 0, "tickets": 0, "outbox": 0, "email_sends": 0}
-    cur = await aconn.execute("SELECT seats_reserved FROM events WHERE id = %s", (event.id,))
+    cur = await aconn.execute("SELECT seats_reserved FROM stagedoor.events WHERE id = %s", (event.id,))
     assert await cur.fetchone() == (0,)
 
 
@@ -96,10 +98,10 @@ async def test_concurrent_orders_never_oversell(database_url: str, aconn: AsyncC
 
     results = await asyncio.gather(*(buy() for _ in range(10)))
     assert sorted(results).count("ok") == 3
-    cur = await aconn.execute("SELECT seats_reserved FROM events WHERE id = %s", (event.id,))
+    cur = await aconn.execute("SELECT seats_reserved FROM stagedoor.events WHERE id = %s", (event.id,))
     assert await cur.fetchone() == (6,)
     assert (await counts(aconn))["tickets"] == 6
-    cur = await aconn.execute("SELECT count(DISTINCT seat) FROM tickets")
+    cur = await aconn.execute("SELECT count(DISTINCT seat) FROM stagedoor.tickets")
     assert await cur.fetchone() == (6,)
 
 
@@ -133,7 +135,7 @@ async def test_api_event_and_order(api: httpx.AsyncClient, aconn: AsyncConnectio
     assert placed.status_code == 201, placed.text
     body = placed.json()
     assert body["public_id"].startswith("SD-") and len(body["job_ids"]) == 2
-    cur = await aconn.execute("SELECT id, headers FROM outbox ORDER BY id")
+    cur = await aconn.execute("SELECT id, headers FROM postbox.outbox ORDER BY id")
     assert await cur.fetchall() == [(job_id, {"request_id": "abc-123"}) for job_id in body["job_ids"]]
     shown = await api.get(f"/api/v1/events/{event['id']}")
     assert shown.json()["seats_reserved"] == 2
@@ -171,13 +173,24 @@ async def test_api_refuses_bad_event(api: httpx.AsyncClient, aconn: AsyncConnect
         assert response.status_code == 422 and response.json()["error"]["code"] == "INVALID_ORDER"
     bad_json = await api.post("/api/v1/events", content=b"{", headers={"content-type": "application/json"})
     assert bad_json.status_code == 422
-    cur = await aconn.execute("SELECT count(*) FROM events")
+    cur = await aconn.execute("SELECT count(*) FROM stagedoor.events")
     assert await cur.fetchone() == (0,)
 
 
-def test_routes_in_the_real_api_app(settings: Any, conn: Any) -> None:
-    """Through create_app (its pool, its request-id middleware, its error shape)."""
+def test_postbox_api_serves_no_example_routes(settings: Any) -> None:
+    """`postbox api run` is postbox's operations surface only: the demo's routes are not there."""
     with make_client(settings) as client:
+        order = {"event_id": 1, "seats": 1, "email": "a@example.org"}
+        assert client.post("/api/v1/orders", json=order).status_code == 404
+        assert client.post("/api/v1/events", json={"name": "x", "capacity": 1}).status_code == 404
+        paths = client.get("/openapi.json").json()["paths"]
+    assert not [path for path in paths if path.startswith(("/api/v1/orders", "/api/v1/events"))]
+    assert "/api/v1/jobs" in paths
+
+
+def test_routes_in_the_real_api_app(settings: Any, conn: Any) -> None:
+    """Through the demo's API app (create_app with its router: the pool, request ids, the error shape)."""
+    with TestClient(create_demo_app(settings), raise_server_exceptions=False) as client:
         event = client.post("/api/v1/events", json={"name": "Real app", "capacity": 2}).json()
         placed = client.post(
             "/api/v1/orders",
@@ -189,6 +202,6 @@ def test_routes_in_the_real_api_app(settings: Any, conn: Any) -> None:
     assert placed.status_code == 201 and placed.headers["X-Request-ID"] == "real-app-1"
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "NOT_ENOUGH_SEATS"
     assert {"201", "404", "409", "422"} <= set(documented)
-    rows = conn.execute("SELECT task, headers->>'request_id' FROM outbox ORDER BY id").fetchall()
+    rows = conn.execute("SELECT task, headers->>'request_id' FROM postbox.outbox ORDER BY id").fetchall()
     assert rows == [("render_tickets", "real-app-1"), ("update_sales_counter", "real-app-1")]
-    assert conn.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+    assert conn.execute("SELECT count(*) FROM stagedoor.orders").fetchone() == (1,)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from jobs.streams import encode_entry, stream_key
+from postbox.streams import encode_entry, stream_key
+from postbox.worker.consumer import Consumer, ensure_groups
 from tests.harness.redis_server import RedisServer
-from worker.consumer import Consumer, ensure_groups
 
 
 async def add(client: aioredis.Redis, key: str, job_id: int, priority: int) -> bytes:

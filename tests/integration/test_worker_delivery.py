@@ -13,9 +13,14 @@ import pytest
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
-import jobs
-from jobs.settings import Settings
-from jobs.streams import GROUP, stream_key
+import postbox
+from postbox.settings import Settings
+from postbox.streams import GROUP, stream_key
+from postbox.worker import claims
+from postbox.worker.completer import record_outcomes
+from postbox.worker.consumer import ensure_groups
+from postbox.worker.context import StaleAttempt, WorkerJobContext
+from postbox.worker.outcomes import Outcome
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due, xadd_again
 from tests.worker_support import (
@@ -28,11 +33,6 @@ from tests.worker_support import (
     wait_until,
     worker_settings,
 )
-from worker import claims
-from worker.completer import record_outcomes
-from worker.consumer import ensure_groups
-from worker.context import StaleAttempt, WorkerJobContext
-from worker.outcomes import Outcome
 
 
 async def test_strict_priority_with_a_backlog_in_several_priorities(
@@ -41,7 +41,7 @@ async def test_strict_priority_with_a_backlog_in_several_priorities(
     priorities = [p for p in (0, 2, 5, 7, 9) for _ in range(6)]
     random.Random(7).shuffle(priorities)
     items = [{"task": "w_record", "args": {"label": str(p)}, "priority": p} for p in priorities]
-    await jobs.enqueue_many_async(aconn, items)
+    await postbox.enqueue_many_async(aconn, items)
     await aconn.commit()
     await publish_due(aconn, redis, wsettings.redis_prefix)
     t.STARTED.clear()
@@ -65,7 +65,7 @@ async def test_same_job_published_twice_to_two_workers_at_once_runs_once(
         assert a.signals.started.qsize() + b.signals.started.qsize() == 1  # type: ignore[union-attr]
     assert done == [(job_id, "succeeded")]
     assert await fetchval(aconn, "SELECT count(*) FROM worker_effects") == 1
-    assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("succeeded", 1)]
+    assert await fetch(aconn, "SELECT state, attempts FROM postbox.outbox") == [("succeeded", 1)]
     stream = stream_key(wsettings.redis_prefix, t.QUEUE, 5)
     assert await redis.xlen(stream) == 0
 
@@ -74,20 +74,22 @@ async def test_ctx_transaction_counter_1000_jobs_each_delivered_twice(
     wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis
 ) -> None:
     aconn = effects
-    ids = await jobs.enqueue_many_async(aconn, [{"task": "w_count"} for _ in range(1000)])
+    ids = await postbox.enqueue_many_async(aconn, [{"task": "w_count"} for _ in range(1000)])
     await aconn.commit()
     await publish_due(aconn, redis, wsettings.redis_prefix)
     await xadd_again(aconn, redis, wsettings.redis_prefix, ids)
     many = worker_settings(wsettings, concurrency=10)
     async with running_worker(many), running_worker(many):
         await wait_until(
-            lambda: fetchval(aconn, "SELECT count(*) = 1000 FROM outbox WHERE state = 'succeeded'"), 60, "all done"
+            lambda: fetchval(aconn, "SELECT count(*) = 1000 FROM postbox.outbox WHERE state = 'succeeded'"),
+            60,
+            "all done",
         )
         stream = stream_key(wsettings.redis_prefix, t.QUEUE, 5)
         await wait_until(lambda: _xlen_is(redis, stream, 0), 10, "every entry acknowledged and deleted")
     assert await fetchval(aconn, "SELECT value FROM worker_counter") == 1000
-    assert await fetchval(aconn, "SELECT count(*) FROM processed_jobs") == 1000
-    assert await fetchval(aconn, "SELECT max(attempts) FROM outbox") == 1
+    assert await fetchval(aconn, "SELECT count(*) FROM postbox.processed_jobs") == 1000
+    assert await fetchval(aconn, "SELECT max(attempts) FROM postbox.outbox") == 1
 
 
 async def _xlen_is(redis: aioredis.Redis, stream: str, n: int) -> bool:
@@ -101,7 +103,7 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
     job_id = await enqueue(aconn, t.w_noop)
     await ensure_groups(redis, [stream_key(wsettings.redis_prefix, t.QUEUE, 5)])
     await publish_due(aconn, redis, wsettings.redis_prefix)
-    from worker.consumer import Consumer
+    from postbox.worker.consumer import Consumer
 
     reader = Consumer(redis, consumer="worker-aaaaaaaa")
     deliveries, _, _ = await reader.read([stream_key(wsettings.redis_prefix, t.QUEUE, 5)], 1)
@@ -109,7 +111,7 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
         first = await claims.claim(pool, deliveries, worker_id="worker-aaaaaaaa", lease=30)
         [stale] = first.run
         # Worker A stalls; its lease runs out and worker B takes the job over.
-        await aconn.execute("UPDATE outbox SET lease_until = now() - interval '1 second'")
+        await aconn.execute("UPDATE postbox.outbox SET lease_until = now() - interval '1 second'")
         await aconn.commit()
         deliveries[0].reclaimed = True
         second = await claims.claim(pool, deliveries, worker_id="worker-bbbbbbbb", lease=30)
@@ -121,7 +123,7 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
                 conn, "worker-aaaaaaaa", [(stale, Outcome("succeeded", "succeeded"))], lambda j: 60
             )
         assert refused == set()
-        assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM outbox") == [
+        assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM postbox.outbox") == [
             ("running", 2, "worker-bbbbbbbb")
         ]
 
@@ -130,7 +132,7 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
             stale,
             worker_id="worker-aaaaaaaa",
             pool=pool,
-            registry=jobs.default_registry,
+            registry=postbox.default_registry,
             deadline=None,
             record_in_transaction=lambda c, j, o: record_outcomes(c, "worker-aaaaaaaa", [(j, o)], lambda _: 60),
         )
@@ -138,14 +140,14 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
             async with ctx.transaction() as conn:
                 await conn.execute("UPDATE worker_counter SET value = value + 1")
         assert await fetchval(aconn, "SELECT value FROM worker_counter") == 0
-        assert await fetchval(aconn, "SELECT count(*) FROM processed_jobs") == 0
+        assert await fetchval(aconn, "SELECT count(*) FROM postbox.processed_jobs") == 0
 
         async with pool.connection() as conn:
             accepted = await record_outcomes(
                 conn, "worker-bbbbbbbb", [(current, Outcome("succeeded", "succeeded"))], lambda j: 60
             )
         assert accepted == {job_id}
-    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt") == [
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM postbox.job_attempts ORDER BY attempt") == [
         (1, "worker-aaaaaaaa", "lost"),
         (2, "worker-bbbbbbbb", "succeeded"),
     ]
@@ -168,10 +170,12 @@ async def test_xautoclaim_with_a_deleted_entry_still_completes_the_job(
         # XAUTOCLAIM reports the id deleted: the job is made publishable again, not lost.
         lost = await asyncio.wait_for(worker.signals.lost.get(), 10)  # type: ignore[union-attr]
         assert lost == [job_id]
-        assert await fetch(aconn, "SELECT state, published_at FROM outbox") == [("pending", None)]
+        assert await fetch(aconn, "SELECT state, published_at FROM postbox.outbox") == [("pending", None)]
         assert await publish_due(aconn, redis, s.redis_prefix) == [job_id]  # the relay's next pass
         assert await finished(worker, 1) == [(job_id, "succeeded")]
-    assert await fetch(aconn, "SELECT state, attempts, result, publish_count FROM outbox") == [("succeeded", 1, 3, 2)]
+    assert await fetch(aconn, "SELECT state, attempts, result, publish_count FROM postbox.outbox") == [
+        ("succeeded", 1, 3, 2)
+    ]
     assert (await redis.xpending(stream, GROUP))["pending"] == 0
 
 
@@ -179,7 +183,7 @@ async def test_pause_then_resume(
     wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
 ) -> None:
     async with running_worker(wsettings) as worker:
-        await aconn.execute("INSERT INTO queues (name, paused) VALUES (%s, true)", (t.QUEUE,))
+        await aconn.execute("INSERT INTO postbox.queues (name, paused) VALUES (%s, true)", (t.QUEUE,))
         await aconn.commit()
         waited = await wait_until(lambda: t.QUEUE in worker.paused, 5, "pause noticed")
         assert waited <= 2.0
@@ -189,7 +193,7 @@ async def test_pause_then_resume(
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(worker.signals.claimed.get(), 1.0)  # type: ignore[union-attr]
         assert await job_state(aconn, job_id) == "queued"
-        await aconn.execute("UPDATE queues SET paused = false WHERE name = %s", (t.QUEUE,))
+        await aconn.execute("UPDATE postbox.queues SET paused = false WHERE name = %s", (t.QUEUE,))
         await aconn.commit()
         resumed = time.monotonic()
         assert await finished(worker, 1) == [(job_id, "succeeded")]
@@ -201,12 +205,12 @@ async def test_cancel_queued_job_never_runs(
 ) -> None:
     job_id = await enqueue(aconn, t.w_noop)
     await publish_due(aconn, redis, wsettings.redis_prefix)
-    await aconn.execute("UPDATE outbox SET state = 'cancelled', finished_at = now() WHERE id = %s", (job_id,))
+    await aconn.execute("UPDATE postbox.outbox SET state = 'cancelled', finished_at = now() WHERE id = %s", (job_id,))
     await aconn.commit()
     async with running_worker(wsettings) as worker:
         assert await asyncio.wait_for(worker.signals.skipped.get(), 10) == job_id  # type: ignore[union-attr]
         assert worker.signals.started.qsize() == 0  # type: ignore[union-attr]
-    assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("cancelled", 0)]
+    assert await fetch(aconn, "SELECT state, attempts FROM postbox.outbox") == [("cancelled", 0)]
     assert await redis.xlen(stream_key(wsettings.redis_prefix, t.QUEUE, 5)) == 0
 
 
@@ -217,12 +221,14 @@ async def test_cancel_running_job_cooperatively(
     async with running_worker(wsettings) as worker:
         await publish_due(aconn, redis, wsettings.redis_prefix)
         assert await asyncio.wait_for(worker.signals.started.get(), 10) == job_id  # type: ignore[union-attr]
-        await aconn.execute("UPDATE outbox SET cancel_requested_at = now() WHERE id = %s", (job_id,))
+        await aconn.execute("UPDATE postbox.outbox SET cancel_requested_at = now() WHERE id = %s", (job_id,))
         await aconn.commit()
         asked = time.monotonic()
         assert await finished(worker, 1) == [(job_id, "cancelled")]
         assert time.monotonic() - asked <= 2.5
-    assert await fetch(aconn, "SELECT state, attempts, finished_at IS NOT NULL FROM outbox") == [("cancelled", 1, True)]
+    assert await fetch(aconn, "SELECT state, attempts, finished_at IS NOT NULL FROM postbox.outbox") == [
+        ("cancelled", 1, True)
+    ]
 
 
 async def test_expired_job_is_never_run(
@@ -230,12 +236,12 @@ async def test_expired_job_is_never_run(
 ) -> None:
     soon = datetime.now(UTC) + timedelta(seconds=0.2)
     job_id = await enqueue(aconn, t.w_noop, expires_at=soon)
-    await wait_until(lambda: fetchval(aconn, "SELECT expires_at < now() FROM outbox"), 5, "expiry")
+    await wait_until(lambda: fetchval(aconn, "SELECT expires_at < now() FROM postbox.outbox"), 5, "expiry")
     await publish_due(aconn, redis, wsettings.redis_prefix)
     async with running_worker(wsettings) as worker:
         assert await finished(worker, 1) == [(job_id, "expired")]
         assert worker.signals.started.qsize() == 0  # type: ignore[union-attr]
-    assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("expired", 0)]
+    assert await fetch(aconn, "SELECT state, attempts FROM postbox.outbox") == [("expired", 0)]
 
 
 async def test_deleted_entry_of_a_dead_workers_running_job_is_rescued(
@@ -246,7 +252,7 @@ async def test_deleted_entry_of_a_dead_workers_running_job_is_rescued(
     stream = stream_key(s.redis_prefix, t.QUEUE, 5)
     await ensure_groups(redis, [stream])
     await publish_due(aconn, redis, s.redis_prefix)
-    from worker.consumer import Consumer
+    from postbox.worker.consumer import Consumer
 
     deliveries, _, _ = await Consumer(redis, consumer="worker-dead0001").read([stream], 1)
     async with AsyncConnectionPool(database_url, min_size=1, kwargs={"autocommit": True}) as pool:
@@ -257,7 +263,7 @@ async def test_deleted_entry_of_a_dead_workers_running_job_is_rescued(
         assert await asyncio.wait_for(worker.signals.lost.get(), 10) == [job_id]  # type: ignore[union-attr]
         assert await publish_due(aconn, redis, s.redis_prefix) == [job_id]
         assert await finished(worker, 1) == [(job_id, "succeeded")]
-    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt") == [
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM postbox.job_attempts ORDER BY attempt") == [
         (1, "worker-dead0001", "lost"),
         (2, worker.id, "succeeded"),
     ]

@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
-from jobs.streams import queue_streams
+from postbox.settings import Settings
+from postbox.streams import queue_streams
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due
 from tests.harness.redis_server import RedisServer
@@ -29,7 +29,7 @@ async def test_a_long_handler_keeps_its_claim_and_entry_fresh(
         runner = a if await _claimed_by(a, 5) else b
         assert await finished(runner, 1, within=15) == [(job_id, "succeeded")]
         assert a.signals.reclaimed.qsize() == 0 and b.signals.reclaimed.qsize() == 0  # type: ignore[union-attr]
-    assert await fetch(aconn, "SELECT state, attempts FROM outbox") == [("succeeded", 1)]
+    assert await fetch(aconn, "SELECT state, attempts FROM postbox.outbox") == [("succeeded", 1)]
     assert await fetchval(aconn, "SELECT count(*) FROM worker_effects") == 1
 
 
@@ -48,24 +48,24 @@ async def test_heartbeat_registry_row(
     async with running_worker(s) as worker:
         row = await fetch(
             aconn,
-            "SELECT host, pid, queues, concurrency, in_flight, stopped_at FROM workers WHERE id = %s",
+            "SELECT host, pid, queues, concurrency, in_flight, stopped_at FROM postbox.workers WHERE id = %s",
             (worker.id,),
         )
         assert row == [(socket.gethostname(), os.getpid(), [t.QUEUE], 7, 0, None)]
-        first = await fetchval(aconn, "SELECT last_seen FROM workers WHERE id = %s", (worker.id,))
+        first = await fetchval(aconn, "SELECT last_seen FROM postbox.workers WHERE id = %s", (worker.id,))
         job_id = await enqueue(aconn, t.w_slow_effect, {"seconds": 1.5})
         await aconn.execute(t.EFFECTS_DDL)
         await aconn.commit()
         await publish_due(aconn, redis, s.redis_prefix)
         await wait_until(
             lambda: fetchval(
-                aconn, "SELECT in_flight = 1 AND last_seen > %s FROM workers WHERE id = %s", (first, worker.id)
+                aconn, "SELECT in_flight = 1 AND last_seen > %s FROM postbox.workers WHERE id = %s", (first, worker.id)
             ),
             5,
             "a heartbeat showing the job in flight",
         )
         assert await finished(worker, 1) == [(job_id, "succeeded")]
-    row = await fetch(aconn, "SELECT in_flight, processed, failed, stopped_at IS NOT NULL FROM workers")
+    row = await fetch(aconn, "SELECT in_flight, processed, failed, stopped_at IS NOT NULL FROM postbox.workers")
     assert row == [(0, 1, 0, True)]
 
 
@@ -119,8 +119,8 @@ async def test_lifecycle_events_are_published_only_while_someone_subscribes(
     settings: Settings, aconn: psycopg.AsyncConnection[Any], private_redis: RedisServer
 ) -> None:
     """On a private Redis, PUBLISH calls are counted exactly: none without a subscriber."""
-    from jobs import events
-    from jobs.streams import events_channel
+    from postbox import events
+    from postbox.streams import events_channel
 
     def publishes() -> int:
         stats = private_redis.client().info("commandstats")

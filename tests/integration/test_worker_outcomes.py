@@ -9,9 +9,9 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-import jobs
-from jobs.settings import Settings
-from relay import Relay
+import postbox
+from postbox.relay import Relay
+from postbox.settings import Settings
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due
 from tests.worker_support import enqueue, fetch, fetchval, finished, running_worker
@@ -20,7 +20,7 @@ from tests.worker_support import enqueue, fetch, fetchval, finished, running_wor
 async def history(aconn: psycopg.AsyncConnection[Any], job_id: int) -> list[tuple[Any, ...]]:
     return await fetch(
         aconn,
-        "SELECT attempt, outcome, error_class FROM job_attempts WHERE outbox_id = %s ORDER BY attempt",
+        "SELECT attempt, outcome, error_class FROM postbox.job_attempts WHERE outbox_id = %s ORDER BY attempt",
         (job_id,),
     )
 
@@ -33,14 +33,16 @@ async def test_success_is_recorded_then_acknowledged_and_deleted(
         await publish_due(aconn, redis, wsettings.redis_prefix)
         assert await finished(worker, 1) == [(job_id, "succeeded")]
     row = await fetch(
-        aconn, "SELECT state, attempts, result, claimed_by, lease_until, finished_at IS NOT NULL FROM outbox"
+        aconn, "SELECT state, attempts, result, claimed_by, lease_until, finished_at IS NOT NULL FROM postbox.outbox"
     )
     assert row == [("succeeded", 1, 5, None, None, True)]
-    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM job_attempts") == [(1, worker.id, "succeeded")]
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM postbox.job_attempts") == [
+        (1, worker.id, "succeeded")
+    ]
     stream = f"{wsettings.redis_prefix}:{{{t.QUEUE}}}:p5"
     assert await redis.xlen(stream) == 0  # XACK + XDEL after the commit
     assert (await redis.xpending(stream, "postbox"))["pending"] == 0
-    assert await fetchval(aconn, "SELECT processed FROM workers WHERE id = %s", (worker.id,)) == 1
+    assert await fetchval(aconn, "SELECT processed FROM postbox.workers WHERE id = %s", (worker.id,)) == 1
 
 
 async def test_sync_handler_runs_in_a_thread_and_keeps_its_result(
@@ -50,7 +52,7 @@ async def test_sync_handler_runs_in_a_thread_and_keeps_its_result(
     async with running_worker(wsettings) as worker:
         await publish_due(aconn, redis, wsettings.redis_prefix)
         assert await finished(worker, 1) == [(job_id, "succeeded")]
-    assert await fetch(aconn, "SELECT state, result, result_expires_at > now() FROM outbox") == [
+    assert await fetch(aconn, "SELECT state, result, result_expires_at > now() FROM postbox.outbox") == [
         ("succeeded", {"sum": 42, "thread": 1}, True)
     ]
 
@@ -63,7 +65,7 @@ async def test_retry_with_backoff_then_success(
     async with running_worker(wsettings) as worker:
         outcomes = await finished(worker, 3)
     assert outcomes == [(job_id, "retry"), (job_id, "retry"), (job_id, "succeeded")]
-    assert await fetch(aconn, "SELECT state, attempts, result, publish_count FROM outbox") == [
+    assert await fetch(aconn, "SELECT state, attempts, result, publish_count FROM postbox.outbox") == [
         ("succeeded", 3, "ok on attempt 3", 3)
     ]
     assert await history(aconn, job_id) == [
@@ -74,7 +76,7 @@ async def test_retry_with_backoff_then_success(
     # attempt 2 started no sooner than the backoff after attempt 1 (base 0.05 s, no jitter)
     gap = await fetchval(
         aconn,
-        "SELECT extract(epoch FROM b.started_at - a.finished_at) FROM job_attempts a, job_attempts b"
+        "SELECT extract(epoch FROM b.started_at - a.finished_at) FROM postbox.job_attempts a, postbox.job_attempts b"
         " WHERE a.outbox_id = %s AND b.outbox_id = a.outbox_id AND a.attempt = 1 AND b.attempt = 2",
         (job_id,),
     )
@@ -92,7 +94,7 @@ async def test_retry_later_counts_as_an_attempt(
     assert await history(aconn, job_id) == [(1, "retry", "RetryLater"), (2, "succeeded", None)]
     gap = await fetchval(
         aconn,
-        "SELECT extract(epoch FROM b.started_at - a.finished_at) FROM job_attempts a, job_attempts b"
+        "SELECT extract(epoch FROM b.started_at - a.finished_at) FROM postbox.job_attempts a, postbox.job_attempts b"
         " WHERE a.outbox_id = %s AND b.outbox_id = a.outbox_id AND a.attempt = 1 AND b.attempt = 2",
         (job_id,),
     )
@@ -105,7 +107,7 @@ async def test_permanent_error_is_dead_at_once(
     job_id = await enqueue(aconn, t.w_permanent)
     async with running_worker(wsettings) as worker:
         assert await finished(worker, 1) == [(job_id, "dead")]
-    assert await fetch(aconn, "SELECT state, attempts, last_error_class, last_error, result FROM outbox") == [
+    assert await fetch(aconn, "SELECT state, attempts, last_error_class, last_error, result FROM postbox.outbox") == [
         (
             "dead",
             1,
@@ -124,7 +126,7 @@ async def test_exhausted_attempts_are_dead_with_their_history(
     async with running_worker(wsettings) as worker:
         assert await finished(worker, 3) == [(job_id, "retry"), (job_id, "retry"), (job_id, "dead")]
     state, attempts, error_class, error = (
-        await fetch(aconn, "SELECT state, attempts, last_error_class, last_error FROM outbox")
+        await fetch(aconn, "SELECT state, attempts, last_error_class, last_error FROM postbox.outbox")
     )[0]
     assert (state, attempts, error_class) == ("dead", 3, "ValueError")
     assert len(error) == 500 and "\n" not in error and error.startswith("attempts exhausted (3/3): boom second line")
@@ -147,11 +149,11 @@ async def test_timeout_is_retried_then_dead(
 async def test_unknown_task_is_dead_at_once_and_nothing_runs(
     wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay
 ) -> None:
-    job_id = await fetchval(aconn, "SELECT postbox_enqueue('no_such_task', '{}'::jsonb, %s)", (t.QUEUE,))
-    bad_args = await fetchval(aconn, "SELECT postbox_enqueue('w_add', '{\"a\": \"x\"}'::jsonb, %s)", (t.QUEUE,))
+    job_id = await fetchval(aconn, "SELECT postbox.enqueue('no_such_task', '{}'::jsonb, %s)", (t.QUEUE,))
+    bad_args = await fetchval(aconn, "SELECT postbox.enqueue('w_add', '{\"a\": \"x\"}'::jsonb, %s)", (t.QUEUE,))
     async with running_worker(wsettings) as worker:
         assert sorted(await finished(worker, 2)) == sorted([(job_id, "dead"), (bad_args, "dead")])
-    rows = await fetch(aconn, "SELECT id, state, attempts, last_error_class FROM outbox ORDER BY id")
+    rows = await fetch(aconn, "SELECT id, state, attempts, last_error_class FROM postbox.outbox ORDER BY id")
     assert rows == [(job_id, "dead", 1, "UnknownTaskError"), (bad_args, "dead", 1, "InvalidArgsError")]
 
 
@@ -163,14 +165,14 @@ async def test_ctx_transaction_commits_effect_and_outcome_together_and_enqueues_
     async with running_worker(wsettings) as worker:
         got = await finished(worker, 4)
     assert got[0] == (parent, "succeeded")
-    rows = await fetch(aconn, "SELECT task, state, result FROM outbox ORDER BY id")
+    rows = await fetch(aconn, "SELECT task, state, result FROM postbox.outbox ORDER BY id")
     assert rows == [
         ("w_enqueue_child", "succeeded", None),
         ("w_add", "succeeded", 1),
         ("w_add", "succeeded", 2),
         ("w_add", "succeeded", 3),
     ]
-    assert await fetch(aconn, "SELECT outbox_id FROM processed_jobs") == [(parent,)]
+    assert await fetch(aconn, "SELECT outbox_id FROM postbox.processed_jobs") == [(parent,)]
 
 
 async def test_already_processed_job_is_absorbed_as_a_duplicate(
@@ -178,13 +180,13 @@ async def test_already_processed_job_is_absorbed_as_a_duplicate(
 ) -> None:
     aconn = effects
     job_id = await enqueue(aconn, t.w_count)
-    await aconn.execute("INSERT INTO processed_jobs (outbox_id) VALUES (%s)", (job_id,))
+    await aconn.execute("INSERT INTO postbox.processed_jobs (outbox_id) VALUES (%s)", (job_id,))
     await aconn.commit()
     async with running_worker(wsettings) as worker:
         await publish_due(aconn, redis, wsettings.redis_prefix)
         assert await finished(worker, 1) == [(job_id, "duplicate")]
     assert await fetchval(aconn, "SELECT value FROM worker_counter") == 0
-    assert await fetch(aconn, "SELECT state FROM outbox") == [("succeeded",)]
+    assert await fetch(aconn, "SELECT state FROM postbox.outbox") == [("succeeded",)]
     assert await history(aconn, job_id) == [(1, "duplicate", None)]
 
 
@@ -196,7 +198,7 @@ async def test_wait_result_returns_value_of_finished_and_error_of_dead(
     bad = await enqueue(aconn, t.w_permanent)
     in_tx = await enqueue(aconn, t.w_flaky, {"fail_times": 0})  # succeeds inside ctx.transaction()
     waiters = [
-        asyncio.create_task(jobs.wait_result(job_id, 20, database_url=database_url)) for job_id in (ok, bad, in_tx)
+        asyncio.create_task(postbox.wait_result(job_id, 20, database_url=database_url)) for job_id in (ok, bad, in_tx)
     ]
     await asyncio.sleep(0)
     assert not any(w.done() for w in waiters)
@@ -206,10 +208,10 @@ async def test_wait_result_returns_value_of_finished_and_error_of_dead(
     assert (dead.state, dead.error_class, dead.error, dead.ok) == ("dead", "PermanentError", "card declined", False)
     assert (committed.state, committed.value) == ("succeeded", "ok on attempt 1")
     with psycopg.connect(database_url) as conn:
-        assert jobs.get_result(conn, ok) == good
-        assert jobs.get_result(conn, 10**9) is None
+        assert postbox.get_result(conn, ok) == good
+        assert postbox.get_result(conn, 10**9) is None
     with pytest.raises(TimeoutError):
         pending = await enqueue(aconn, t.w_add, {"a": 1, "b": 1}, delay=60)
-        await jobs.wait_result(pending, 0.3, database_url=database_url)
+        await postbox.wait_result(pending, 0.3, database_url=database_url)
     with pytest.raises(LookupError):
-        await jobs.wait_result(10**9, 1, database_url=database_url)
+        await postbox.wait_result(10**9, 1, database_url=database_url)

@@ -30,7 +30,7 @@ def test_api_run_serves_rest_and_websocket_and_stops_on_sigterm(child_env: dict[
     env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api"}
     log = open(tmp_path / "api.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "api", "run", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -47,6 +47,11 @@ def test_api_run_serves_rest_and_websocket_and_stops_on_sigterm(child_env: dict[
             assert created.status_code == 201
             evt = json.loads(ws.recv(timeout=10))
             assert (evt["type"], evt["job_id"], evt["queue"]) == ("enqueued", created.json()["id"], "apiq")
+        # postbox's operations surface only: no example routes, no example queue.
+        queues = httpx.get(url + "/api/v1/queues", timeout=5).json()
+        assert [q["queue"] for q in queues] == ["apiq"]
+        order = {"event_id": 1, "seats": 1, "email": "a@example.org"}
+        assert httpx.post(url + "/api/v1/orders", json=order, timeout=5).status_code == 404
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
@@ -58,7 +63,7 @@ def test_api_run_serves_rest_and_websocket_and_stops_on_sigterm(child_env: dict[
 
 def test_api_run_refuses_a_bad_port_naming_the_setting(child_env: dict[str, str]) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "app", "api", "run", "--port", "70000"],
+        [sys.executable, "-m", "postbox.app", "api", "run", "--port", "70000"],
         env=child_env,
         capture_output=True,
         text=True,

@@ -78,7 +78,8 @@ def test_demo_runs_end_to_end_then_stops_cleanly_on_sigterm(tmp_path: Path) -> N
         k: v for k, v in os.environ.items() if not k.startswith("POSTBOX_") and k not in ("DATABASE_URL", "REDIS_URL")
     }
     env["PYTHONUNBUFFERED"] = "1"
-    argv = [sys.executable, "-m", "app", "demo", "--orders", str(ORDERS), "--rate", "25", "--state-dir", str(state_dir)]
+    argv = [sys.executable, "-m", "postbox.app", "demo", "--orders", str(ORDERS), "--rate", "25"]
+    argv += ["--state-dir", str(state_dir)]
     process = subprocess.Popen(
         isolated_command(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

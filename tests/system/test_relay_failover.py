@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
+from postbox.settings import Settings
 from tests.relay_support import (
     enqueue_sql,
     entries,
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.system
 
 def roles(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
     conn.commit()
-    found = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT id, role, term FROM relays").fetchall()}
+    found = {r[0]: (r[1], r[2]) for r in conn.execute("SELECT id, role, term FROM postbox.relays").fetchall()}
     conn.commit()
     return found
 
@@ -37,7 +37,7 @@ def roles(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:
 def current_leader(conn: psycopg.Connection[Any]) -> str | None:
     """The relay whose lock session holds the lock now (its registry row says leader, highest term)."""
     conn.commit()
-    row = conn.execute("SELECT id FROM relays WHERE role = 'leader' ORDER BY term DESC LIMIT 1").fetchone()
+    row = conn.execute("SELECT id FROM postbox.relays WHERE role = 'leader' ORDER BY term DESC LIMIT 1").fetchone()
     conn.commit()
     return str(row[0]) if row else None
 
@@ -45,7 +45,7 @@ def current_leader(conn: psycopg.Connection[Any]) -> str | None:
 def unpublished(conn: psycopg.Connection[Any], ids: list[int]) -> list[int]:
     conn.commit()
     rows = conn.execute(
-        "SELECT id FROM outbox WHERE id = ANY(%s) AND published_at IS NULL ORDER BY id", (ids,)
+        "SELECT id FROM postbox.outbox WHERE id = ANY(%s) AND published_at IS NULL ORDER BY id", (ids,)
     ).fetchall()
     conn.commit()
     return [r[0] for r in rows]
@@ -53,7 +53,7 @@ def unpublished(conn: psycopg.Connection[Any], ids: list[int]) -> list[int]:
 
 def publish_counts(conn: psycopg.Connection[Any]) -> dict[int, int]:
     conn.commit()
-    found = dict(conn.execute("SELECT id, publish_count FROM outbox").fetchall())
+    found = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
     conn.commit()
     return found
 
@@ -153,12 +153,12 @@ def test_sigstop_the_leader_past_failover_then_sigcont_loses_nothing(
     env = dict(child_env, POSTBOX_RELAY_SESSION_TIMEOUT="1", POSTBOX_RELAY_BATCH_SIZE="50")
     with relay_processes(env, 2, tmp_path) as procs:
         leader, standby = start_pair(conn)
-        conn.execute("SELECT postbox_enqueue('noop', '{}'::jsonb) FROM generate_series(1, 2000)")
+        conn.execute("SELECT postbox.enqueue('noop', '{}'::jsonb) FROM generate_series(1, 2000)")
         conn.commit()
         procs[leader].send_signal(signal.SIGSTOP)  # most likely in the middle of the burst
         stopped_at = time.monotonic()
         conn.commit()
-        burst = [r[0] for r in conn.execute("SELECT id FROM outbox ORDER BY id").fetchall()]
+        burst = [r[0] for r in conn.execute("SELECT id FROM postbox.outbox ORDER BY id").fetchall()]
         conn.commit()
         during = enqueue_sql(conn, 10)
         wait_until_sync(lambda: not unpublished(conn, burst + during), 10, what="standby publishes everything")
@@ -207,7 +207,7 @@ def test_sigterm_exits_0_within_2_s_and_releases_the_lock(
 
 def test_relay_cli_refuses_bad_settings(child_env: dict[str, str]) -> None:
     env = dict(child_env, POSTBOX_RELAY_BATCH_SIZE="0")
-    done = subprocess.run([sys.executable, "-m", "relay", "run"], env=env, capture_output=True, timeout=30)
+    done = subprocess.run([sys.executable, "-m", "postbox.relay", "run"], env=env, capture_output=True, timeout=30)
     assert done.returncode == 2
     assert b"POSTBOX_RELAY_BATCH_SIZE" in done.stderr
 
@@ -215,13 +215,13 @@ def test_relay_cli_refuses_bad_settings(child_env: dict[str, str]) -> None:
 def test_sigterm_under_a_backlog_finishes_the_batch_in_hand_and_exits_within_2_s(
     child_env: dict[str, str], conn: psycopg.Connection[Any], settings: Settings, tmp_path: Path
 ) -> None:
-    conn.execute("INSERT INTO outbox (queue, task) SELECT 'default', 'noop' FROM generate_series(1, 30000)")
+    conn.execute("INSERT INTO postbox.outbox (queue, task) SELECT 'default', 'noop' FROM generate_series(1, 30000)")
     conn.commit()
     env = dict(child_env, POSTBOX_RELAY_BATCH_SIZE="200")
 
     def published() -> int:
         conn.commit()
-        row = conn.execute("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL").fetchone()
+        row = conn.execute("SELECT count(*) FROM postbox.outbox WHERE published_at IS NOT NULL").fetchone()
         conn.commit()
         return int(row[0]) if row else 0
 
@@ -234,7 +234,7 @@ def test_sigterm_under_a_backlog_finishes_the_batch_in_hand_and_exits_within_2_s
     assert code == 0
     assert took < 2.0
     conn.commit()
-    marked = {r[0] for r in conn.execute("SELECT id FROM outbox WHERE published_at IS NOT NULL").fetchall()}
+    marked = {r[0] for r in conn.execute("SELECT id FROM postbox.outbox WHERE published_at IS NOT NULL").fetchall()}
     assert 1000 <= len(marked) < 30000  # it stopped in the middle of the backlog ...
     counts = asyncio.run(stream_id_counts(settings))
     assert set(counts) == marked  # ... and every row it sent was also marked: no batch left half done

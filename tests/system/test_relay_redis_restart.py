@@ -10,8 +10,8 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from jobs.settings import Settings
-from jobs.streams import epoch_key
+from postbox.settings import Settings
+from postbox.streams import epoch_key
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
 from tests.relay_support import enqueue_sql, entries, relay_processes, wait_until_sync
 
@@ -31,7 +31,9 @@ def stream_ids(url: str, prefix: str) -> list[int]:
 
 def marked(conn: psycopg.Connection[Any], ids: list[int]) -> bool:
     conn.commit()
-    row = conn.execute("SELECT count(*) FROM outbox WHERE id = ANY(%s) AND published_at IS NOT NULL", (ids,)).fetchone()
+    row = conn.execute(
+        "SELECT count(*) FROM postbox.outbox WHERE id = ANY(%s) AND published_at IS NOT NULL", (ids,)
+    ).fetchone()
     conn.commit()
     return row is not None and row[0] == len(ids)
 
@@ -50,9 +52,11 @@ def test_redis_restart_without_persistence_under_a_relay_process(
         wait_until_sync(lambda: stream_ids(private_redis.url, prefix) == ids, 15, what="10 published")
         wait_until_sync(lambda: marked(conn, ids), 5, what="10 marked")
         finished, running, queued = ids[:3], ids[3:5], ids[5:]
-        conn.execute("UPDATE outbox SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)", (finished,))
         conn.execute(
-            """UPDATE outbox SET state = 'running', attempts = 1, claimed_by = 'gone',
+            "UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)", (finished,)
+        )
+        conn.execute(
+            """UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'gone',
                                  lease_until = now() - interval '1 s' WHERE id = ANY(%s)""",
             (running,),
         )
@@ -79,7 +83,7 @@ def test_redis_restart_without_persistence_under_a_relay_process(
         assert procs[0].poll() is None
     assert private_redis.client().get(epoch_key(prefix)) is not None
     conn.commit()
-    counts = dict(conn.execute("SELECT id, publish_count FROM outbox").fetchall())
+    counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
     assert counts == {**{i: 1 for i in finished + fresh}, **{i: 2 for i in running + queued}}
     log = (tmp_path / "relay-0.log").read_text()
     assert "Redis lost data" in log

@@ -71,9 +71,13 @@ class Cluster:
     def start(self, kind: str, *args: str) -> str:
         self.counter += 1
         name = f"{kind}-{self.counter}"
+        command = ["stagedoor", "api"] if kind == "api" else [kind]  # the demo's API serves the order routes
         with open(self.logs / f"{name}.log", "wb") as out:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "app", kind, "run", *args], env=self.env, stdout=out, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "postbox.app", *command, "run", *args],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         return name
 
@@ -110,7 +114,7 @@ def cluster(child_env: dict[str, str], private_redis: RedisServer, tmp_path: Pat
     env = dict(child_env)
     env.update(
         POSTBOX_REDIS_URL=private_redis.url,
-        POSTBOX_TASKS="jobs.stagedoor.tasks",
+        POSTBOX_TASKS="postbox.app.stagedoor.tasks",
         POSTBOX_BLOB_DIR=str(tmp_path / "blobs"),
         POSTBOX_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
         POSTBOX_HEARTBEAT_INTERVAL="0.5",
@@ -135,7 +139,7 @@ def cluster(child_env: dict[str, str], private_redis: RedisServer, tmp_path: Pat
 def leader_name(cluster: Cluster, database_url: str) -> str | None:
     pids = {cluster.procs[n].pid: n for n in cluster.alive("relay")}
     with psycopg.connect(database_url, autocommit=True) as conn:
-        rows = conn.execute("SELECT pid FROM relays WHERE role = 'leader' ORDER BY last_seen DESC").fetchall()
+        rows = conn.execute("SELECT pid FROM postbox.relays WHERE role = 'leader' ORDER BY last_seen DESC").fetchall()
     for (pid,) in rows:
         if pid in pids:
             return pids[pid]
@@ -146,7 +150,7 @@ def running_workers(cluster: Cluster, database_url: str, exclude: str | None) ->
     """Live worker processes that registered in the workers table (they are consuming)."""
     by_pid = {cluster.procs[n].pid: n for n in cluster.alive("worker") if n != exclude}
     with psycopg.connect(database_url, autocommit=True) as conn:
-        pids = {pid for (pid,) in conn.execute("SELECT pid FROM workers WHERE stopped_at IS NULL").fetchall()}
+        pids = {pid for (pid,) in conn.execute("SELECT pid FROM postbox.workers WHERE stopped_at IS NULL").fetchall()}
     return sorted(name for pid, name in by_pid.items() if pid in pids)
 
 
@@ -185,7 +189,7 @@ def quiet(database_url: str, jobs_expected: int) -> bool:
     with conn:
         row = conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE state NOT IN ('succeeded', 'dead', 'cancelled', 'expired'))"
-            " FROM outbox"
+            " FROM postbox.outbox"
         ).fetchone()
     assert row is not None
     return bool(row[0] == jobs_expected and row[1] == 0)
@@ -328,7 +332,9 @@ def _healthy(url: str) -> bool:
 
 def _states(database_url: str) -> str:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        rows = conn.execute("SELECT task, state, count(*), max(attempts) FROM outbox GROUP BY 1, 2 ORDER BY 1, 2")
+        rows = conn.execute(
+            "SELECT task, state, count(*), max(attempts) FROM postbox.outbox GROUP BY 1, 2 ORDER BY 1, 2"
+        )
         return "\n".join(str(r) for r in rows.fetchall())
 
 
@@ -337,34 +343,35 @@ def check_invariants(
 ) -> None:
     order_ids = sorted(int(o["id"]) for o in placed)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        db_orders = conn.execute("SELECT id, public_id FROM orders ORDER BY id").fetchall()
+        db_orders = conn.execute("SELECT id, public_id FROM stagedoor.orders ORDER BY id").fetchall()
         assert [i for i, _ in db_orders] == order_ids
         # Every ticket of every order has its pdf_key, and it is the order's key.
         bad_tickets = conn.execute(
-            "SELECT count(*) FROM tickets t JOIN orders o ON o.id = t.order_id"
+            "SELECT count(*) FROM stagedoor.tickets t JOIN stagedoor.orders o ON o.id = t.order_id"
             " WHERE t.pdf_key IS DISTINCT FROM 'tickets/' || o.public_id || '.pdf'"
         ).fetchone()
         assert bad_tickets == (0,)
         # Seats sold per event = the sum of its orders' seats.
         mismatched = conn.execute(
-            "SELECT e.id, e.seats_sold, coalesce(sum(o.seats), 0) FROM events e LEFT JOIN orders o ON o.event_id = e.id"
+            "SELECT e.id, e.seats_sold, coalesce(sum(o.seats), 0)"
+            " FROM stagedoor.events e LEFT JOIN stagedoor.orders o ON o.event_id = e.id"
             " GROUP BY e.id HAVING e.seats_sold <> coalesce(sum(o.seats), 0)"
         ).fetchall()
         assert mismatched == []
         # No job dead or unfinished; none over its max_attempts; one of each job per order.
-        states = conn.execute("SELECT task, state, count(*) FROM outbox GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
+        states = conn.execute("SELECT task, state, count(*) FROM postbox.outbox GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
         n = len(order_ids)
         assert states == [
             ("render_tickets", "succeeded", n),
             ("send_tickets", "succeeded", n),
             ("update_sales_counter", "succeeded", n),
         ]
-        assert conn.execute("SELECT count(*) FROM outbox WHERE attempts > max_attempts").fetchone() == (0,)
-        unsent = conn.execute("SELECT count(*) FROM email_sends WHERE sent_at IS NULL").fetchone()
+        assert conn.execute("SELECT count(*) FROM postbox.outbox WHERE attempts > max_attempts").fetchone() == (0,)
+        unsent = conn.execute("SELECT count(*) FROM stagedoor.email_sends WHERE sent_at IS NULL").fetchone()
         assert unsent == (0,)
-        retried = conn.execute("SELECT count(*) FROM outbox WHERE attempts > 1").fetchone()
+        retried = conn.execute("SELECT count(*) FROM postbox.outbox WHERE attempts > 1").fetchone()
         outcomes = conn.execute(
-            "SELECT outcome, coalesce(error_class, ''), count(*) FROM job_attempts GROUP BY 1, 2 ORDER BY 1, 2"
+            "SELECT outcome, coalesce(error_class, ''), count(*) FROM postbox.job_attempts GROUP BY 1, 2 ORDER BY 1, 2"
         ).fetchall()
     print(f"\nattempt outcomes: {outcomes}")
     # Exactly one PDF per order in the blob store, nothing else.

@@ -13,8 +13,8 @@ import httpx
 import psycopg
 import pytest
 
-from jobs.producer import enqueue
-from jobs.stagedoor.tasks import render_tickets
+from postbox.app.stagedoor.tasks import render_tickets
+from postbox.producer import enqueue
 from tests.harness.provider import ProviderProcess, free_port
 
 pytestmark = pytest.mark.system
@@ -30,17 +30,17 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 
 @pytest.fixture
 def stack(database_url: str, child_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, Any]]:
-    env = dict(child_env, POSTBOX_TASKS="jobs.stagedoor.tasks", POSTBOX_BLOB_DIR=str(tmp_path / "blobs"))
+    env = dict(child_env, POSTBOX_TASKS="postbox.app.stagedoor.tasks", POSTBOX_BLOB_DIR=str(tmp_path / "blobs"))
     provider = ProviderProcess(database_url, env=env).start()
     env["POSTBOX_PROVIDER_URL"] = provider.url
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for args in (["api", "run", "--port", str(port)], ["relay", "run"], ["worker", "run"]):
+        for args in (["stagedoor", "api", "run", "--port", str(port)], ["relay", "run"], ["worker", "run"]):
             with open(tmp_path / f"{args[0]}.log", "wb") as log:
                 procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-m", "app", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+                        [sys.executable, "-m", "postbox.app", *args], env=env, stdout=log, stderr=subprocess.STDOUT
                     )
                 )
         api = f"http://127.0.0.1:{port}"
@@ -63,7 +63,9 @@ def stack(database_url: str, child_env: dict[str, str], tmp_path: Path) -> Itera
 
 def all_succeeded(database_url: str, expected: int) -> bool:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*), count(*) FILTER (WHERE state = 'succeeded') FROM outbox").fetchone()
+        row = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE state = 'succeeded') FROM postbox.outbox"
+        ).fetchone()
     return row == (expected, expected)
 
 
@@ -93,9 +95,10 @@ def test_orders_flow_to_one_pdf_and_one_email_each(database_url: str, stack: dic
     blobs = sorted(p.name for p in stack["blobs"].rglob("*.pdf"))
     assert blobs == sorted(f"{o['public_id']}.pdf" for o in orders)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        assert conn.execute("SELECT seats_sold FROM events WHERE id = %s", (event["id"],)).fetchone() == (6,)
+        assert conn.execute("SELECT seats_sold FROM stagedoor.events WHERE id = %s", (event["id"],)).fetchone() == (6,)
         headers = conn.execute(
-            "SELECT args->>'order_id', headers->>'request_id' FROM outbox WHERE task = 'send_tickets' ORDER BY 1"
+            "SELECT args->>'order_id', headers->>'request_id'"
+            " FROM postbox.outbox WHERE task = 'send_tickets' ORDER BY 1"
         ).fetchall()
     # The request id travels from the order request to the jobs it caused, and on to the email job.
     assert headers == sorted((str(o["id"]), f"flow-{o['seats']}") for o in orders)

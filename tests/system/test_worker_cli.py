@@ -7,13 +7,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-import jobs
+import postbox
 from tests import tasks_worker as t
 
 pytestmark = pytest.mark.system
@@ -25,17 +26,17 @@ def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 def test_missing_database_url_fails_fast_naming_it(child_env: dict[str, str]) -> None:
     env = {k: v for k, v in child_env.items() if k != "POSTBOX_DATABASE_URL"}
-    done = run(["-m", "worker", "run", "--tasks", "tests.tasks_worker"], env)
+    done = run(["-m", "postbox.worker", "run", "--tasks", "tests.tasks_worker"], env)
     assert done.returncode == 2
     assert "POSTBOX_DATABASE_URL" in done.stderr
 
 
 def test_bad_flags_fail_fast_naming_the_setting(child_env: dict[str, str]) -> None:
-    done = run(["-m", "app", "worker", "run", "--tasks", "tests.tasks_worker", "--concurrency", "0"], child_env)
+    done = run(["-m", "postbox.app", "worker", "run", "--tasks", "tests.tasks_worker", "--concurrency", "0"], child_env)
     assert done.returncode == 2 and "POSTBOX_CONCURRENCY" in done.stderr
-    done = run(["-m", "worker", "run", "--tasks", "tests.no_such_tasks"], child_env)
+    done = run(["-m", "postbox.worker", "run", "--tasks", "tests.no_such_tasks"], child_env)
     assert done.returncode == 2 and "POSTBOX_TASKS" in done.stderr
-    done = run(["-m", "worker", "run", "--queues", "Bad Name"], child_env)
+    done = run(["-m", "postbox.worker", "run", "--queues", "Bad Name"], child_env)
     assert done.returncode == 2 and "POSTBOX_QUEUES" in done.stderr
 
 
@@ -49,7 +50,7 @@ def test_worker_process_serves_metrics_and_stops_on_sigint(child_env: dict[str, 
     port = _free_port()
     env = {**child_env, "POSTBOX_WORKER_METRICS_PORT": str(port), "POSTBOX_TASKS": "tests.tasks_worker"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app", "worker", "run", "--queues", t.QUEUE],
+        [sys.executable, "-m", "postbox.app", "worker", "run", "--queues", t.QUEUE],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -59,16 +60,16 @@ def test_worker_process_serves_metrics_and_stops_on_sigint(child_env: dict[str, 
             deadline = time.monotonic() + 20
             row: Any = None
             while row is None and time.monotonic() < deadline:
-                row = conn.execute("SELECT id FROM workers WHERE pid = %s", (proc.pid,)).fetchone()
+                row = conn.execute("SELECT id FROM postbox.workers WHERE pid = %s", (proc.pid,)).fetchone()
                 time.sleep(0.05)
             assert row is not None, "worker did not register"
             assert row[0].startswith("worker-") and len(row[0]) == 15
-            jobs.enqueue(conn, t.w_noop)
+            postbox.enqueue(conn, t.w_noop)
 
-            relay = subprocess.Popen([sys.executable, "-m", "relay", "run"], env=env, stderr=subprocess.DEVNULL)
+            relay = subprocess.Popen([sys.executable, "-m", "postbox.relay", "run"], env=env, stderr=subprocess.DEVNULL)
             try:
                 while time.monotonic() < deadline + 20:
-                    if conn.execute("SELECT state FROM outbox").fetchone() == ("succeeded",):
+                    if conn.execute("SELECT state FROM postbox.outbox").fetchone() == ("succeeded",):
                         break
                     time.sleep(0.05)
             finally:
@@ -83,3 +84,53 @@ def test_worker_process_serves_metrics_and_stops_on_sigint(child_env: dict[str, 
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_task_modules_import_from_the_current_directory(child_env: dict[str, str], tmp_path: Path) -> None:
+    """Like Celery's -A: `postbox worker run --tasks shop.tasks` from the application's folder, no install."""
+    package = tmp_path / "shop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tasks.py").write_text(
+        "from pathlib import Path\n"
+        "from postbox import task\n\n"
+        "@task(queue='shopq')\n"
+        "def ship(ctx, order_id: int) -> None: ...\n\n"
+        "Path('imported').write_text(__name__)\n"
+    )
+    postbox = str(Path(sys.executable).parent / "postbox")
+    worker = subprocess.Popen(
+        [postbox, "worker", "run", "--tasks", "shop.tasks"],
+        cwd=tmp_path,
+        env=child_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "imported").exists():
+            assert worker.poll() is None, worker.communicate()[0]
+            assert time.monotonic() < deadline, "the task module was never imported"
+            time.sleep(0.05)
+        assert (tmp_path / "imported").read_text() == "shop.tasks"
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+    assert worker.returncode == 0
+
+
+def test_a_task_module_that_fails_to_import_shows_its_traceback(child_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "broken_tasks.py").write_text("import os\n\nSETTING = os.environ['NO_SUCH_SETTING_FOR_TASKS']\n")
+    postbox = str(Path(sys.executable).parent / "postbox")
+    done = subprocess.run(
+        [postbox, "worker", "run", "--tasks", "broken_tasks"],
+        cwd=tmp_path,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "Traceback (most recent call last)" in done.stderr
+    assert str(tmp_path / "broken_tasks.py") in done.stderr and "line 3" in done.stderr
+    assert "POSTBOX_TASKS: cannot import broken_tasks: KeyError: 'NO_SUCH_SETTING_FOR_TASKS'" in done.stderr

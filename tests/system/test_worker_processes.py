@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-import jobs
+import postbox
 from tests import tasks_worker as t
 
 pytestmark = pytest.mark.system
@@ -49,11 +49,11 @@ class Fleet:
         return proc
 
     def relay(self) -> subprocess.Popen[bytes]:
-        return self.start("-m", "relay", "run", name="relay")
+        return self.start("-m", "postbox.relay", "run", name="relay")
 
     def worker(self, concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
         return self.start(
-            "-m", "worker", "run", "--tasks", "tests.tasks_worker", "--queues", t.QUEUE,
+            "-m", "postbox.worker", "run", "--tasks", "tests.tasks_worker", "--queues", t.QUEUE,
             "--concurrency", str(concurrency), name="worker", **env,
         )  # fmt: skip
 
@@ -104,7 +104,7 @@ def one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
 
 
 def worker_id_of(conn: psycopg.Connection[Any], proc: subprocess.Popen[bytes]) -> str | None:
-    return one(conn, "SELECT id FROM workers WHERE pid = %s AND stopped_at IS NULL", (proc.pid,))
+    return one(conn, "SELECT id FROM postbox.workers WHERE pid = %s AND stopped_at IS NULL", (proc.pid,))
 
 
 def test_sigkill_mid_job_another_worker_finishes_it_after_the_visibility_timeout(
@@ -113,17 +113,19 @@ def test_sigkill_mid_job_another_worker_finishes_it_after_the_visibility_timeout
     fleet.relay()
     first = fleet.worker()
     wait_for(lambda: worker_id_of(db, first), 20, "first worker up", fleet)
-    job_id = jobs.enqueue(db, t.w_slow_effect, {"seconds": 1.5})
+    job_id = postbox.enqueue(db, t.w_slow_effect, {"seconds": 1.5})
     first_id = worker_id_of(db, first)
-    wait_for(lambda: one(db, "SELECT claimed_by FROM outbox WHERE state = 'running'") == first_id, 20, "claim", fleet)
+    wait_for(
+        lambda: one(db, "SELECT claimed_by FROM postbox.outbox WHERE state = 'running'") == first_id, 20, "claim", fleet
+    )
     first.kill()
     first.wait(10)
     killed = time.monotonic()
     second = fleet.worker()
-    wait_for(lambda: one(db, "SELECT state FROM outbox") == "succeeded", 30, "takeover", fleet)
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded", 30, "takeover", fleet)
     assert time.monotonic() - killed >= VISIBILITY
     second_id = worker_id_of(db, second)
-    assert db.execute("SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt").fetchall() == [
+    assert db.execute("SELECT attempt, worker_id, outcome FROM postbox.job_attempts ORDER BY attempt").fetchall() == [
         (1, first_id, "lost"),
         (2, second_id, "succeeded"),
     ]
@@ -137,27 +139,32 @@ def test_sigstop_for_twice_the_visibility_timeout_then_sigcont_effect_happens_on
     stalled = fleet.worker()
     wait_for(lambda: worker_id_of(db, stalled), 20, "worker up", fleet)
     stalled_id = worker_id_of(db, stalled)
-    jobs.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
-    wait_for(lambda: one(db, "SELECT claimed_by FROM outbox WHERE state = 'running'") == stalled_id, 20, "claim", fleet)
+    postbox.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
+    wait_for(
+        lambda: one(db, "SELECT claimed_by FROM postbox.outbox WHERE state = 'running'") == stalled_id,
+        20,
+        "claim",
+        fleet,
+    )
     stalled.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     other = fleet.worker()
-    wait_for(lambda: one(db, "SELECT state FROM outbox") == "succeeded", 30, "takeover", fleet)
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded", 30, "takeover", fleet)
     other_id = worker_id_of(db, other)
     wait_for(lambda: time.monotonic() - stopped >= 2 * VISIBILITY, 10, "twice the visibility timeout")
     stalled.send_signal(signal.SIGCONT)
     resumed = time.monotonic()
     # The resumed worker finishes its stale run: its transaction finds the job
     # already processed, and its outcome write is refused by the fence.
+    caught_up = "SELECT in_flight = 0 AND last_seen > now() - interval '1 second' FROM postbox.workers WHERE id = %s"
     wait_for(
-        lambda: one(db, "SELECT in_flight = 0 AND last_seen > now() - interval '1 second' FROM workers WHERE id = %s",
-                    (stalled_id,)) and time.monotonic() - resumed > 1.5,
+        lambda: one(db, caught_up, (stalled_id,)) and time.monotonic() - resumed > 1.5,
         20, "stalled worker caught up", fleet,
     )  # fmt: skip
     assert stalled.poll() is None
     assert one(db, "SELECT count(*) FROM worker_effects") == 1
-    assert db.execute("SELECT state, attempts, claimed_by FROM outbox").fetchall() == [("succeeded", 2, None)]
-    assert db.execute("SELECT attempt, worker_id, outcome FROM job_attempts ORDER BY attempt").fetchall() == [
+    assert db.execute("SELECT state, attempts, claimed_by FROM postbox.outbox").fetchall() == [("succeeded", 2, None)]
+    assert db.execute("SELECT attempt, worker_id, outcome FROM postbox.job_attempts ORDER BY attempt").fetchall() == [
         (1, stalled_id, "lost"),
         (2, other_id, "succeeded"),
     ]
@@ -169,8 +176,8 @@ def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
     fleet.relay()
     workers = [fleet.worker(concurrency=4) for _ in range(2)]
     wait_for(lambda: all(worker_id_of(db, w) for w in workers), 20, "workers up", fleet)
-    poison = jobs.enqueue(db, t.w_poison)
-    others = jobs.enqueue_many(db, [{"task": "w_noop"} for _ in range(40)])
+    poison = postbox.enqueue(db, t.w_poison)
+    others = postbox.enqueue_many(db, [{"task": "w_noop"} for _ in range(40)])
     deaths = 0
 
     def settled() -> bool:
@@ -181,22 +188,23 @@ def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
                 deaths += 1
                 workers[i] = fleet.worker(concurrency=4)
         return bool(
-            one(db, "SELECT state = 'dead' FROM outbox WHERE id = %s", (poison,))
-            and one(db, "SELECT count(*) FROM outbox WHERE id = ANY(%s) AND state = 'succeeded'", (others,)) == 40
+            one(db, "SELECT state = 'dead' FROM postbox.outbox WHERE id = %s", (poison,))
+            and one(db, "SELECT count(*) FROM postbox.outbox WHERE id = ANY(%s) AND state = 'succeeded'", (others,))
+            == 40
         )
 
     wait_for(settled, 60, "poison dead and the rest done", fleet)
     assert deaths == 3
-    assert db.execute("SELECT state, attempts, last_error_class FROM outbox WHERE id = %s", (poison,)).fetchall() == [
-        ("dead", 3, "AttemptsExhausted")
-    ]
     assert db.execute(
-        "SELECT attempt, outcome FROM job_attempts WHERE outbox_id = %s ORDER BY attempt", (poison,)
+        "SELECT state, attempts, last_error_class FROM postbox.outbox WHERE id = %s", (poison,)
+    ).fetchall() == [("dead", 3, "AttemptsExhausted")]
+    assert db.execute(
+        "SELECT attempt, outcome FROM postbox.job_attempts WHERE outbox_id = %s ORDER BY attempt", (poison,)
     ).fetchall() == [(1, "lost"), (2, "lost"), (3, "lost")]
     # A job read in the same batch as the poison dies with its process and is reclaimed
     # with it (the dead consumer's pending entries come back together): each crash can
     # cost such a job one attempt, never more; none of them is lost for good.
-    assert one(db, "SELECT max(attempts) FROM outbox WHERE id <> %s", (poison,)) <= deaths + 1
+    assert one(db, "SELECT max(attempts) FROM postbox.outbox WHERE id <> %s", (poison,)) <= deaths + 1
 
 
 def test_sigterm_with_a_job_in_flight_finishes_it_and_exits_0(fleet: Fleet, db: psycopg.Connection[Any]) -> None:
@@ -204,13 +212,13 @@ def test_sigterm_with_a_job_in_flight_finishes_it_and_exits_0(fleet: Fleet, db: 
     proc = fleet.worker()
     wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
     wid = worker_id_of(db, proc)
-    job_id = jobs.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
-    wait_for(lambda: one(db, "SELECT state FROM outbox") == "running", 20, "job running", fleet)
+    job_id = postbox.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
-    assert db.execute("SELECT state, attempts, claimed_by FROM outbox").fetchall() == [("succeeded", 1, None)]
+    assert db.execute("SELECT state, attempts, claimed_by FROM postbox.outbox").fetchall() == [("succeeded", 1, None)]
     assert db.execute("SELECT job_id, worker_id FROM worker_effects").fetchall() == [(job_id, wid)]
-    assert one(db, "SELECT stopped_at IS NOT NULL FROM workers WHERE id = %s", (wid,)) is True
+    assert one(db, "SELECT stopped_at IS NOT NULL FROM postbox.workers WHERE id = %s", (wid,)) is True
 
 
 def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_another_worker(
@@ -219,15 +227,15 @@ def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_anothe
     fleet.relay()
     proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="0.3")
     wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
-    jobs.enqueue(db, t.w_slow_effect, {"seconds": 2.0})
-    wait_for(lambda: one(db, "SELECT state FROM outbox") == "running", 20, "job running", fleet)
+    postbox.enqueue(db, t.w_slow_effect, {"seconds": 2.0})
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
-    assert one(db, "SELECT state FROM outbox") == "running"  # nothing recorded, nothing acknowledged
+    assert one(db, "SELECT state FROM postbox.outbox") == "running"  # nothing recorded, nothing acknowledged
     assert one(db, "SELECT count(*) FROM worker_effects") == 0
     successor = fleet.worker()
-    wait_for(lambda: one(db, "SELECT state FROM outbox") == "succeeded", 30, "successor finishes it", fleet)
-    assert db.execute("SELECT attempt, outcome FROM job_attempts ORDER BY attempt").fetchall() == [
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded", 30, "successor finishes it", fleet)
+    assert db.execute("SELECT attempt, outcome FROM postbox.job_attempts ORDER BY attempt").fetchall() == [
         (1, "lost"),
         (2, "succeeded"),
     ]
@@ -237,12 +245,14 @@ def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_anothe
 def test_a_second_sigterm_ends_the_drain_at_once(fleet: Fleet, db: psycopg.Connection[Any]) -> None:
     proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="60")
     wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
-    job_id = jobs.enqueue(db, t.w_slow_effect, {"seconds": 30.0})
+    job_id = postbox.enqueue(db, t.w_slow_effect, {"seconds": 30.0})
     fleet.relay()
-    wait_for(lambda: one(db, "SELECT state FROM outbox") == "running", 20, "job running", fleet)
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
     proc.send_signal(signal.SIGTERM)
     wait_for(lambda: "draining" in fleet.logs(), 10, "drain started", fleet)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
-    assert db.execute("SELECT id, state FROM outbox").fetchall() == [(job_id, "running")]  # left for another worker
+    assert db.execute("SELECT id, state FROM postbox.outbox").fetchall() == [
+        (job_id, "running")
+    ]  # left for another worker
     assert one(db, "SELECT count(*) FROM worker_effects") == 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.bench.outbox import Span
-from app.bench.stats import Latency, Spread, percentile, rate
+from postbox.app.bench.outbox import Span
+from postbox.app.bench.stats import Latency, Spread, percentile, rate
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from app.cli import COMMANDS, resolve
-from jobs.settings_doc import all_env_names
+from postbox.app.cli import COMMANDS, resolve
+from postbox.settings_doc import all_env_names
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -89,14 +89,15 @@ def test_the_services_are_all_there(compose: dict[str, Any]) -> None:
 
 def test_every_command_is_a_real_postbox_subcommand(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     parsed = {name: parse_command(svc["command"], monkeypatch) for name, svc in postbox_services(compose).items()}
-    assert [compose["services"][n]["command"][1] for n in ("migrate", "api", "relay", "worker", "provider")] == [
-        "migrate",
-        "api",
-        "relay",
-        "worker",
-        "provider",
+    assert [compose["services"][n]["command"][1:3] for n in ("migrate", "api", "relay", "worker", "provider")] == [
+        ["stagedoor", "migrate"],  # postbox's schema, then the example's own
+        ["stagedoor", "api"],  # postbox's API plus the example's order routes
+        ["relay", "run"],
+        ["worker", "run"],
+        ["provider", "run"],
     ]
-    assert parsed["api"].command == "run" and parsed["api"].host == "0.0.0.0"
+    assert parsed["migrate"].command == "migrate"
+    assert parsed["api"].command == "api" and parsed["api"].api_command == "run" and parsed["api"].host == "0.0.0.0"
     assert parsed["relay"].command == "run"
     assert parsed["worker"].command == "run"
     assert parsed["provider"].command == "run" and parsed["provider"].port == 8025
@@ -123,7 +124,7 @@ def test_every_environment_variable_is_a_real_setting(compose: dict[str, Any]) -
         assert env["POSTBOX_DATABASE_URL"].startswith("postgresql://")
         assert env["POSTBOX_REDIS_URL"].startswith("redis://")
     worker_env = compose["services"]["worker"]["environment"]
-    assert worker_env["POSTBOX_TASKS"].split(",")[0] in {"jobs.stagedoor.tasks"}
+    assert worker_env["POSTBOX_TASKS"].split(",")[0] in {"postbox.app.stagedoor.tasks"}
     assert {"POSTBOX_BOGUS", "POSTGRES_PASSWORD"}.isdisjoint(known)  # the check can fail
 
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app.admin.common import parse_duration, positive_id
-from app.api.events_hub import ClientBuffer, EventPublisher
-from app.api.state import key_matches
-from jobs.control import (
+from postbox.app.admin.common import parse_duration, positive_id
+from postbox.app.api.events_hub import ClientBuffer, EventPublisher
+from postbox.app.api.state import key_matches
+from postbox.control import (
     ARCHIVE_STRIDE,
     ControlError,
     check_limit,
@@ -20,7 +20,7 @@ from jobs.control import (
     history_entries,
     split_attempt,
 )
-from jobs.events import decode
+from postbox.events import decode
 
 
 def test_cursor_round_trip_and_refusals() -> None:

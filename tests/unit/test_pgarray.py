@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from jobs import pgarray
+from postbox import pgarray
 
 
 def test_literals() -> None:

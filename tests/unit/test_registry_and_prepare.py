@@ -4,10 +4,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-import jobs
-from jobs import errors
-from jobs import producer as enq
-from jobs.registry import Registry, task
+import postbox
+from postbox import errors
+from postbox import producer as enq
+from postbox.registry import Registry, task
 from tests import tasks_core
 
 LIMITS = enq.Limits(max_payload_bytes=1024)
@@ -62,8 +62,8 @@ def test_task_by_name_with_custom_name() -> None:
 def test_bad_input_raises_its_own_type(call, error) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(error) as info:
         call()
-    assert isinstance(info.value, jobs.EnqueueError)
-    assert info.value.code != jobs.EnqueueError.code
+    assert isinstance(info.value, postbox.EnqueueError)
+    assert info.value.code != postbox.EnqueueError.code
 
 
 def test_invalid_args_name_the_field() -> None:
@@ -157,7 +157,7 @@ def test_args_that_are_not_json_are_refused() -> None:
 
 
 def test_call_args_are_typed_with_defaults_and_nothing_else() -> None:
-    spec = jobs.default_registry.get("send_welcome")
+    spec = postbox.default_registry.get("send_welcome")
     assert spec.call_args({"user_id": "7"}) == {"user_id": 7, "lang": "en"}
     with pytest.raises(errors.InvalidArgsError):
         spec.call_args({"user_id": 7, "unexpected": 1})

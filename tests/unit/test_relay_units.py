@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from redis.connection import Connection
 
-from jobs import resp
-from jobs.streams import encode_entry
-from relay.reconciler import RateLimiter
+from postbox import resp
+from postbox.relay.reconciler import RateLimiter
+from postbox.streams import encode_entry
 
 
 def packed(*args: object) -> bytes:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from jobs import streams
-from jobs.errors import SettingsError
-from jobs.settings import load_settings
+from postbox import streams
+from postbox.errors import SettingsError
+from postbox.settings import load_settings
 
 
 def test_database_url_falls_back_to_database_url(monkeypatch: pytest.MonkeyPatch) -> None:

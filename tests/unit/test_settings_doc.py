@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from jobs import settings_doc
-from jobs.settings import Settings
+from postbox import settings_doc
+from postbox.settings import Settings
 
 
 def test_the_configuration_doc_is_up_to_date() -> None:
     current = settings_doc.DOC_PATH.read_text()
-    assert current == settings_doc.render(), "docs/configuration.md is stale: run `python -m jobs.settings_doc --write`"
+    stale = "docs/configuration.md is stale: run `python -m postbox.settings_doc --write`"
+    assert current == settings_doc.render(), stale
 
 
 def test_every_setting_is_documented_with_env_name_default_and_meaning() -> None:

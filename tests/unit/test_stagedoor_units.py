@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from app.provider.faults import AfterDelivery, Faults, seeded
-from jobs.errors import PermanentError
-from jobs.settings import Settings
-from jobs.stagedoor.blobs import BlobStore, blob_root
-from jobs.stagedoor.errors import InvalidEmailError, InvalidOrderError
-from jobs.stagedoor.mail import Attachment, MailClient, Message, ProviderError, tickets_key
-from jobs.stagedoor.orders import PUBLIC_ID_ALPHABET, check_event, check_order, new_public_id
-from jobs.stagedoor.pdf import TicketDocument, render
+from postbox.app.provider.faults import AfterDelivery, Faults, seeded
+from postbox.app.stagedoor.blobs import BlobStore, blob_root
+from postbox.app.stagedoor.errors import InvalidEmailError, InvalidOrderError
+from postbox.app.stagedoor.mail import Attachment, MailClient, Message, ProviderError, tickets_key
+from postbox.app.stagedoor.orders import PUBLIC_ID_ALPHABET, check_event, check_order, new_public_id
+from postbox.app.stagedoor.pdf import TicketDocument, render
+from postbox.errors import PermanentError
+from postbox.settings import Settings
 
 
 def test_check_order_accepts_and_refuses() -> None:

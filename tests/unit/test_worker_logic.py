@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from jobs.errors import InvalidArgsError, PermanentError, RetryLater, UnknownTaskError
-from jobs.results import JobResult, _from_row
-from worker.capacity import Capacity
-from worker.delivery import parse_delivery
-from worker.outcomes import MAX_ERROR_CHARS, JobTimeout, failed, next_delay, sanitize
-from worker.reclaimer import parse_autoclaim
-from worker.worker import new_worker_id
+from postbox.errors import InvalidArgsError, PermanentError, RetryLater, UnknownTaskError
+from postbox.results import JobResult, _from_row
+from postbox.worker.capacity import Capacity
+from postbox.worker.delivery import parse_delivery
+from postbox.worker.outcomes import MAX_ERROR_CHARS, JobTimeout, failed, next_delay, sanitize
+from postbox.worker.reclaimer import parse_autoclaim
+from postbox.worker.worker import new_worker_id
 
 
 def test_backoff_doubles_from_base_and_caps() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from worker.metrics import DURATION_BUCKETS, LabelledCounter, LabelledHistogram, WorkerMetrics
+from postbox.worker.metrics import DURATION_BUCKETS, LabelledCounter, LabelledHistogram, WorkerMetrics
 
 VALUES = [0.0, 0.0004, 0.0005, 0.00051, 0.003, 0.7, 1.0, 299.0, 300.0, 301.0, 1e9]
 

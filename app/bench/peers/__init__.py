@@ -28,16 +28,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from app.bench.outbox import Span, wait_until
-from app.bench.params import Params
-from app.bench.peers.common import PeerConfig, read_probe_file
-from app.bench.peers.registry import PEERS, adapter
-from app.bench.procs import Children, bench_env, children
-from app.bench.progress import Progress
-from app.bench.report import Figure, Report
-from app.bench.sandbox import Sandbox
-from app.bench.stats import Latency
-from app.bench.tasks import PROBE_FILE_ENV
+from postbox.app.bench.outbox import Span, wait_until
+from postbox.app.bench.params import Params
+from postbox.app.bench.peers.common import PeerConfig, read_probe_file
+from postbox.app.bench.peers.registry import PEERS, adapter
+from postbox.app.bench.procs import Children, bench_env, children
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Report
+from postbox.app.bench.sandbox import Sandbox
+from postbox.app.bench.stats import Latency
+from postbox.app.bench.tasks import PROBE_FILE_ENV
 
 T = TypeVar("T")
 PEER_DRAIN_BUDGET = 60.0  # seconds a peer may take to drain --jobs before it is measured on what it finished
@@ -54,7 +54,7 @@ def start_worker(kids: Children, name: str, cfg: PeerConfig, probe: Path | None 
     extra = cfg.env()
     if probe is not None:
         extra[PROBE_FILE_ENV] = str(probe)
-    kids.python(f"{name}-worker", ["app.bench.peers.run", name], extra)
+    kids.python(f"{name}-worker", ["postbox.app.bench.peers.run", name], extra)
 
 
 def wait_probed(probe: Path, ids: Iterable[str], check: Callable[[], None]) -> dict[str, float]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from app.bench.outbox import Span
-from app.bench.peers.common import PeerConfig, Probe, load, paced
-from app.bench.steady import producers_for
+from postbox.app.bench.outbox import Span
+from postbox.app.bench.peers.common import PeerConfig, Probe, load, paced
+from postbox.app.bench.steady import producers_for
 
 NAME = "arq"
 _probe = Probe()

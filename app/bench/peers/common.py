@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.bench.tasks import PROBE_FILE_ENV
+from postbox.app.bench.tasks import PROBE_FILE_ENV
 
 PEER_DB_ENV = "POSTBOX_BENCH_PEER_DB"
 PEER_REDIS_ENV = "POSTBOX_BENCH_PEER_REDIS"

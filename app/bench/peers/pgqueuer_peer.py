@@ -14,9 +14,9 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from app.bench.outbox import Span
-from app.bench.peers.common import PeerConfig, Probe, load, paced
-from app.bench.steady import producers_for
+from postbox.app.bench.outbox import Span
+from postbox.app.bench.peers.common import PeerConfig, Probe, load, paced
+from postbox.app.bench.steady import producers_for
 
 NAME = "pgqueuer"
 ENTRYPOINT = "bench_noop"

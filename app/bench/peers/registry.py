@@ -11,4 +11,4 @@ PEERS = ("pgqueuer", "procrastinate", "arq", "saq")
 def adapter(name: str) -> ModuleType:
     if name not in PEERS:
         raise ValueError(f"unknown peer {name!r}; one of {', '.join(PEERS)}")
-    return importlib.import_module(f"app.bench.peers.{name}_peer")
+    return importlib.import_module(f"postbox.app.bench.peers.{name}_peer")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from app.bench.peers.common import PeerConfig
-from app.bench.peers.registry import adapter
+from postbox.app.bench.peers.common import PeerConfig
+from postbox.app.bench.peers.registry import adapter
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,6 @@
 """Stagedoor's jobs: four handlers, one idempotency technique each (DESIGN.md §6).
 
-Workers load this module (``POSTBOX_TASKS=jobs.stagedoor.tasks``).  Delivery is
+Workers load this module (``POSTBOX_TASKS=postbox.app.stagedoor.tasks``).  Delivery is
 at least once — a job may run twice, even at the same time — and each handler
 makes its effect happen once anyway:
 
@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from jobs.context import JobContext
-from jobs.errors import PermanentError, RetryLater
-from jobs.registry import task
-from jobs.stagedoor import services, sql
-from jobs.stagedoor.mail import Attachment, Message, ProviderError, tickets_key
-from jobs.stagedoor.order_view import OrderView, load_order
-from jobs.stagedoor.pdf import TicketDocument, render
+from postbox.app.stagedoor import services, sql
+from postbox.app.stagedoor.mail import Attachment, Message, ProviderError, tickets_key
+from postbox.app.stagedoor.order_view import OrderView, load_order
+from postbox.app.stagedoor.pdf import TicketDocument, render
+from postbox.context import JobContext
+from postbox.errors import PermanentError, RetryLater
+from postbox.registry import task
 
 TICKETS_EMAIL = "tickets"
 

@@ -12,7 +12,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from jobs.settings import Settings
+from postbox.settings import Settings
 
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 

@@ -16,10 +16,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from psycopg import AsyncConnection
 
-from app.api.errors import responses
-from jobs.settings import load_settings
-from jobs.stagedoor.errors import InvalidOrderError, OrderError
-from jobs.stagedoor.orders import create_event, get_event, place_order
+from postbox.app.api.errors import responses
+from postbox.app.stagedoor.errors import InvalidOrderError, OrderError
+from postbox.app.stagedoor.orders import create_event, get_event, place_order
+from postbox.settings import load_settings
 
 router = APIRouter(tags=["stagedoor"])
 

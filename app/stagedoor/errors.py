@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.errors import PostboxError
+from postbox.errors import PostboxError
 
 
 class OrderError(PostboxError):

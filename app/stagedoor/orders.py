@@ -16,10 +16,10 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from jobs.producer import enqueue_async
-from jobs.stagedoor import sql
-from jobs.stagedoor.errors import InvalidEmailError, InvalidOrderError, NotEnoughSeatsError, UnknownEventError
-from jobs.stagedoor.tasks import render_tickets, update_sales_counter
+from postbox.app.stagedoor import sql
+from postbox.app.stagedoor.errors import InvalidEmailError, InvalidOrderError, NotEnoughSeatsError, UnknownEventError
+from postbox.app.stagedoor.tasks import render_tickets, update_sales_counter
+from postbox.producer import enqueue_async
 
 MAX_SEATS_PER_ORDER = 20
 MAX_CAPACITY = 1_000_000

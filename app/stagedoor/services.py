@@ -15,9 +15,9 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from jobs.settings import Settings, load_settings
-from jobs.stagedoor.blobs import BlobStore, blob_root
-from jobs.stagedoor.mail import MailClient
+from postbox.app.stagedoor.blobs import BlobStore, blob_root
+from postbox.app.stagedoor.mail import MailClient
+from postbox.settings import Settings, load_settings
 
 # An unsent claim older than this may be taken over (DESIGN.md §6: two minutes);
 # the setting POSTBOX_STAGEDOOR_CLAIM_TTL, whose default this is, can change it.

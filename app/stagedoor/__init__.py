@@ -1,5 +1,5 @@
 """Stagedoor: the ticket shop that shows postbox's exactly-once effects.
 
 ``orders`` places orders (the producer side); ``tasks`` holds the four jobs
-that workers run (``POSTBOX_TASKS=jobs.stagedoor.tasks``).
+that workers run (``POSTBOX_TASKS=postbox.app.stagedoor.tasks``).
 """

@@ -9,7 +9,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from jobs.stagedoor import sql
+from postbox.app.stagedoor import sql
 
 
 @dataclass(frozen=True)

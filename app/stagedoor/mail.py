@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from jobs.errors import PermanentError
+from postbox.errors import PermanentError
 
 
 class ProviderError(Exception):

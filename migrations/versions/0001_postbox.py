@@ -1,25 +1,42 @@
-"""The outbox and the tables of the job system.
+"""postbox's schema: the outbox and the tables of the job system.
 
-Revision ID: 0001_outbox
+Everything is created in one schema (``postbox``, or ``POSTBOX_SCHEMA``), where
+alembic keeps postbox's own version table too: nothing is created outside it.
+``{schema}`` in the DDL is the schema name, quoted as an identifier by
+:func:`postbox.schema.render`; other braces are doubled.
+
+Revision ID: 0001_postbox
 Revises:
 Create Date: 2026-11-29
 """
 
 from __future__ import annotations
 
-from alembic import op
+from alembic import context, op
 
-revision = "0001_outbox"
+from postbox.schema import render
+
+revision = "0001_postbox"
 down_revision = None
 branch_labels = None
 depends_on = None
 
 UPGRADE = r"""
-CREATE TABLE outbox (
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+-- Checked when a value is written (INSERT, or an UPDATE that sets the column),
+-- not on every update of the row: PostgreSQL evaluates a table's CHECK
+-- constraints on every UPDATE, and a job's row is updated three times (the
+-- relay's mark, the claim, the outcome) without touching these columns.
+CREATE DOMAIN {schema}.queue_name AS text CHECK (VALUE ~ '^[a-z0-9][a-z0-9_-]{{0,63}}$');
+CREATE DOMAIN {schema}.task_name AS text CHECK (length(VALUE) BETWEEN 1 AND 200);
+CREATE DOMAIN {schema}.json_object AS jsonb CHECK (jsonb_typeof(VALUE) = 'object');
+
+CREATE TABLE {schema}.outbox (
     id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    queue           text        NOT NULL CHECK (queue ~ '^[a-z0-9][a-z0-9_-]{0,63}$'),
-    task            text        NOT NULL CHECK (length(task) BETWEEN 1 AND 200),
-    args            jsonb       NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(args) = 'object'),
+    queue           {schema}.queue_name NOT NULL,
+    task            {schema}.task_name  NOT NULL,
+    args            {schema}.json_object NOT NULL DEFAULT '{{}}'::jsonb,
     priority        smallint    NOT NULL DEFAULT 5 CHECK (priority BETWEEN 0 AND 9),
     state           text        NOT NULL DEFAULT 'pending' CHECK (state IN
                         ('pending','queued','running','retrying','succeeded','dead','cancelled','expired')),
@@ -34,7 +51,7 @@ CREATE TABLE outbox (
     finished_at     timestamptz,
     expires_at      timestamptz,            -- not started by then: never runs (state expired)
     dedup_key       text,
-    headers         jsonb       NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(headers) = 'object'),
+    headers         {schema}.json_object NOT NULL DEFAULT '{{}}'::jsonb,
     timeout_seconds double precision CHECK (timeout_seconds IS NULL OR timeout_seconds > 0),
     claimed_by      text,                   -- worker id holding the current attempt
     lease_until     timestamptz,            -- the claim is live until then (renewed by heartbeats)
@@ -49,22 +66,24 @@ CREATE TABLE outbox (
 
 -- The relay's scan: unpublished rows, in id order / by due time.  Partial, so it
 -- holds only the (small) set of rows still waiting for a publish.
-CREATE INDEX outbox_unpublished_id ON outbox (id)
+CREATE INDEX outbox_unpublished_id ON {schema}.outbox (id)
     WHERE published_at IS NULL AND state IN ('pending', 'retrying');
-CREATE INDEX outbox_unpublished_due ON outbox (available_at)
+CREATE INDEX outbox_unpublished_due ON {schema}.outbox (available_at)
     WHERE published_at IS NULL AND state IN ('pending', 'retrying');
 -- Published and unfinished: what the relay republishes after Redis loss.
-CREATE INDEX outbox_inflight ON outbox (id) WHERE state IN ('queued', 'running');
+CREATE INDEX outbox_inflight ON {schema}.outbox (id) WHERE state IN ('queued', 'running');
 -- Dedup, scoped per queue; lives as long as the row does.
-CREATE UNIQUE INDEX outbox_dedup ON outbox (queue, dedup_key) WHERE dedup_key IS NOT NULL;
-CREATE INDEX outbox_queue_state ON outbox (queue, state);
-CREATE INDEX outbox_finished ON outbox (finished_at) WHERE finished_at IS NOT NULL;
--- Retention: results past their TTL are cleared (jobs/retention.py).
-CREATE INDEX outbox_result_expiry ON outbox (result_expires_at) WHERE result_expires_at IS NOT NULL;
+CREATE UNIQUE INDEX outbox_dedup ON {schema}.outbox (queue, dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX outbox_queue_state ON {schema}.outbox (queue, state);
+CREATE INDEX outbox_finished ON {schema}.outbox (finished_at) WHERE finished_at IS NOT NULL;
+-- Retention: results past their TTL are cleared (postbox/retention.py).
+CREATE INDEX outbox_result_expiry ON {schema}.outbox (result_expires_at) WHERE result_expires_at IS NOT NULL;
 
 -- One row per attempt: the history the API and the dead letters show.
-CREATE TABLE job_attempts (
-    outbox_id   bigint      NOT NULL REFERENCES outbox (id) ON DELETE CASCADE,
+CREATE TABLE {schema}.job_attempts (
+    -- No foreign key to the outbox: its check cost a lookup and a KEY SHARE lock per
+    -- attempt; the statements that delete outbox rows delete their attempts too.
+    outbox_id   bigint      NOT NULL,
     attempt     integer     NOT NULL,
     worker_id   text,
     started_at  timestamptz NOT NULL DEFAULT now(),
@@ -76,25 +95,25 @@ CREATE TABLE job_attempts (
 );
 
 -- Exactly-once database effects: the job id as the idempotency key.
-CREATE TABLE processed_jobs (
+CREATE TABLE {schema}.processed_jobs (
     outbox_id    bigint      PRIMARY KEY,
     processed_at timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX processed_jobs_at ON processed_jobs (processed_at);
+CREATE INDEX processed_jobs_at ON {schema}.processed_jobs (processed_at);
 
 -- Queue control (pause/resume). A queue with no row is active.
-CREATE TABLE queues (
-    name       text        PRIMARY KEY CHECK (name ~ '^[a-z0-9][a-z0-9_-]{0,63}$'),
+CREATE TABLE {schema}.queues (
+    name       {schema}.queue_name PRIMARY KEY,
     paused     boolean     NOT NULL DEFAULT false,
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
 -- Worker liveness registry; staleness is computed by the reader from last_seen.
-CREATE TABLE workers (
+CREATE TABLE {schema}.workers (
     id          text        PRIMARY KEY,
     host        text        NOT NULL,
     pid         integer     NOT NULL,
-    queues      text[]      NOT NULL DEFAULT '{}',
+    queues      text[]      NOT NULL DEFAULT '{{}}',
     concurrency integer     NOT NULL DEFAULT 0,
     started_at  timestamptz NOT NULL DEFAULT now(),
     last_seen   timestamptz NOT NULL DEFAULT now(),
@@ -105,7 +124,7 @@ CREATE TABLE workers (
 );
 
 -- Relay processes and who leads (for operators and the demo's display).
-CREATE TABLE relays (
+CREATE TABLE {schema}.relays (
     id         text        PRIMARY KEY,
     host       text        NOT NULL,
     pid        integer     NOT NULL,
@@ -116,30 +135,31 @@ CREATE TABLE relays (
 );
 
 -- Every destructive operation, by whom and when.
-CREATE TABLE audit_log (
+CREATE TABLE {schema}.audit_log (
     id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at         timestamptz NOT NULL DEFAULT now(),
     actor      text        NOT NULL,
     action     text        NOT NULL,
     target     text        NOT NULL,
     request_id text,
-    details    jsonb       NOT NULL DEFAULT '{}'::jsonb
+    details    jsonb       NOT NULL DEFAULT '{{}}'::jsonb
 );
 
 -- Wake the relay when rows are committed. Statement level: one NOTIFY per
 -- statement (and PostgreSQL folds identical ones per transaction), so bulk
 -- inserts cost one notification.
-CREATE FUNCTION postbox_notify_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION {schema}.notify_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('postbox_outbox', '');
     RETURN NULL;
 END;
 $$;
-CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
-    FOR EACH STATEMENT EXECUTE FUNCTION postbox_notify_outbox();
+CREATE TRIGGER outbox_notify AFTER INSERT ON {schema}.outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_outbox();
 
--- Enqueue from plain SQL (any language, or a trigger) in the caller's transaction.
-CREATE FUNCTION postbox_enqueue(
+-- Enqueue from plain SQL (any language, or a trigger) in the caller's transaction:
+-- SELECT postbox.enqueue('task', '{{"a": 1}}').
+CREATE FUNCTION {schema}.enqueue(
     task text,
     args jsonb,
     queue text DEFAULT 'default',
@@ -153,51 +173,48 @@ DECLARE
     new_id bigint;
 BEGIN
     IF task IS NULL OR length(task) = 0 THEN
-        RAISE EXCEPTION 'postbox_enqueue: task must not be empty' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'postbox.enqueue: task must not be empty' USING ERRCODE = '22023';
     END IF;
-    IF queue IS NULL OR queue !~ '^[a-z0-9][a-z0-9_-]{0,63}$' THEN
-        RAISE EXCEPTION 'postbox_enqueue: invalid queue name %', quote_nullable(queue) USING ERRCODE = '22023';
+    IF queue IS NULL OR queue !~ '^[a-z0-9][a-z0-9_-]{{0,63}}$' THEN
+        RAISE EXCEPTION 'postbox.enqueue: invalid queue name %', quote_nullable(queue) USING ERRCODE = '22023';
     END IF;
     IF priority IS NULL OR priority < 0 OR priority > 9 THEN
-        RAISE EXCEPTION 'postbox_enqueue: priority must be 0-9, got %', priority USING ERRCODE = '22023';
+        RAISE EXCEPTION 'postbox.enqueue: priority must be 0-9, got %', priority USING ERRCODE = '22023';
     END IF;
     IF args IS NULL OR jsonb_typeof(args) <> 'object' THEN
-        RAISE EXCEPTION 'postbox_enqueue: args must be a JSON object' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'postbox.enqueue: args must be a JSON object' USING ERRCODE = '22023';
     END IF;
     IF max_attempts IS NULL OR max_attempts < 1 THEN
-        RAISE EXCEPTION 'postbox_enqueue: max_attempts must be >= 1' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'postbox.enqueue: max_attempts must be >= 1' USING ERRCODE = '22023';
     END IF;
-    INSERT INTO outbox AS o (queue, task, args, priority, available_at, dedup_key, max_attempts)
-    VALUES (postbox_enqueue.queue, postbox_enqueue.task, postbox_enqueue.args, postbox_enqueue.priority,
-            coalesce(postbox_enqueue.run_at, now()), postbox_enqueue.dedup_key, postbox_enqueue.max_attempts)
+    INSERT INTO {schema}.outbox AS o (queue, task, args, priority, available_at, dedup_key, max_attempts)
+    VALUES (enqueue.queue, enqueue.task, enqueue.args, enqueue.priority,
+            coalesce(enqueue.run_at, now()), enqueue.dedup_key, enqueue.max_attempts)
     ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING o.id INTO new_id;
     IF new_id IS NULL THEN
-        SELECT o.id INTO new_id FROM outbox o
-         WHERE o.queue = postbox_enqueue.queue AND o.dedup_key = postbox_enqueue.dedup_key;
+        SELECT o.id INTO new_id FROM {schema}.outbox o
+         WHERE o.queue = enqueue.queue AND o.dedup_key = enqueue.dedup_key;
     END IF;
     RETURN new_id;
 END;
 $$;
 """
 
-DOWNGRADE = r"""
-DROP FUNCTION IF EXISTS postbox_enqueue(text, jsonb, text, integer, timestamptz, text, integer);
-DROP TRIGGER IF EXISTS outbox_notify ON outbox;
-DROP FUNCTION IF EXISTS postbox_notify_outbox();
-DROP TABLE IF EXISTS audit_log;
-DROP TABLE IF EXISTS relays;
-DROP TABLE IF EXISTS workers;
-DROP TABLE IF EXISTS queues;
-DROP TABLE IF EXISTS processed_jobs;
-DROP TABLE IF EXISTS job_attempts;
-DROP TABLE IF EXISTS outbox;
+DOWNGRADE_OBJECTS = r"""
+DROP FUNCTION IF EXISTS {schema}.enqueue(text, jsonb, text, integer, timestamptz, text, integer);
+DROP TABLE IF EXISTS {schema}.audit_log, {schema}.relays, {schema}.workers, {schema}.queues,
+                     {schema}.processed_jobs, {schema}.job_attempts, {schema}.outbox;
+DROP FUNCTION IF EXISTS {schema}.notify_outbox();
+DROP DOMAIN IF EXISTS {schema}.queue_name, {schema}.task_name, {schema}.json_object;
 """
 
 
 def upgrade() -> None:
-    op.execute(UPGRADE)
+    op.execute(render(UPGRADE, context.config.attributes["schema"]))
 
 
 def downgrade() -> None:
-    op.execute(DOWNGRADE)
+    # The version table lives in the schema too: alembic deletes its row after this
+    # step, so the schema is emptied rather than dropped while that table remains.
+    op.execute(render(DOWNGRADE_OBJECTS, context.config.attributes["schema"]))
