@@ -101,7 +101,7 @@ async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
     try:
         load_task_modules(modules)
     except TaskModuleError as exc:
-        raise UsageError(f"{exc.details}\n{exc}") from None
+        raise UsageError(f"{exc}\n\n{exc.details}") from None
     row = prepare(
         a.task,
         _args(a.args),
