@@ -129,6 +129,15 @@ class Settings(BaseSettings):
         default=None, description="When set, destructive API operations need this value in X-API-Key."
     )
     api_key_for_all: bool = Field(default=False, description="When true, every API call needs X-API-Key.")
+    api_body_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds a request's whole body may take to arrive; a slower or short body gets 408. "
+            "Every route's body is also limited to POSTBOX_MAX_PAYLOAD_BYTES + 64 KiB (413)."
+        ),
+    )
 
     # --- stagedoor example -----------------------------------------------------
     provider_url: str = Field(

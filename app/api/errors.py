@@ -25,6 +25,7 @@ HTTP_CODES = {
     404: "NOT_FOUND",
     405: "METHOD_NOT_ALLOWED",
     406: "NOT_ACCEPTABLE",
+    408: "REQUEST_TIMEOUT",
     409: "CONFLICT",
     413: "PAYLOAD_TOO_LARGE",
     415: "UNSUPPORTED_MEDIA_TYPE",
@@ -88,11 +89,14 @@ async def _validation(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
+    code = getattr(exc, "code", None) or HTTP_CODES.get(exc.status_code, "HTTP_ERROR")
     message = str(exc.detail) if exc.detail else code.lower()
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}"
-    return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None) or {})
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code in (408, 413):  # the rest of the body is not read: the connection cannot be reused
+        headers["Connection"] = "close"
+    return error_response(exc.status_code, code, message, getattr(exc, "details", None), headers)
 
 
 async def _api(request: Request, exc: Exception) -> JSONResponse:

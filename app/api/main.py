@@ -9,27 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import migrate
 from postbox.app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_system
+from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
-from postbox.app.api.state import ApiState, request_id
+from postbox.app.api.observer import Observer
+from postbox.app.api.state import ApiState
 from postbox.registry import Registry, default_registry, load_task_modules
 from postbox.settings import Settings
 
 log = logging.getLogger("postbox.api")
-BODY_SLACK = 65_536  # JSON envelope allowed on top of the args limit
-ENQUEUE_PATH = "/api/v1/jobs"
+BODY_SLACK = 65_536  # JSON envelope allowed on top of the args limit: the body limit of every route
 
 
 def create_app(settings: Settings, registry: Registry | None = None, routers: Sequence[APIRouter] = ()) -> FastAPI:
@@ -88,36 +88,9 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
     metrics = ApiMetrics()
     errors.install(app)
 
-    @app.middleware("http")
-    async def observe(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        started = time.perf_counter()
-        rid = request_id(request)
-        request.state.request_id = rid
-        if request.method == "POST" and request.url.path == ENQUEUE_PATH:
-            length = request.headers.get("content-length", "")
-            if length.isdigit() and int(length) > settings.max_payload_bytes + BODY_SLACK:
-                response: Response = errors.error_response(
-                    413,
-                    "PAYLOAD_TOO_LARGE",
-                    f"request body is {length} bytes, over the limit",
-                    {"field": "args", "limit": settings.max_payload_bytes},
-                )
-                _count(request, response, started)
-                return response
-        response = await call_next(request)
-        response.headers["X-Request-ID"] = rid
-        _count(request, response, started)
-        return response
-
-    def _count(request: Request, response: Response, started: float) -> None:
-        route = request.scope.get("route")
-        template = getattr(route, "path", None)
-        if template is None:
-            template = "unmatched"
-        elif request.url.path.startswith("/api/v1/"):  # included routes keep their own, unprefixed path
-            template = "/api/v1" + template
-        metrics.requests.labels(request.method, template, str(response.status_code)).inc()
-        metrics.duration.labels(request.method, template).observe(time.perf_counter() - started)
+    # Outermost last: the observer counts what the guards answer.
+    app.add_middleware(BodyGuard, limit=settings.max_payload_bytes + BODY_SLACK, timeout=settings.api_body_timeout)
+    app.add_middleware(Observer, metrics=metrics)
 
     app.include_router(routes_system.router)
     for router in (

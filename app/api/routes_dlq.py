@@ -9,12 +9,15 @@ from psycopg import AsyncConnection
 
 from postbox import control
 from postbox.app.api.errors import responses
+from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, TaskFilter
 from postbox.app.api.schemas import QUEUE_PATTERN, DeadLetter, DeadPage, DiscardResult, PurgeResult, RequeueResult
 from postbox.app.api.state import Destructive, db, read_access
 from postbox.control import Actor
 
-router = APIRouter(prefix="/dlq", tags=["dead letters"], dependencies=[Depends(read_access)])
+router = APIRouter(
+    prefix="/dlq", tags=["dead letters"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute
+)
 
 
 @router.get("", response_model=DeadPage, summary="Dead letters, newest first", responses=responses(400, 401, 422))

@@ -11,6 +11,7 @@ from psycopg import AsyncConnection
 from postbox import control
 from postbox.app.api import results
 from postbox.app.api.errors import responses
+from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
 from postbox.app.api.state import Destructive, api_state, db, read_access
@@ -19,7 +20,7 @@ from postbox.errors import InvalidArgsError, InvalidOptionError
 from postbox.producer import Limits, prepare
 
 log = logging.getLogger("postbox.api")
-router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)])
+router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
 
 
 def _reject_nul(value: Any, path: str = "args") -> None:

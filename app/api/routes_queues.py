@@ -9,13 +9,16 @@ from psycopg import AsyncConnection
 
 from postbox import control
 from postbox.app.api.errors import responses
+from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
 from postbox.app.api.state import Destructive, api_state, db, read_access
 from postbox.control import Actor
 
-queues = APIRouter(prefix="/queues", tags=["queues"], dependencies=[Depends(read_access)])
-workers = APIRouter(prefix="/workers", tags=["workers"], dependencies=[Depends(read_access)])
-audit = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(read_access)])
+queues = APIRouter(prefix="/queues", tags=["queues"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
+workers = APIRouter(
+    prefix="/workers", tags=["workers"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute
+)
+audit = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
 
 QueueName = Annotated[str, Path(pattern=QUEUE_PATTERN, description="Queue name.")]
 WorkerId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]

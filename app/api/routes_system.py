@@ -13,11 +13,12 @@ from starlette.websockets import WebSocketDisconnect
 from postbox import control, sql
 from postbox.app.api.errors import error_response, responses
 from postbox.app.api.events_hub import ClientBuffer
+from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import Health, Ready
 from postbox.app.api.state import ApiState, api_state, key_matches
 
 log = logging.getLogger("postbox.api")
-router = APIRouter(tags=["system"])
+router = APIRouter(tags=["system"], route_class=StrictJsonRoute)
 CHECK_TIMEOUT = 2.0
 WS_OVERFLOW = 1013  # "try again later": the client fell more than the buffer behind
 

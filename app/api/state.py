@@ -51,8 +51,16 @@ async def db(request: Request) -> AsyncIterator[AsyncConnection[Any]]:
 
 
 def request_id(request: Request) -> str:
+    """The request's id: set by the observer middleware, else the caller's ``X-Request-ID``, else a new one."""
+    known = getattr(request.state, "request_id", None)
+    if known:
+        return str(known)
     given = request.headers.get("x-request-id", "")
-    return given if REQUEST_ID_RE.match(given) else uuid.uuid4().hex
+    return given if REQUEST_ID_RE.match(given) else new_request_id()
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
 
 
 def key_matches(given: str | None, expected: str) -> bool:

@@ -17,11 +17,12 @@ from fastapi.responses import JSONResponse
 from psycopg import AsyncConnection
 
 from postbox.app.api.errors import responses
+from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.stagedoor.errors import InvalidOrderError, OrderError
 from postbox.app.stagedoor.orders import create_event, get_event, place_order
 from postbox.settings import load_settings
 
-router = APIRouter(tags=["stagedoor"])
+router = APIRouter(tags=["stagedoor"], route_class=StrictJsonRoute)
 
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
