@@ -3,7 +3,9 @@
 ``setup(json=..., level=...)`` once at process start. Fields passed through
 ``extra`` (outbox_id, task, queue, attempt, worker_id...) are kept; in text
 mode they follow the message as ``key=value``; in JSON mode they are keys.
-Newlines in values are escaped so one record is one line. Never log payloads
+Newlines in values are escaped so one record is one line, and text no encoder
+accepts (lone surrogates, NULs) is made safe (:mod:`postbox.text`), so a record
+is never lost to a handler's odd string. Never log payloads
 or secrets: log the outbox id and let operators look the job up.
 """
 
@@ -16,13 +18,15 @@ from typing import Any
 
 import orjson
 
+from postbox.text import safe_text
+
 FIELDS = ("outbox_id", "task", "queue", "attempt", "worker_id", "relay_id", "role", "count", "request_id")
 _STANDARD = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
 
 def _clean(value: Any) -> Any:
     if isinstance(value, str):
-        return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+        return safe_text(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
     return value
 
 
@@ -48,12 +52,15 @@ class JsonFormatter(logging.Formatter):
             "ts": record.created,
             "level": record.levelname.lower(),
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": safe_text(record.getMessage()),
         }
         data.update(_extras(record))
         if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(data, default=str).decode()
+            data["exc"] = safe_text(self.formatException(record.exc_info))
+        try:
+            return orjson.dumps(data, default=lambda v: safe_text(str(v))).decode()
+        except TypeError:  # a non-str text deep in an extra value: keep the record, lose its detail
+            return orjson.dumps({k: safe_text(str(v)) for k, v in data.items()}).decode()
 
 
 def setup(*, json: bool = False, level: str = "INFO") -> None:

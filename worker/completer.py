@@ -17,15 +17,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from postbox import events, pgarray, resp, sql
 from postbox.streams import GROUP, events_channel
 from postbox.worker.delivery import Delivery, Job
-from postbox.worker.outcomes import Outcome
+from postbox.worker.outcomes import Outcome, storable
 
 log = logging.getLogger("postbox.worker.completer")
 _GROUP = GROUP.encode()
@@ -244,28 +245,83 @@ class Completer:
     async def _write(
         self, writes: list[tuple[Job, Outcome]], late: list[tuple[Job, str]], committed: list[int]
     ) -> set[int]:
-        """Record ``writes``; set results known only after their ctx.transaction(); wake waiters."""
+        """Record ``writes``; set results known only after their ctx.transaction(); wake waiters.
+
+        A failure of the connection is retried (the whole batch, with backoff); any
+        other failure is the data's: the batch is written again row by row, so one
+        row PostgreSQL refuses never holds up the others (:meth:`_write_isolated`).
+        """
         delay = 0.05
         while True:
             try:
-                async with self._pool.connection() as conn:
-                    for job, result in late:
-                        await conn.execute(
-                            sql.active().WORKER_SET_RESULT,
-                            {"id": job.id, "result": result, "ttl": self._result_ttl(job)},
-                        )
-                    if writes:
-                        return await record_outcomes(
-                            conn, self._worker_id, writes, self._result_ttl, also_notify=committed
-                        )
-                    if committed:
-                        await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, committed))})
-                    return set()
-            except Exception:
+                return await self._write_once(writes, late, committed)
+            except Exception as exc:
+                if not is_transient(exc):
+                    log.warning("an outcome batch was refused; recording its rows one by one", exc_info=True)
+                    return await self._write_isolated(writes, late, committed)
                 if self._closing:
                     log.exception("cannot record outcomes while stopping; their entries will be redelivered")
                     return set()
                 log.exception("recording outcomes failed; retrying")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _write_once(
+        self, writes: list[tuple[Job, Outcome]], late: list[tuple[Job, str]], committed: list[int]
+    ) -> set[int]:
+        async with self._pool.connection() as conn:
+            for job, result in late:
+                await conn.execute(
+                    sql.active().WORKER_SET_RESULT,
+                    {"id": job.id, "result": result, "ttl": self._result_ttl(job)},
+                )
+            if writes:
+                return await record_outcomes(conn, self._worker_id, writes, self._result_ttl, also_notify=committed)
+            if committed:
+                await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, committed))})
+            return set()
+
+    async def _write_isolated(
+        self, writes: list[tuple[Job, Outcome]], late: list[tuple[Job, str]], committed: list[int]
+    ) -> set[int]:
+        """Write each row alone; a row refused again is recorded in its safe form.
+
+        The safe form keeps the outcome (state, attempt, delay) and replaces what
+        PostgreSQL could not take: the result is dropped and the error says why.
+        A row refused even so is logged and left unacknowledged (redelivered).
+        """
+        recorded: set[int] = set()
+        for job, result in late:
+            try:
+                await self._write_once([], [(job, result)], [])
+            except Exception:
+                log.exception("a kept result was refused; the job stays succeeded without it", extra=_fields(job))
+        for item in writes:
+            job = item[0]
+            for attempt, candidate in enumerate((item, (job, storable(item[1])))):
+                try:
+                    recorded |= await self._write_with_retries([candidate])
+                    break
+                except Exception:
+                    if attempt == 1:
+                        log.exception("an outcome was refused even in its safe form", extra=_fields(job))
+                    else:
+                        log.warning("an outcome was refused; recording its safe form", extra=_fields(job))
+        if committed:
+            try:
+                await self._write_once([], [], committed)
+            except Exception:
+                log.exception("waking result waiters failed")
+        return recorded
+
+    async def _write_with_retries(self, writes: list[tuple[Job, Outcome]]) -> set[int]:
+        delay = 0.05
+        while True:
+            try:
+                return await self._write_once(writes, [], [])
+            except Exception as exc:
+                if not is_transient(exc) or self._closing:
+                    raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 
@@ -311,6 +367,16 @@ class Completer:
             # The outcomes are committed; unacknowledged entries are reclaimed
             # later and skipped as finished. Nothing is lost.
             log.warning("acknowledging entries failed; they will be reclaimed and skipped", exc_info=True)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure of the connection or the server (worth retrying as is), not of the data."""
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError | PoolTimeout | OSError)
+
+
+def _fields(job: Job) -> dict[str, Any]:
+    d = job.delivery
+    return {"outbox_id": d.job_id, "task": d.task, "queue": d.queue, "attempt": job.attempt}
 
 
 def _needs_write(outcome: Outcome) -> bool:

@@ -145,6 +145,13 @@ class Executor:
     def _after_commit(self, ctx: WorkerJobContext, job: Job, outcome: Outcome) -> Outcome:
         return _committed(None, keep_result=False) if ctx.committed else outcome
 
+    def failed_inside(self, job: Job, exc: BaseException) -> Outcome:
+        """The outcome of a run that the worker itself failed to finish (a bug, never the handler's)."""
+        spec = self.spec(job.delivery.task)
+        if spec is None:
+            return outcomes.dead(outcomes.error_class(exc), outcomes.error_text(exc))
+        return self._failed(job, spec, exc)
+
     def _failed(self, job: Job, spec: TaskSpec, exc: BaseException) -> Outcome:
         s = self._settings
         policy = spec.retry

@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 
 from postbox.errors import InvalidArgsError, PermanentError, RetryLater, UnknownTaskError
+from postbox.text import safe_text, safe_value
 
 MAX_ERROR_CHARS = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
@@ -50,19 +51,39 @@ def next_delay(attempt: int, base: float, cap: float, jitter: float, rand: Calla
 
 
 def sanitize(message: str) -> str:
-    """One line, no control characters, at most 500 characters."""
-    text = _CONTROL.sub(" ", message).strip()
+    """One line, no control characters, no unencodable text, at most 500 characters."""
+    text = safe_text(_CONTROL.sub(" ", message)).strip()
     if len(text) > MAX_ERROR_CHARS:
         text = text[: MAX_ERROR_CHARS - 1] + "…"
     return text
 
 
 def error_class(exc: BaseException) -> str:
-    return type(exc).__name__
+    return sanitize(type(exc).__name__)
+
+
+def error_text(exc: BaseException) -> str:
+    """``str(exc)``, or its class name when empty or when ``__str__`` itself fails."""
+    try:
+        return str(exc) or error_class(exc)
+    except Exception:
+        return error_class(exc)
 
 
 def encode_result(value: Any) -> str:
-    return orjson.dumps(value, default=repr).decode()
+    """JSON text that PostgreSQL's jsonb accepts, whatever the handler returned.
+
+    The fast path is orjson as is; a value it refuses (a lone surrogate, an
+    integer beyond 64 bits, a non-string key) or whose text holds a NUL
+    (``\\u0000``, refused by jsonb) is made safe first (:func:`postbox.text.safe_value`).
+    """
+    try:
+        text = orjson.dumps(value, default=repr).decode()
+    except (TypeError, ValueError):
+        return orjson.dumps(safe_value(value)).decode()
+    if "\\u0000" in text:
+        return orjson.dumps(safe_value(value)).decode()
+    return text
 
 
 def failure_result(cls: str, message: str) -> str:
@@ -74,8 +95,22 @@ def succeeded(value: Any, *, keep_result: bool) -> Outcome:
 
 
 def dead(cls: str, message: str) -> Outcome:
+    cls = sanitize(cls)
     text = sanitize(message)
     return Outcome("dead", "dead", result=failure_result(cls, text), error_class=cls, error=text)
+
+
+def storable(outcome: Outcome) -> Outcome:
+    """``outcome`` as PostgreSQL surely takes it: same decision, no result, safe error text.
+
+    Used for a row refused by the database (the completer's isolation): the
+    job's next state and the attempt's outcome stay as decided.
+    """
+    cls = sanitize(outcome.error_class) if outcome.error_class else None
+    note = "the outcome's text could not be stored"
+    error = sanitize(f"{outcome.error} ({note})") if outcome.error else note
+    result = failure_result(cls or "UnstorableOutcome", error) if outcome.state == "dead" else None
+    return Outcome(outcome.state, outcome.kind, delay=outcome.delay, result=result, error_class=cls, error=error)
 
 
 def cancelled() -> Outcome:
@@ -94,7 +129,7 @@ def failed(
 ) -> Outcome:
     """The outcome of a run that raised ``exc``."""
     cls = error_class(exc)
-    message = str(exc) or cls
+    message = error_text(exc)
     if isinstance(exc, PERMANENT):
         return dead(cls, message)
     if attempt >= max_attempts:

@@ -411,7 +411,16 @@ class Worker:
         started = time.monotonic()
         self.executing += 1
         try:
-            outcome = await self._executor.run(job)
+            try:
+                outcome = await self._executor.run(job)
+            except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # a bug must not leave the job running with no outcome
+                log.exception(
+                    "running the job failed inside the worker; recording a failure",
+                    extra={"outbox_id": job.id, "task": job.delivery.task, "attempt": job.attempt},
+                )
+                outcome = self._executor.failed_inside(job, exc)
         except asyncio.CancelledError:
             # Shut down past the drain timeout: nothing recorded, never acknowledged.
             if self.running.get(job.id) is job:

@@ -1,0 +1,109 @@
+"""Issue 14, the worker's side: bad text, stuck sync handlers, unknown tasks."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import redis.asyncio as aioredis
+from psycopg_pool import AsyncConnectionPool
+
+from postbox.settings import Settings
+from postbox.worker.completer import Completer, Finished
+from postbox.worker.delivery import Delivery, Job
+from postbox.worker.outcomes import Outcome
+from tests import tasks_hardening as h
+from tests.harness.publish import publish_due
+from tests.worker_support import enqueue, fetch, finished, running_worker, wait_until
+
+
+async def test_unencodable_text_is_stored_safely_and_blocks_nothing(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    """A lone surrogate or a NUL in an error or a kept result: every outcome is recorded."""
+    retried = await enqueue(aconn, h.h_surrogate_error)
+    last = await enqueue(aconn, h.h_surrogate_error_last)
+    kept = await enqueue(aconn, h.h_surrogate_result)
+    fine = await enqueue(aconn, h.h_sync_pid)
+    async with running_worker(wsettings) as worker:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        got = dict(await finished(worker, 4))
+        assert got == {retried: "retry", last: "dead", kept: "succeeded", fine: "succeeded"}
+        await wait_until(lambda: publish_due(aconn, redis, wsettings.redis_prefix), 10, "the retry published")
+        assert await finished(worker, 1) == [(retried, "dead")]
+    rows = await fetch(aconn, "SELECT id, state, last_error_class, last_error, result FROM postbox.outbox ORDER BY id")
+    bad = "report-\\udcff.pdf"
+    assert rows[0] == (
+        retried,
+        "dead",
+        "FileNotFoundError",
+        f"attempts exhausted (2/2): {bad}",
+        {"error": {"class": "FileNotFoundError", "message": f"attempts exhausted (2/2): {bad}"}},
+    )
+    message = f"attempts exhausted (1/1): [Errno 2] No such file or directory : '{bad}'"  # the NUL: a space
+    assert rows[1] == (
+        last,
+        "dead",
+        "FileNotFoundError",
+        message,
+        {"error": {"class": "FileNotFoundError", "message": message}},
+    )
+    assert rows[2] == (kept, "succeeded", None, None, {"name": bad, "nul": "ab", bad: [bad]})
+    assert rows[3][1] == "succeeded"
+    history = await fetch(
+        aconn, "SELECT outbox_id, attempt, outcome, error FROM postbox.job_attempts ORDER BY outbox_id, attempt"
+    )
+    assert history[:2] == [(retried, 1, "retry", bad), (retried, 2, "dead", f"attempts exhausted (2/2): {bad}")]
+
+
+async def test_the_completer_isolates_a_row_the_database_refuses(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    """A batch with rows PostgreSQL refuses: the others are recorded, the bad ones in a safe form."""
+    ids = [await enqueue(aconn, h.h_sync_pid) for _ in range(4)]
+    await aconn.execute(
+        "UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'worker-test',"
+        " lease_until = now() + interval '1 minute'"
+    )
+    await aconn.commit()
+    stream = f"{wsettings.redis_prefix}:{{wtest}}:p5"
+    items = [
+        (ids[0], Outcome("succeeded", "succeeded", result='{"ok": 1}')),
+        # Not through outcomes.*: texts as no sanitizer left them, refused by the client or the server.
+        (ids[1], Outcome("retrying", "retry", delay=60.0, error_class="OSError", error="bad \udcff name")),
+        (ids[2], Outcome("succeeded", "succeeded", result='{"nul": "a\\u0000b"}')),
+        (ids[3], Outcome("dead", "dead", result='{"x": 1}', error_class="E\x00", error="boom")),
+    ]
+    done: asyncio.Queue[list[Finished]] = asyncio.Queue()
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        wsettings.require_database_url(), min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open()
+    completer = Completer(
+        pool=pool,
+        redis=redis,
+        prefix=wsettings.redis_prefix,
+        worker_id="worker-test",
+        result_ttl=lambda job: 60.0,
+        on_done=done.put_nowait,
+    )
+    runner = asyncio.create_task(completer.run())
+    try:
+        for n, (job_id, outcome) in enumerate(items):
+            delivery = Delivery(stream, b"%d-0" % (n + 1), job_id, "h_sync_pid", "{}", "{}", "wtest", 5, 0)
+            completer.add(Finished(delivery, Job(delivery, 1, 5, None, True, 0), outcome))
+        batch = await asyncio.wait_for(done.get(), 20)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+        await pool.close()
+    assert [f.recorded for f in batch] == [True, True, True, True]
+    rows = await fetch(aconn, "SELECT state, result, last_error_class, last_error FROM postbox.outbox ORDER BY id")
+    note = "the outcome's text could not be stored"
+    assert rows == [
+        ("succeeded", {"ok": 1}, None, None),
+        ("retrying", None, "OSError", f"bad \\udcff name ({note})"),
+        ("succeeded", None, None, note),
+        ("dead", {"error": {"class": "E", "message": f"boom ({note})"}}, "E", f"boom ({note})"),
+    ]
