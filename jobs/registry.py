@@ -223,7 +223,7 @@ def task(
             result_ttl=result_ttl,
             args_model=build_args_model(func, task_name),
         )
-        (registry or default_registry).add(spec)
+        (registry if registry is not None else default_registry).add(spec)
         func.__postbox_task__ = task_name  # type: ignore[attr-defined]
         return func
 

@@ -741,6 +741,139 @@ class Statements:
     SELECT count(*) FROM {schema}.outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
     """
 
+    # --- schedules (periodic jobs) --------------------------------------------------------
+    # (owned by jobs/schedule_store.py and jobs/schedule_control.py; the leader ticks on its
+    # lock session, everything else on its own connection.)
+
+    SCHEDULE_NOW: LiteralString = "SELECT now()"
+
+    # Upsert the declared schedules. A changed timing (cron, interval or zone) or a
+    # schedule declared again after its removal starts from the sync's now (EXCLUDED's
+    # cursor_at/next_run_at): no catch-up of the old expression, no occurrence twice.
+    SCHEDULE_SYNC_UPSERT: LiteralString = """
+    INSERT INTO {schema}.schedules AS s (name, task, queue, priority, max_attempts, args, cron, every_seconds, tz,
+                                         catch_up, max_catch_up, grace_seconds, cursor_at, next_run_at)
+    SELECT n, t, q, p, m, a::jsonb, c, e, z, cu, mc, g, %(now)s::timestamptz, nr
+      FROM unnest(%(name)s::text[], %(task)s::text[], %(queue)s::text[], %(priority)s::int2[],
+                  %(max_attempts)s::int[], %(args)s::text[], %(cron)s::text[], %(every)s::float8[], %(tz)s::text[],
+                  %(catch_up)s::text[], %(max_catch_up)s::int[], %(grace)s::float8[], %(next_run)s::timestamptz[])
+           AS u(n, t, q, p, m, a, c, e, z, cu, mc, g, nr)
+    ON CONFLICT (name) DO UPDATE
+       SET task = EXCLUDED.task, queue = EXCLUDED.queue, priority = EXCLUDED.priority,
+           max_attempts = EXCLUDED.max_attempts, args = EXCLUDED.args, catch_up = EXCLUDED.catch_up,
+           max_catch_up = EXCLUDED.max_catch_up, grace_seconds = EXCLUDED.grace_seconds,
+           cron = EXCLUDED.cron, every_seconds = EXCLUDED.every_seconds, tz = EXCLUDED.tz,
+           cursor_at = CASE WHEN s.removed_at IS NOT NULL
+                              OR (s.cron, s.every_seconds, s.tz) IS DISTINCT FROM
+                                 (EXCLUDED.cron, EXCLUDED.every_seconds, EXCLUDED.tz)
+                            THEN greatest(s.cursor_at, EXCLUDED.cursor_at) ELSE s.cursor_at END,
+           next_run_at = CASE WHEN s.removed_at IS NOT NULL
+                                OR (s.cron, s.every_seconds, s.tz) IS DISTINCT FROM
+                                   (EXCLUDED.cron, EXCLUDED.every_seconds, EXCLUDED.tz)
+                              THEN EXCLUDED.next_run_at ELSE s.next_run_at END,
+           removed_at = NULL, updated_at = now()
+     WHERE s.removed_at IS NOT NULL
+        OR (s.task, s.queue, s.priority, s.max_attempts, s.args, s.cron, s.every_seconds, s.tz, s.catch_up,
+            s.max_catch_up, s.grace_seconds)
+           IS DISTINCT FROM
+           (EXCLUDED.task, EXCLUDED.queue, EXCLUDED.priority, EXCLUDED.max_attempts, EXCLUDED.args, EXCLUDED.cron,
+            EXCLUDED.every_seconds, EXCLUDED.tz, EXCLUDED.catch_up, EXCLUDED.max_catch_up, EXCLUDED.grace_seconds)
+    RETURNING name, (xmax = 0) AS inserted
+    """
+
+    # Schedules of the tasks this process owns that its code no longer declares.
+    SCHEDULE_SYNC_REMOVE: LiteralString = """
+    UPDATE {schema}.schedules SET removed_at = now(), updated_at = now()
+     WHERE removed_at IS NULL AND task = ANY(%(tasks)s::text[]) AND NOT (name = ANY(%(names)s::text[]))
+    RETURNING name
+    """
+
+    # A tick's transaction may not outlive the lock session's own idle limit: a leader
+    # frozen inside it is cut off (and its lock freed) as if it were frozen while idle.
+    SCHEDULE_TICK_TIMEOUT: LiteralString = """
+    SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+    """
+
+    SCHEDULE_SELECT_DUE: LiteralString = """
+    SELECT name, task, queue, priority, max_attempts, args::text AS args, cron, every_seconds, tz, catch_up,
+           max_catch_up, grace_seconds, cursor_at, next_run_at
+      FROM {schema}.schedules
+     WHERE next_run_at <= %(now)s::timestamptz AND NOT paused AND removed_at IS NULL
+     ORDER BY next_run_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+    """
+
+    # Record the occurrences and enqueue their jobs in one statement: a job is inserted
+    # only for an occurrence whose (schedule, occurrence) row is new.
+    SCHEDULE_ENQUEUE: LiteralString = """
+    WITH occ AS (
+        SELECT * FROM unnest(%(id)s::int8[], %(name)s::text[], %(at)s::timestamptz[], %(task)s::text[],
+                             %(queue)s::text[], %(args)s::text[], %(priority)s::int2[], %(max_attempts)s::int[])
+               AS u(id, name, at, task, queue, args, priority, max_attempts)
+    ), fresh AS (
+        INSERT INTO {schema}.schedule_runs (schedule, occurrence, job_id, manual)
+        SELECT name, at, id, %(manual)s FROM occ
+        ON CONFLICT (schedule, occurrence) DO NOTHING
+        RETURNING job_id
+    )
+    INSERT INTO {schema}.outbox (id, queue, task, args, priority, max_attempts, headers)
+    OVERRIDING SYSTEM VALUE
+    SELECT o.id, o.queue, o.task, o.args::jsonb, o.priority, o.max_attempts,
+           jsonb_build_object('schedule', o.name, 'occurrence', o.at)
+      FROM occ o JOIN fresh f ON f.job_id = o.id
+    RETURNING id, queue, task, headers->>'schedule' AS schedule
+    """
+
+    SCHEDULE_ADVANCE: LiteralString = """
+    UPDATE {schema}.schedules s
+       SET cursor_at = u.cursor_at, next_run_at = u.next_run_at,
+           last_run_at = coalesce(u.last_run_at, s.last_run_at), last_job_id = coalesce(u.last_job_id, s.last_job_id)
+      FROM unnest(%(name)s::text[], %(cursor)s::timestamptz[], %(next_run)s::timestamptz[],
+                  %(last_run)s::timestamptz[], %(last_job)s::int8[])
+           AS u(name, cursor_at, next_run_at, last_run_at, last_job_id)
+     WHERE s.name = u.name
+    """
+
+    SCHEDULE_NEXT_DUE: LiteralString = """
+    SELECT min(next_run_at), now() FROM {schema}.schedules WHERE NOT paused AND removed_at IS NULL
+    """
+
+    SCHEDULE_PRUNE_RUNS: LiteralString = """
+    DELETE FROM {schema}.schedule_runs
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.schedule_runs
+                             WHERE enqueued_at < now() - make_interval(secs => %(age)s::float8)
+                             LIMIT %(limit)s))
+    """
+
+    SCHEDULE_LIST: LiteralString = """
+    SELECT s.name, s.task, s.queue, s.priority, s.cron, s.every_seconds, s.tz, s.args, s.catch_up,
+           s.max_catch_up, s.grace_seconds, s.paused, s.removed_at, s.next_run_at, s.last_run_at,
+           s.last_job_id, o.state AS last_job_state, s.created_at, s.updated_at
+      FROM {schema}.schedules s LEFT JOIN {schema}.outbox o ON o.id = s.last_job_id
+     WHERE (%(name)s::text IS NULL OR s.name = %(name)s)
+     ORDER BY s.name
+    """
+
+    SCHEDULE_LOCK: LiteralString = """
+    SELECT name, task, queue, priority, max_attempts, args::text AS args, paused, removed_at
+      FROM {schema}.schedules WHERE name = %(name)s FOR UPDATE
+    """
+
+    # Resume: occurrences that fell while paused are skipped; the leader computes the
+    # next one at its next look (next_run_at = now()).
+    SCHEDULE_SET_PAUSED: LiteralString = """
+    UPDATE {schema}.schedules
+       SET paused = %(paused)s, updated_at = now(),
+           cursor_at = CASE WHEN paused AND NOT %(paused)s THEN greatest(cursor_at, now()) ELSE cursor_at END,
+           next_run_at = CASE WHEN paused AND NOT %(paused)s THEN now() ELSE next_run_at END
+     WHERE name = %(name)s
+    """
+
+    SCHEDULE_SET_LAST: LiteralString = """
+    UPDATE {schema}.schedules SET last_run_at = %(at)s, last_job_id = %(job)s WHERE name = %(name)s
+    """
+
     def __init__(self, schema_name: str) -> None:
         self.schema = schema_name
         for name, template in vars(Statements).items():

@@ -11,8 +11,13 @@ import argparse
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Sequence
 
+from postbox import schedule_store
+from postbox.errors import TaskModuleError
+from postbox.periodic import default_schedules
+from postbox.registry import default_registry, load_task_modules
 from postbox.settings import Settings
 from postbox.startup import process_settings, run_loop
 
@@ -33,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
 async def serve(settings: Settings, relay_id: str | None = None) -> int:
     from postbox.relay.service import Relay
 
+    # Periodic jobs follow the code: the schedules of POSTBOX_TASKS' modules (docs/periodic-jobs.md).
+    await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
     relay = Relay(settings, relay_id=relay_id)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -50,5 +57,10 @@ def main(argv: Sequence[str]) -> int:
         relay_metrics_port=args.metrics_port,
     )
     if settings is None:
+        return 2
+    try:
+        load_task_modules(settings.tasks)
+    except TaskModuleError as exc:
+        print(f"{exc.details}\npostbox relay: {exc}", file=sys.stderr)
         return 2
     return run_loop(serve(settings, args.relay_id))

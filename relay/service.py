@@ -41,6 +41,7 @@ from postbox.relay.metrics import RelayMetrics
 from postbox.relay.notifier import Notifier
 from postbox.relay.publisher import BatchResult, Publisher
 from postbox.relay.reconciler import Reconciler
+from postbox.relay.scheduler import ScheduleDuty
 from postbox.retention import PruneDuty
 from postbox.settings import Settings
 
@@ -275,12 +276,21 @@ class Relay:
         # Retention: the leader runs bounded pruning rounds on a connection of its own
         # (POSTBOX_PRUNE_INTERVAL; 0 = off, e.g. when `postbox prune` runs from cron).
         prune = PruneDuty(self.settings, self.database_url)
+        # Periodic jobs: due occurrences enqueued on this lock session (relay/scheduler.py).
+        schedules = ScheduleDuty(
+            redis=redis,
+            prefix=self.settings.redis_prefix,
+            registry=self.metrics.registry,
+            tick_timeout=self.settings.relay_session_timeout,
+            emit_events=self.emit_events,
+        )
         next_beat = 0.0
         next_check = 0.0
         redis_down = False
         try:
             while not self.stopping:
                 wake.clear()
+                await schedules.step(conn)  # needs no Redis: occurrences go to the outbox
                 try:
                     # Redis-loss check first (so a loss is never mistaken for our own fresh
                     # entries), then publish, then the other chores.
@@ -322,9 +332,9 @@ class Relay:
                 due = await publisher.next_due(conn)
                 if due is not None:
                     timeout = min(timeout, max(0.001, due))
-                hint = reconciler.wait_hint()
-                if hint is not None:
-                    timeout = min(timeout, max(0.001, hint))
+                for hint in (reconciler.wait_hint(), schedules.wait_hint()):
+                    if hint is not None:
+                        timeout = min(timeout, max(0.001, hint))
                 await self._wait(wake, timeout)
         finally:
             self._wake = None

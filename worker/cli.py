@@ -49,6 +49,12 @@ def main(argv: Sequence[str]) -> int:
         return 2
 
     async def serve() -> None:
+        from postbox import schedule_store
+        from postbox.periodic import default_schedules
+        from postbox.registry import default_registry
+
+        # Periodic jobs follow the code: this worker's tasks' schedules (docs/periodic-jobs.md).
+        await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)

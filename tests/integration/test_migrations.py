@@ -27,6 +27,8 @@ EXPECTED_TABLES = {
     "relays",
     "audit_log",
     "alembic_version",
+    "schedules",
+    "schedule_runs",
 }
 
 # Everything a database holds outside the system schemas, by kind.
@@ -58,6 +60,22 @@ def other_schema() -> Iterator[str]:
     schema.use("shop_jobs")
     yield "shop_jobs"
     schema.reset()
+
+
+def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    migrate.downgrade(empty_database_url, "0001_postbox")
+    assert everything - objects(empty_database_url) == {
+        ("postbox", "schedules", "r"),
+        ("postbox", "schedules_pkey", "i"),
+        ("postbox", "schedules_due", "i"),
+        ("postbox", "schedule_runs", "r"),
+        ("postbox", "schedule_runs_pkey", "i"),
+        ("postbox", "schedule_runs_enqueued", "i"),
+    }
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
 
 
 def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
