@@ -63,6 +63,13 @@ class InvalidArgsError(EnqueueError):
     code = "INVALID_ARGS"
 
 
+class ArgsOutOfRangeError(InvalidArgsError):
+    """A number in args that JSON or the worker cannot carry: an integer outside the
+    signed 64-bit range, NaN or an infinity."""
+
+    code = "ARGS_OUT_OF_RANGE"
+
+
 class PayloadTooLargeError(EnqueueError):
     code = "PAYLOAD_TOO_LARGE"
 

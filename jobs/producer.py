@@ -9,6 +9,7 @@ raises a typed :class:`~jobs.errors.EnqueueError` before anything is written.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,6 +23,7 @@ from pydantic_core import PydanticSerializationError
 
 from postbox import sql
 from postbox.errors import (
+    ArgsOutOfRangeError,
     EnqueueError,
     InvalidArgsError,
     InvalidOptionError,
@@ -35,6 +37,10 @@ from postbox.registry import Registry, TaskSpec, check_max_attempts, check_prior
 TaskRef = str | Callable[..., Any]
 MAX_HEADERS_BYTES = 8192
 MAX_DEDUP_KEY = 512
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# In serialised args, the traces of a number to check: pydantic writes NaN and
+# infinities as null, and an integer outside 64 bits has at least 19 digits.
+SUSPECT_NUMBER = re.compile(rb"null|\d{19}")
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,8 @@ def _args_payload(spec: TaskSpec, args: Mapping[str, Any] | None, limit: int) ->
     if not isinstance(args, Mapping):
         raise InvalidArgsError(f"args must be a JSON object (a mapping), got {type(args).__name__}", field="args")
     payload = spec.args_json(args)
+    if SUSPECT_NUMBER.search(payload):
+        _check_numbers(spec.args_model.model_validate(dict(args)).model_dump())  # valid: args_json passed
     if len(payload) > limit:
         raise PayloadTooLargeError(
             f"args are {len(payload)} bytes, over the {limit}-byte limit",
@@ -285,6 +293,8 @@ def _prepare_batch(
         serializer = spec.args_model.__pydantic_serializer__
         for index, model in zip(indexes, spec.validate_args_list(arg_list), strict=True):
             payload = serializer.to_json(model, exclude_unset=True)
+            if SUSPECT_NUMBER.search(payload):
+                _check_numbers(model.model_dump())
             if len(payload) > limit:
                 raise PayloadTooLargeError("over the limit")
             plan[index] = _with_args(plan[index], payload.decode())
@@ -427,6 +437,32 @@ async def enqueue_many_async(
             for job_id, queue, key in await cur.fetchall():
                 existing[(queue, key)] = job_id
     return _assign_ids(rows, inserted, existing)
+
+
+def _check_numbers(value: Any, path: str = "args") -> None:
+    """Refuse an integer outside the signed 64-bit range, NaN and infinities, anywhere in ``value``.
+
+    The same rule as the API's and the worker's JSON: such a number would be
+    stored altered (NaN as null) or refused when the job runs.
+    """
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ArgsOutOfRangeError(
+                f"{path}: integer {value} is outside the signed 64-bit range",
+                field=path,
+                details={"min": INT64_MIN, "max": INT64_MAX},
+            )
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ArgsOutOfRangeError(f"{path}: {value} is not a finite number", field=path)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_numbers(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple | set | frozenset):
+        for index, item in enumerate(value):
+            _check_numbers(item, f"{path}.{index}")
 
 
 def _delay_seconds(delay: float | timedelta | None) -> float:
