@@ -1,4 +1,10 @@
-"""How many more jobs this worker may take: prefetch never exceeds free concurrency."""
+"""How many more jobs this worker may take: prefetch never exceeds free concurrency.
+
+One exception: jobs taken over from a dead or frozen worker may run beyond it
+(:meth:`Capacity.take_over`, up to twice the concurrency), so a takeover never
+waits behind a backlog; new reads then wait until the worker is back under its
+concurrency.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,14 @@ class Capacity:
     def take(self, wanted: int) -> int:
         """Reserve up to ``wanted`` slots now; returns how many were reserved."""
         got = max(0, min(wanted, self.free))
+        self.used += got
+        if self.free <= 0:
+            self._freed.clear()
+        return got
+
+    def take_over(self, wanted: int) -> int:
+        """Reserve up to ``wanted`` slots, beyond the concurrency if need be (at most twice it)."""
+        got = max(0, min(wanted, 2 * self.size - self.used))
         self.used += got
         if self.free <= 0:
             self._freed.clear()

@@ -24,7 +24,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
-from postbox import events
+from postbox import definitions, events
 from postbox.errors import SettingsError
 from postbox.registry import Registry, default_registry
 from postbox.settings import Settings
@@ -113,7 +113,7 @@ class Worker:
             kwargs={"autocommit": True, "application_name": f"postbox-{self.id}"},
             open=False,
         )
-        threads = ThreadPoolExecutor(max_workers=s.concurrency, thread_name_prefix=self.id)
+        threads = ThreadPoolExecutor(max_workers=2 * s.concurrency, thread_name_prefix=self.id)  # takeovers overcommit
         background: list[asyncio.Task[None]] = []
         try:
             await pool.open(wait=True, timeout=30)
@@ -145,6 +145,8 @@ class Worker:
                 on_done=self._on_done,
             )
             await self._heartbeat.beat(0, 0, 0)
+            async with pool.connection() as conn:  # what postbox.enqueue() in SQL applies to these tasks
+                await definitions.publish(conn, self.registry, by=self.id)
             await self._poll_control()
             completer_task = asyncio.create_task(self._completer.run(), name="completer")
             heartbeat = self._forever(self._tick_heartbeat, self._heartbeat_every(), reader=False)
@@ -337,7 +339,10 @@ class Worker:
             return
         if self._lost_watch:
             await self._rescue({})
-        taken = self.capacity.take(min(self.capacity.free, MAX_READ))
+        # Takeovers do not wait for a free slot: under a backlog one may never be free
+        # when this runs. They may overcommit the worker (up to twice its concurrency);
+        # new reads wait until it is back under its concurrency.
+        taken = self.capacity.take_over(min(self.capacity.size, MAX_READ))
         if taken == 0:
             return
         try:

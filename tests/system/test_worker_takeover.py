@@ -1,0 +1,90 @@
+"""Issue 14 on real processes: takeover under a backlog, stuck sync handlers, shutdown bounds.
+
+A worker that dies (SIGKILL) or freezes (SIGSTOP) while a backlog keeps every
+other worker busy: its in-flight jobs are taken over within the visibility
+timeout plus a small bound, not when a slot happens to be free.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import postbox
+from tests import tasks_hardening as h
+from tests import tasks_worker as t
+from tests.system.test_worker_processes import VISIBILITY, Fleet, one, wait_for, worker_id_of
+
+pytestmark = pytest.mark.system
+
+TASKS = "tests.tasks_worker,tests.tasks_hardening"
+# Lease and idle time are refreshed every min(heartbeat, visibility / 3) = 0.5 s and
+# the reclaimer looks every visibility / 4 = 0.5 s: a takeover is due by visibility
+# + 1 s; the rest is slack for a busy machine.
+TAKEOVER_BOUND = VISIBILITY + 2.0
+MEASURED: dict[str, list[float]] = {}
+
+
+class HardeningFleet(Fleet):
+    def worker(self, concurrency: int = 1, **env: str) -> Any:
+        return self.start(
+            "-m", "postbox.worker", "run", "--tasks", TASKS, "--queues", t.QUEUE,
+            "--concurrency", str(concurrency), name="worker", **env,
+        )  # fmt: skip
+
+
+@pytest.fixture
+def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[HardeningFleet]:
+    procs = HardeningFleet(child_env, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.close()
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(t.EFFECTS_DDL)
+        yield conn
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+def test_a_lost_workers_jobs_are_taken_over_within_the_bound_whatever_the_backlog(
+    fleet: HardeningFleet, db: psycopg.Connection[Any], fault: str
+) -> None:
+    fleet.relay()
+    victim = fleet.worker(concurrency=3)
+    busy = fleet.worker(concurrency=3)
+    wait_for(lambda: worker_id_of(db, victim) and worker_id_of(db, busy), 20, "workers up", fleet)
+    victim_id = worker_id_of(db, victim)
+    # A backlog far longer than the test: every slot of the live worker stays busy.
+    postbox.enqueue_many(db, [{"task": "h_sync_sleep", "args": {"seconds": 1.0}} for _ in range(200)])
+    mine = "SELECT array_agg(id ORDER BY id) FROM postbox.outbox WHERE state = 'running' AND claimed_by = %s"
+    wait_for(lambda: len(one(db, mine, (victim_id,)) or []) == 3, 20, "victim running three jobs", fleet)
+    victim.send_signal(signal.SIGKILL if fault == "SIGKILL" else signal.SIGSTOP)
+    taken: list[int] = one(db, mine, (victim_id,))
+    struck = one(db, "SELECT now()")
+    if fault == "SIGKILL":
+        victim.wait(10)
+    retaken = "SELECT count(*) FROM postbox.outbox WHERE id = ANY(%s) AND attempts >= 2 AND started_at > %s"
+    wait_for(lambda: one(db, retaken, (taken, struck)) == 3, 30, "takeover", fleet)
+    delays = [
+        row[0]
+        for row in db.execute(
+            "SELECT extract(epoch FROM started_at - %s)::float8 FROM postbox.outbox WHERE id = ANY(%s) ORDER BY id",
+            (struck, taken),
+        ).fetchall()
+    ]
+    MEASURED[fault] = delays
+    print(f"takeover after {fault} under a backlog (visibility {VISIBILITY} s): {delays}")
+    assert all(VISIBILITY - 0.6 <= d <= TAKEOVER_BOUND for d in delays), delays
+    assert one(db, "SELECT count(*) FROM postbox.outbox WHERE state IN ('succeeded', 'running')") >= 3
+    if fault == "SIGSTOP":
+        victim.send_signal(signal.SIGCONT)
