@@ -8,7 +8,6 @@ timeout plus a small bound, not when a slot happens to be free.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ import psycopg
 import pytest
 
 import postbox
-from tests import tasks_hardening as h
 from tests import tasks_worker as t
 from tests.system.test_worker_processes import VISIBILITY, Fleet, one, wait_for, worker_id_of
 
