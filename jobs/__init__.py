@@ -35,6 +35,7 @@ from postbox.errors import (
     TaskModuleError,
     UnknownTaskError,
 )
+from postbox.periodic import Schedule, periodic
 from postbox.producer import Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
 from postbox.registry import Registry, RetryPolicy, TaskSpec, default_registry, task
 from postbox.results import JobResult, get_result, get_result_async, wait_result
@@ -62,6 +63,7 @@ __all__ = [
     "Registry",
     "RetryLater",
     "RetryPolicy",
+    "Schedule",
     "ScheduleConflictError",
     "Settings",
     "SettingsError",
@@ -76,6 +78,7 @@ __all__ = [
     "get_result",
     "get_result_async",
     "load_settings",
+    "periodic",
     "prepare",
     "task",
     "wait_result",
