@@ -34,6 +34,7 @@ from postbox.errors import (
     SettingsError,
     TaskModuleError,
     UnknownTaskError,
+    UnsupportedConnectionError,
 )
 from postbox.periodic import Schedule, periodic
 from postbox.producer import Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
@@ -70,6 +71,7 @@ __all__ = [
     "TaskModuleError",
     "TaskSpec",
     "UnknownTaskError",
+    "UnsupportedConnectionError",
     "default_registry",
     "enqueue",
     "enqueue_async",

@@ -122,3 +122,7 @@ class AlreadyProcessed(BaseException):
 
 class JobCancelled(BaseException):
     """Raised inside a running handler whose job was cancelled (cooperative cancellation)."""
+
+
+class UnsupportedConnectionError(PostboxError, TypeError):
+    """``enqueue()`` was given something it cannot write a job on (see :mod:`postbox.connections`)."""

@@ -21,7 +21,8 @@ from psycopg import AsyncConnection, Connection
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from postbox import sql
+from postbox import connections, sql
+from postbox.connections import AsyncTarget, SyncTarget
 from postbox.errors import (
     ArgsOutOfRangeError,
     EnqueueError,
@@ -184,8 +185,12 @@ def _template(
     )
 
 
-def enqueue(conn: Connection[Any], task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> int:
+def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> int:
     """Insert one job in ``conn``'s current transaction; return its outbox id.
+
+    ``conn`` is a psycopg 3 connection, or a SQLAlchemy ``Session`` /
+    ``Connection``, or Django's connection: the job joins the transaction open
+    there (:mod:`postbox.connections`).
 
     Options: queue, priority, delay (seconds or timedelta), run_at (aware
     datetime), max_attempts, dedup_key, headers, expires_at, keep_result.
@@ -200,6 +205,11 @@ def enqueue(conn: Connection[Any], task: TaskRef, args: Mapping[str, Any] | None
     """
     row = prepare(task, args, **options)
     params = row.params()
+    if not isinstance(conn, Connection):
+        target = connections.resolve(conn)
+        if not isinstance(target, Connection):
+            return target(params)
+        conn = target
     if row.dedup_key is None and conn.pgconn.pipeline_status:
         params["id"] = take_id(conn)
         conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
@@ -214,12 +224,16 @@ def enqueue(conn: Connection[Any], task: TaskRef, args: Mapping[str, Any] | None
             # The key's holder was deleted between our two statements: insert again.
 
 
-async def enqueue_async(
-    conn: AsyncConnection[Any], task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any
-) -> int:
-    """The async twin of :func:`enqueue`, on a psycopg ``AsyncConnection``."""
+async def enqueue_async(conn: AsyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> int:
+    """The async twin of :func:`enqueue`: a psycopg ``AsyncConnection``, or SQLAlchemy's ``AsyncSession`` or
+    ``AsyncConnection``."""
     row = prepare(task, args, **options)
     params = row.params()
+    if not isinstance(conn, AsyncConnection):
+        target = await connections.resolve_async(conn)
+        if not isinstance(target, AsyncConnection):
+            return await target(params)
+        conn = target
     if row.dedup_key is None and conn.pgconn.pipeline_status:
         params["id"] = await take_id_async(conn)
         await conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
@@ -387,14 +401,21 @@ def _copy_rows(rows: Sequence[JobRow], ids: list[tuple[int, datetime]]) -> Itera
         )  # fmt: skip
 
 
-def enqueue_many(conn: Connection[Any], items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
+def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
     """Insert many jobs in one statement in ``conn``'s transaction; ids in input order.
 
     Without dedup keys the statement is a COPY; with any, an INSERT ... ON CONFLICT.
+    On a connection of another driver (:mod:`postbox.connections`), one call of
+    the SQL function per job.
     """
     rows = prepare_many(items, **common)
     if not rows:
         return []
+    if not isinstance(conn, Connection):
+        target = connections.resolve(conn)
+        if not isinstance(target, Connection):
+            return [target(row.params()) for row in rows]
+        conn = target
     if all(row.dedup_key is None for row in rows):
         with conn.cursor() as cur:
             ids = cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)}).fetchall()
@@ -412,13 +433,16 @@ def enqueue_many(conn: Connection[Any], items: Iterable[Mapping[str, Any]], **co
     return _assign_ids(rows, inserted, existing)
 
 
-async def enqueue_many_async(
-    conn: AsyncConnection[Any], items: Iterable[Mapping[str, Any]], **common: Any
-) -> list[int]:
+async def enqueue_many_async(conn: AsyncTarget, items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
     """The async twin of :func:`enqueue_many`."""
     rows = prepare_many(items, **common)
     if not rows:
         return []
+    if not isinstance(conn, AsyncConnection):
+        target = await connections.resolve_async(conn)
+        if not isinstance(target, AsyncConnection):
+            return [await target(row.params()) for row in rows]
+        conn = target
     if all(row.dedup_key is None for row in rows):
         async with conn.cursor() as cur:
             await cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)})

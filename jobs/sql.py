@@ -78,6 +78,53 @@ class Statements:
                  expires_at, timeout_seconds, keep_result) FROM STDIN
     """
 
+    # Another driver's connection (psycopg2, asyncpg, pg8000 under SQLAlchemy; Django
+    # on psycopg2): the job, validated in Python, is written by the SQL function in
+    # that connection's transaction. The same call in SQLAlchemy's bind style and in
+    # DB-API pyformat; the parameters are JobRow.params().
+    ENQUEUE_CALL_SQLALCHEMY: LiteralString = """
+    SELECT {schema}.enqueue(
+        task => CAST(:task AS text), args => CAST(:args AS jsonb), queue => CAST(:queue AS text),
+        priority => CAST(:priority AS integer), run_at => CAST(:run_at AS timestamptz),
+        dedup_key => CAST(:dedup_key AS text), max_attempts => CAST(:max_attempts AS integer),
+        headers => CAST(:headers AS jsonb), expires_at => CAST(:expires_at AS timestamptz),
+        timeout_seconds => CAST(:timeout AS float8), keep_result => CAST(:keep_result AS boolean),
+        delay_seconds => CAST(:delay AS float8))
+    """
+
+    ENQUEUE_CALL_PYFORMAT: LiteralString = """
+    SELECT {schema}.enqueue(
+        task => %(task)s::text, args => %(args)s::jsonb, queue => %(queue)s::text,
+        priority => %(priority)s::integer, run_at => %(run_at)s::timestamptz,
+        dedup_key => %(dedup_key)s::text, max_attempts => %(max_attempts)s::integer,
+        headers => %(headers)s::jsonb, expires_at => %(expires_at)s::timestamptz,
+        timeout_seconds => %(timeout)s::float8, keep_result => %(keep_result)s::boolean,
+        delay_seconds => %(delay)s::float8)
+    """
+
+    # The task definitions a worker or the API loaded: what postbox.enqueue() applies
+    # to a job enqueued from SQL without its options (postbox/definitions.py).
+    TASKS_PUBLISH: LiteralString = """
+    INSERT INTO {schema}.tasks AS t (name, queue, priority, max_attempts, timeout_seconds, keep_result, retry,
+                                     updated_at, updated_by)
+    SELECT n, q, p, m, tmo, kr, r::jsonb, now(), %(by)s
+      FROM unnest(%(name)s::text[], %(queue)s::text[], %(priority)s::int2[], %(max_attempts)s::int4[],
+                  %(timeout)s::float8[], %(keep_result)s::bool[], %(retry)s::text[])
+           AS u(n, q, p, m, tmo, kr, r)
+    ON CONFLICT (name) DO UPDATE
+       SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
+           timeout_seconds = excluded.timeout_seconds, keep_result = excluded.keep_result, retry = excluded.retry,
+           updated_at = now(), updated_by = excluded.updated_by
+     WHERE (t.queue, t.priority, t.max_attempts, t.timeout_seconds, t.keep_result, t.retry)
+           IS DISTINCT FROM (excluded.queue, excluded.priority, excluded.max_attempts, excluded.timeout_seconds,
+                             excluded.keep_result, excluded.retry)
+    """
+
+    TASKS_SELECT: LiteralString = """
+    SELECT name, queue, priority, max_attempts, timeout_seconds, keep_result, retry, updated_at, updated_by
+      FROM {schema}.tasks ORDER BY name
+    """
+
     SELECT_DEDUP_MANY: LiteralString = """
     SELECT id, queue, dedup_key FROM {schema}.outbox
      WHERE (queue, dedup_key) IN (SELECT * FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]))

@@ -18,7 +18,6 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -39,6 +38,7 @@ from postbox.worker.heartbeat import Heartbeat
 from postbox.worker.metrics import WorkerMetrics
 from postbox.worker.reclaimer import Reclaimer
 from postbox.worker.signals import WorkerSignals, fire
+from postbox.worker.threads import HandlerThreads
 
 log = logging.getLogger("postbox.worker")
 
@@ -113,7 +113,8 @@ class Worker:
             kwargs={"autocommit": True, "application_name": f"postbox-{self.id}"},
             open=False,
         )
-        threads = ThreadPoolExecutor(max_workers=2 * s.concurrency, thread_name_prefix=self.id)  # takeovers overcommit
+        threads = HandlerThreads(self.id)
+        self.threads = threads
         background: list[asyncio.Task[None]] = []
         try:
             await pool.open(wait=True, timeout=30)
@@ -177,7 +178,7 @@ class Worker:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            threads.shutdown(wait=False, cancel_futures=True)
+            threads.shutdown()
             await pool.close()
             await redis.aclose()
             log.info("worker stopped", extra={"worker_id": self.id})
@@ -478,6 +479,7 @@ class Worker:
             if job is None or job.cancel_requested:
                 continue
             job.cancel_requested = True
-            spec = self._executor.spec(job.delivery.task)
-            if spec is not None and spec.is_async and job.task is not None and not job.task.done():
+            # Async handlers are cancelled at their next await; a sync handler's job ends
+            # now and its thread, which cannot be stopped, is abandoned (worker/threads.py).
+            if job.task is not None and not job.task.done():
                 job.task.cancel()

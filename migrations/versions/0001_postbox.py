@@ -157,39 +157,82 @@ $$;
 CREATE TRIGGER outbox_notify AFTER INSERT ON {schema}.outbox
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_outbox();
 
+-- The task definitions that workers and the API load (upserted when they start):
+-- what postbox.enqueue() applies when SQL, a trigger or another language
+-- enqueues without saying, as the Python enqueue() applies the @task defaults.
+CREATE TABLE {schema}.tasks (
+    name            {schema}.task_name  PRIMARY KEY,
+    queue           {schema}.queue_name NOT NULL,
+    priority        smallint    NOT NULL CHECK (priority BETWEEN 0 AND 9),
+    max_attempts    integer     NOT NULL CHECK (max_attempts >= 1),
+    timeout_seconds double precision CHECK (timeout_seconds IS NULL OR timeout_seconds > 0),
+    keep_result     boolean     NOT NULL,
+    retry           jsonb       NOT NULL DEFAULT '{{}}'::jsonb,  -- base_delay, max_delay, jitter (unset: settings)
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    updated_by      text                                      -- the process that last published it
+);
+
 -- Enqueue from plain SQL (any language, or a trigger) in the caller's transaction:
--- SELECT postbox.enqueue('task', '{{"a": 1}}').
+-- SELECT postbox.enqueue('send_receipt', '{{"order_id": 1}}'). Every option left
+-- NULL takes the task's definition (postbox.tasks), else the built-in default
+-- (queue 'default', priority 5, 5 attempts, no timeout, result not kept);
+-- explicit arguments win. Validated as the Python enqueue() validates.
 CREATE FUNCTION {schema}.enqueue(
     task text,
-    args jsonb,
-    queue text DEFAULT 'default',
-    priority integer DEFAULT 5,
-    run_at timestamptz DEFAULT now(),
+    args jsonb DEFAULT '{{}}'::jsonb,
+    queue text DEFAULT NULL,
+    priority integer DEFAULT NULL,
+    run_at timestamptz DEFAULT NULL,
     dedup_key text DEFAULT NULL,
-    max_attempts integer DEFAULT 5
+    max_attempts integer DEFAULT NULL,
+    headers jsonb DEFAULT NULL,
+    expires_at timestamptz DEFAULT NULL,
+    timeout_seconds double precision DEFAULT NULL,
+    keep_result boolean DEFAULT NULL,
+    delay_seconds double precision DEFAULT NULL
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    def {schema}.tasks%ROWTYPE;
     new_id bigint;
 BEGIN
-    IF task IS NULL OR length(task) = 0 THEN
-        RAISE EXCEPTION 'postbox.enqueue: task must not be empty' USING ERRCODE = '22023';
+    IF task IS NULL OR length(task) = 0 OR length(task) > 200 THEN
+        RAISE EXCEPTION 'postbox.enqueue: task must be 1-200 characters' USING ERRCODE = '22023';
     END IF;
-    IF queue IS NULL OR queue !~ '^[a-z0-9][a-z0-9_-]{{0,63}}$' THEN
+    IF queue IS NULL OR priority IS NULL OR max_attempts IS NULL OR keep_result IS NULL THEN
+        SELECT * INTO def FROM {schema}.tasks t WHERE t.name = enqueue.task;
+        IF FOUND AND timeout_seconds IS NULL THEN
+            timeout_seconds := def.timeout_seconds;
+        END IF;
+    END IF;
+    queue := coalesce(queue, def.queue, 'default');
+    priority := coalesce(priority, def.priority, 5);
+    max_attempts := coalesce(max_attempts, def.max_attempts, 5);
+    keep_result := coalesce(keep_result, def.keep_result, false);
+    IF queue !~ '^[a-z0-9][a-z0-9_-]{{0,63}}$' THEN
         RAISE EXCEPTION 'postbox.enqueue: invalid queue name %', quote_nullable(queue) USING ERRCODE = '22023';
     END IF;
-    IF priority IS NULL OR priority < 0 OR priority > 9 THEN
+    IF priority < 0 OR priority > 9 THEN
         RAISE EXCEPTION 'postbox.enqueue: priority must be 0-9, got %', priority USING ERRCODE = '22023';
     END IF;
     IF args IS NULL OR jsonb_typeof(args) <> 'object' THEN
         RAISE EXCEPTION 'postbox.enqueue: args must be a JSON object' USING ERRCODE = '22023';
     END IF;
-    IF max_attempts IS NULL OR max_attempts < 1 THEN
+    IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
+        RAISE EXCEPTION 'postbox.enqueue: headers must be a JSON object' USING ERRCODE = '22023';
+    END IF;
+    IF max_attempts < 1 THEN
         RAISE EXCEPTION 'postbox.enqueue: max_attempts must be >= 1' USING ERRCODE = '22023';
     END IF;
-    INSERT INTO {schema}.outbox AS o (queue, task, args, priority, available_at, dedup_key, max_attempts)
+    IF timeout_seconds IS NOT NULL AND timeout_seconds <= 0 THEN
+        RAISE EXCEPTION 'postbox.enqueue: timeout_seconds must be > 0' USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO {schema}.outbox AS o (queue, task, args, priority, available_at, dedup_key, max_attempts,
+                                      headers, expires_at, timeout_seconds, keep_result)
     VALUES (enqueue.queue, enqueue.task, enqueue.args, enqueue.priority,
-            coalesce(enqueue.run_at, now()), enqueue.dedup_key, enqueue.max_attempts)
+            coalesce(enqueue.run_at, now() + make_interval(secs => coalesce(enqueue.delay_seconds, 0))),
+            enqueue.dedup_key, enqueue.max_attempts, coalesce(enqueue.headers, '{{}}'::jsonb), enqueue.expires_at,
+            enqueue.timeout_seconds, enqueue.keep_result)
     ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING o.id INTO new_id;
     IF new_id IS NULL THEN
@@ -202,8 +245,9 @@ $$;
 """
 
 DOWNGRADE_OBJECTS = r"""
-DROP FUNCTION IF EXISTS {schema}.enqueue(text, jsonb, text, integer, timestamptz, text, integer);
-DROP TABLE IF EXISTS {schema}.audit_log, {schema}.relays, {schema}.workers, {schema}.queues,
+DROP FUNCTION IF EXISTS {schema}.enqueue(text, jsonb, text, integer, timestamptz, text, integer, jsonb, timestamptz,
+                                         double precision, boolean, double precision);
+DROP TABLE IF EXISTS {schema}.tasks, {schema}.audit_log, {schema}.relays, {schema}.workers, {schema}.queues,
                      {schema}.processed_jobs, {schema}.job_attempts, {schema}.outbox;
 DROP FUNCTION IF EXISTS {schema}.notify_outbox();
 DROP DOMAIN IF EXISTS {schema}.queue_name, {schema}.task_name, {schema}.json_object;

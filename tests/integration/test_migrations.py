@@ -26,6 +26,7 @@ EXPECTED_TABLES = {
     "workers",
     "relays",
     "audit_log",
+    "tasks",
     "alembic_version",
     "schedules",
     "schedule_runs",
