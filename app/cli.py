@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dlq": ("postbox.app.admin.dlq_cli:main", "dlq list|show|requeue|discard|purge"),
     "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume"),
     "workers": ("postbox.app.admin.workers_cli:main", "workers list"),
+    "schedules": ("postbox.app.admin.schedules_cli:main", "schedules list|pause|resume|trigger"),
     "demo": ("postbox.app.demo:main", "run the Stagedoor demo (embedded servers when no URLs are set)"),
     "stagedoor": ("postbox.app.stagedoor.cli:main", "stagedoor migrate|api run: the example's own tables and API"),
     "bench": ("postbox.app.bench.cli:main", "benchmarks: enqueue, relay, worker, latency, all"),

@@ -19,7 +19,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import migrate
-from postbox.app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_system
+from postbox.app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_schedules, routes_system
 from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
@@ -93,6 +93,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
     app.add_middleware(Observer, metrics=metrics)
 
     app.include_router(routes_system.router)
+    app.include_router(routes_schedules.router, prefix="/api/v1")  # periodic jobs (routes_schedules.py)
     for router in (
         routes_jobs.router,
         routes_queues.queues,

@@ -20,7 +20,9 @@ from postbox.occurrences import Timing
 from postbox.periodic import Schedule, ScheduleBook, periodic
 from postbox.registry import Registry, task
 from postbox.relay.scheduler import ScheduleDuty
+from postbox.settings import Settings
 from postbox.streams import events_channel
+from tests.relay_support import event_within, running_relay, wait_until
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -243,9 +245,39 @@ async def test_the_duty_sleeps_until_the_next_due_time_and_counts_what_it_enqueu
         assert duty.wait_hint() == pytest.approx(2.0)
         mono[0] += 2
         clock[0] = T0 + timedelta(hours=1, seconds=0.25)
+        pubsub = client.pubsub()
+        await pubsub.subscribe(events_channel(redis_prefix))
+        await pubsub.get_message(timeout=1.0)  # the subscribe confirmation
         assert await duty.step(aconn) == 1
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+        await pubsub.aclose()
     finally:
         await client.aclose()
+    assert message is not None
+    evt = orjson.loads(message["data"])
+    assert (evt["type"], evt["schedule"], evt["occurrence"], evt["queue"], evt["task"]) == (
+        "enqueued",
+        "hourly-eu",
+        "2026-06-01T13:00:00+00:00",
+        "reports",
+        "report",
+    )
     assert duty.metrics.enqueued.labels("reports", "report")._value.get() == 1
     assert duty.metrics.lateness._sum.get() == pytest.approx(0.25)
     assert [j[1:4] for j in jobs(conn)] == [("report", "reports", {"region": "eu"})]
+
+
+async def test_the_leading_relay_runs_the_duty_and_exposes_its_metrics(
+    aconn: psycopg.AsyncConnection[Any], conn: psycopg.Connection[Any], settings: Settings
+) -> None:
+    await aconn.set_autocommit(True)
+    await schedule_store.sync(aconn, [sched("each-second", every=1)], ["noop"])
+    async with running_relay(settings) as (relay, signals):
+        await event_within(signals.leader, 10)
+        await wait_until(lambda: len(runs(conn, "each-second")) >= 2, 10, what="two occurrences")
+        enqueued = relay.metrics.registry.get_sample_value(
+            "postbox_schedule_occurrences_total", {"queue": "default", "task": "noop"}
+        )
+        lateness = relay.metrics.registry.get_sample_value("postbox_schedule_lateness_seconds_count")
+    assert enqueued is not None and enqueued >= 2
+    assert lateness == enqueued
