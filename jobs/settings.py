@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from postbox import schema
@@ -126,9 +126,26 @@ class Settings(BaseSettings):
     api_host: str = Field(default="127.0.0.1", description="Address the API binds.")
     api_port: int = Field(default=8000, ge=1, le=65535, description="Port the API binds.")
     api_key: str | None = Field(
-        default=None, description="When set, destructive API operations need this value in X-API-Key."
+        default=None,
+        description=(
+            "The API key (X-API-Key). Destructive operations and reading job args need it; unset or empty: "
+            "destructive operations are refused (403) and args redacted, unless POSTBOX_API_INSECURE=true."
+        ),
     )
-    api_key_for_all: bool = Field(default=False, description="When true, every API call needs X-API-Key.")
+    api_key_for_all: bool = Field(
+        default=False, description="When true, every /api/v1 call needs X-API-Key (needs POSTBOX_API_KEY)."
+    )
+    api_insecure: bool = Field(
+        default=False,
+        description=(
+            "Without POSTBOX_API_KEY, serve destructive operations anyway (audited as api:anonymous) and show "
+            "job args. Local development only: the API warns at start."
+        ),
+    )
+    api_public_args: bool = Field(
+        default=False,
+        description="When true, job args and results are readable without the key (GET /jobs/{id}, /dlq/{id}...).",
+    )
     api_body_timeout: float = Field(
         default=10.0,
         gt=0,
@@ -209,6 +226,20 @@ class Settings(BaseSettings):
     def _check_redis_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _blank_key_is_none(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @field_validator("api_key_for_all")
+    @classmethod
+    def _key_for_all_needs_a_key(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and not info.data.get("api_key"):
+            raise ValueError("needs POSTBOX_API_KEY: with no key, every call would be open")
         return value
 
     @field_validator("log_level")

@@ -65,9 +65,15 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=dict(headers or {}))
 
 
+ANY_ROUTE = (408, 413, 503)  # the body guard's and the load shedding's answers, possible on every route
+
+
 def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries for the error statuses a route may return."""
-    return {status: {"model": ErrorResponse, "description": HTTP_CODES.get(status, "error")} for status in statuses}
+    """OpenAPI ``responses=`` entries for the error statuses a route may return (and those of every route)."""
+    return {
+        status: {"model": ErrorResponse, "description": HTTP_CODES.get(status, "error")}
+        for status in sorted({*statuses, *ANY_ROUTE})
+    }
 
 
 def _field(loc: tuple[Any, ...] | list[Any]) -> str:

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
@@ -24,7 +24,7 @@ from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
 from postbox.app.api.observer import Observer
-from postbox.app.api.state import ApiState
+from postbox.app.api.state import ApiState, read_access, start_warnings
 from postbox.registry import Registry, default_registry, load_task_modules
 from postbox.settings import Settings
 
@@ -71,6 +71,8 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
             head_revision=migrate.head_revision(),
             waiters=asyncio.Semaphore(results.MAX_WAITERS),
         )
+        for warning in start_warnings(settings):
+            log.warning(warning)
         try:
             yield
         finally:
@@ -102,6 +104,6 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         routes_queues.audit,
     ):
         app.include_router(router, prefix="/api/v1")
-    for router in routers:
-        app.include_router(router, prefix="/api/v1")
+    for router in routers:  # an application's routes follow the same access policy as postbox's
+        app.include_router(router, prefix="/api/v1", dependencies=[Depends(read_access)])
     return app

@@ -74,6 +74,15 @@ class ApiMetrics:
         self.enqueued = Counter(
             "postbox_api_enqueued", "Jobs enqueued through the API.", ["queue", "outcome"], registry=self.registry
         )
+        self.auth_failures = Counter(
+            "postbox_api_auth_failures",
+            "Refused authentications: reason missing (no key sent where one is needed), invalid (a wrong "
+            "key), no_key_configured (a destructive call while POSTBOX_API_KEY is unset).",
+            ["reason"],
+            registry=self.registry,
+        )
+        for reason in ("missing", "invalid", "no_key_configured"):
+            self.auth_failures.labels(reason)
         self.queues = QueueCollector()
         self.registry.register(self.queues)
 

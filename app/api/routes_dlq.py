@@ -12,7 +12,7 @@ from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, TaskFilter
 from postbox.app.api.schemas import QUEUE_PATTERN, DeadLetter, DeadPage, DiscardResult, PurgeResult, RequeueResult
-from postbox.app.api.state import Destructive, db, read_access
+from postbox.app.api.state import Contents, Destructive, db, read_access, redacted
 from postbox.control import Actor
 
 router = APIRouter(
@@ -37,7 +37,7 @@ async def list_dead(
     "/purge",
     response_model=PurgeResult,
     summary="Delete a queue's dead letters older than an age (needs confirm=true)",
-    responses=responses(400, 401, 422),
+    responses=responses(400, 401, 403, 422),
 )
 async def purge(
     conn: Annotated[AsyncConnection[Any], Depends(db)],
@@ -55,15 +55,17 @@ async def purge(
 
 
 @router.get("/{job_id}", response_model=DeadLetter, summary="One dead letter", responses=responses(401, 404, 422))
-async def show(job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> dict[str, Any]:
-    return await control.get_dead(conn, job_id)
+async def show(
+    job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], contents: bool = Contents
+) -> dict[str, Any]:
+    return redacted(await control.get_dead(conn, job_id), contents)
 
 
 @router.post(
     "/{job_id}/requeue",
     response_model=RequeueResult,
     summary="Run a dead letter again (through the outbox; attempts reset, history kept)",
-    responses=responses(401, 404, 409, 422),
+    responses=responses(401, 403, 404, 409, 422),
 )
 async def requeue(
     job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
@@ -75,7 +77,7 @@ async def requeue(
     "/{job_id}/discard",
     response_model=DiscardResult,
     summary="Mark a dead letter discarded (kept until purged)",
-    responses=responses(401, 404, 409, 422),
+    responses=responses(401, 403, 404, 409, 422),
 )
 async def discard(
     job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive

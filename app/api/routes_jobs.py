@@ -14,7 +14,7 @@ from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
-from postbox.app.api.state import Destructive, api_state, db, read_access
+from postbox.app.api.state import Contents, Destructive, api_state, db, read_access, redacted
 from postbox.control import Actor
 from postbox.errors import InvalidArgsError, InvalidOptionError
 from postbox.producer import Limits, prepare
@@ -113,8 +113,10 @@ async def list_jobs(
 @router.get(
     "/{job_id}", response_model=Job, summary="A job with its attempt history", responses=responses(401, 404, 422)
 )
-async def get_job(job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> dict[str, Any]:
-    return await control.get_job(conn, job_id)
+async def get_job(
+    job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], contents: bool = Contents
+) -> dict[str, Any]:
+    return redacted(await control.get_job(conn, job_id), contents)
 
 
 @router.get(
@@ -127,9 +129,10 @@ async def get_result(
     job_id: JobId,
     request: Request,
     wait: Annotated[float, Query(ge=0, le=60, description="Seconds to wait for the job to finish.")] = 0,
+    contents: bool = Contents,
 ) -> dict[str, Any]:
     st = api_state(request)
-    return await results.wait_result(st, job_id, wait)
+    return redacted(await results.wait_result(st, job_id, wait), contents, ("result",))
 
 
 @router.post(
@@ -137,7 +140,7 @@ async def get_result(
     status_code=202,
     response_model=CancelResult,
     summary="Cancel a job (waiting: now; running: cooperatively)",
-    responses=responses(401, 404, 409, 422),
+    responses=responses(401, 403, 404, 409, 422),
 )
 async def cancel(
     job_id: JobId,

@@ -41,14 +41,14 @@ async def get_queue(
     return found[0]
 
 
-@queues.post("/{queue}/pause", response_model=QueueState, summary="Pause a queue", responses=responses(401, 422))
+@queues.post("/{queue}/pause", response_model=QueueState, summary="Pause a queue", responses=responses(401, 403, 422))
 async def pause(
     queue: QueueName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
     return await control.set_paused(conn, queue, True, actor)
 
 
-@queues.post("/{queue}/resume", response_model=QueueState, summary="Resume a queue", responses=responses(401, 422))
+@queues.post("/{queue}/resume", response_model=QueueState, summary="Resume a queue", responses=responses(401, 403, 422))
 async def resume(
     queue: QueueName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from postbox.app.api.errors import error_response, responses
 from postbox.app.api.events_hub import ClientBuffer
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import Health, Ready
-from postbox.app.api.state import ApiState, api_state, key_matches
+from postbox.app.api.state import ApiState, api_state, auth_failed, key_matches
 
 log = logging.getLogger("postbox.api")
 router = APIRouter(tags=["system"], route_class=StrictJsonRoute)
@@ -105,11 +105,17 @@ async def events(
     """Job lifecycle events as JSON text frames; optional filters ``job_id`` and ``queue``."""
     st: ApiState = websocket.app.state.postbox
     settings = st.settings
-    if settings.api_key and settings.api_key_for_all:
-        given = websocket.headers.get("x-api-key") or websocket.query_params.get("api_key")
-        if not key_matches(given, settings.api_key):
-            await websocket.close(code=1008, reason="missing or invalid API key")
-            return
+    given = websocket.headers.get("x-api-key") or websocket.query_params.get("api_key")
+    refused = None
+    if settings.api_key and given is not None and not key_matches(given, settings.api_key):
+        refused = "invalid"
+    elif settings.api_key_for_all and given is None:
+        refused = "missing"
+    if refused is not None:
+        client = websocket.client.host if websocket.client else None
+        auth_failed(st, refused, "WEBSOCKET", websocket.url.path, client, None)
+        await websocket.close(code=1008, reason="missing or invalid API key")
+        return
 
     def accept(evt: dict[str, Any]) -> bool:
         return (job_id is None or evt.get("job_id") == job_id) and (queue is None or evt.get("queue") == queue)

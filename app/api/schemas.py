@@ -69,11 +69,17 @@ class JobSummary(BaseModel):
     last_error: str | None
 
 
+REDACTED = (
+    "True when args and result were withheld (null): reading them needs X-API-Key, unless POSTBOX_API_PUBLIC_ARGS=true."
+)
+
+
 class Job(JobSummary):
-    args: dict[str, Any]
+    args: dict[str, Any] | None = Field(description="The handler's arguments; null when redacted.")
     keep_result: bool
-    result: Any = Field(default=None, description="The handler's return value when kept.")
+    result: Any = Field(default=None, description="The handler's return value when kept; null when redacted.")
     history: list[Attempt]
+    redacted: bool = Field(default=False, description=REDACTED)
 
 
 class EnqueuedJob(Job):
@@ -100,6 +106,7 @@ class JobResult(BaseModel):
     result: Any = None
     error_class: str | None = None
     error: str | None = None
+    redacted: bool = Field(default=False, description=REDACTED)
 
 
 class QueueStats(BaseModel):

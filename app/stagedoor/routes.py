@@ -92,7 +92,7 @@ def _event_json(event: Any) -> dict[str, Any]:
     "/events",
     status_code=201,
     summary="Create an event",
-    responses=responses(422),
+    responses=responses(401, 422),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": EVENT_BODY}}}},
 )
 async def post_event(request: Request, conn: AsyncConnection[Any] = Depends(connection)) -> JSONResponse:
@@ -104,7 +104,7 @@ async def post_event(request: Request, conn: AsyncConnection[Any] = Depends(conn
     return JSONResponse(_event_json(event), status_code=201)
 
 
-@router.get("/events/{event_id}", summary="An event with its seats reserved and sold", responses=responses(404))
+@router.get("/events/{event_id}", summary="An event with its seats reserved and sold", responses=responses(401, 404))
 async def get_event_route(event_id: int, conn: AsyncConnection[Any] = Depends(connection)) -> JSONResponse:
     event = await get_event(conn, event_id)
     if event is None:
@@ -119,7 +119,7 @@ async def get_event_route(event_id: int, conn: AsyncConnection[Any] = Depends(co
     "/orders",
     status_code=201,
     summary="Place an order: the order, its tickets and its jobs in one transaction",
-    responses=responses(404, 409, 422),
+    responses=responses(401, 404, 409, 422),
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": ORDER_BODY}}}},
 )
 async def post_order(request: Request, conn: AsyncConnection[Any] = Depends(connection)) -> JSONResponse:

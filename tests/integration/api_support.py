@@ -35,7 +35,8 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 
 
 def make_client(settings: Settings, **overrides: Any) -> TestClient:
-    app = create_app(settings.model_copy(update=overrides), registry=default_registry)
+    """The API on the test's servers: a development API (no key, insecure mode) unless ``overrides`` say otherwise."""
+    app = create_app(settings.model_copy(update={"api_insecure": True, **overrides}), registry=default_registry)
     return TestClient(app, raise_server_exceptions=False)
 
 

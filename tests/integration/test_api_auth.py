@@ -100,10 +100,10 @@ def test_key_for_all_guards_reads_too(settings: Settings, conn: psycopg.Connecti
     assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
 
 
-def test_without_a_key_destructive_operations_are_open_and_audited_as_anonymous(
+def test_in_insecure_mode_without_a_key_destructive_operations_are_open_and_audited_as_anonymous(
     settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
-    with make_client(settings) as c:
+    with make_client(settings, api_insecure=True) as c:
         assert c.post("/api/v1/queues/apiq/pause").status_code == 200
     rows = audit_rows(conn)
     assert len(rows) == 1 and rows[0][:3] == ("api:anonymous", "queue.pause", "queue:apiq")

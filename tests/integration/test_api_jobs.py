@@ -246,6 +246,7 @@ def test_result_immediate_and_waiting(client: TestClient, conn: psycopg.Connecti
         "result": {"v": 1},
         "error_class": None,
         "error": None,
+        "redacted": False,
     }
     waiting = insert_job(conn)
     r = client.get(f"/api/v1/jobs/{waiting}/result", params={"wait": 0})
@@ -283,6 +284,7 @@ def test_result_immediate_and_waiting(client: TestClient, conn: psycopg.Connecti
         "result": None,
         "error_class": "PermanentError",
         "error": "no",
+        "redacted": False,
     }
 
 
