@@ -3,7 +3,9 @@
 Flags override the matching settings (``POSTBOX_TASKS``, ``POSTBOX_QUEUES``,
 ``POSTBOX_CONCURRENCY``). SIGTERM/SIGINT stop reading and drain in-flight jobs
 for up to ``POSTBOX_DRAIN_TIMEOUT`` seconds; the process then exits 0. A second
-signal ends the drain at once (unfinished jobs stay unacknowledged).
+signal ends the drain at once (unfinished jobs stay unacknowledged). Whatever
+happens, the process ends within the drain timeout plus 10 s after the first
+signal, 2 s after the second (``worker/shutdown.py``; exit status 3 if forced).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"{exc.details}\npostbox worker: {exc}", file=sys.stderr)
         return 2
 
+    from postbox.worker.shutdown import ShutdownGuard
     from postbox.worker.worker import Worker
 
     try:
@@ -56,11 +59,12 @@ def main(argv: Sequence[str]) -> int:
         # Periodic jobs follow the code: this worker's tasks' schedules (docs/periodic-jobs.md).
         await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
         loop = asyncio.get_running_loop()
+        guard = ShutdownGuard(worker, settings.drain_timeout)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, guard.on_signal)
         if settings.worker_metrics_port:
             worker.metrics.serve(settings.worker_metrics_port)
-        await worker.run()
+        await worker.run()  # the guard's deadline stands until the process has exited
 
     run_loop(serve())
     return 0

@@ -1,20 +1,19 @@
 """Run one claimed attempt: resolve the handler, build ``ctx``, call it, decide the outcome.
 
-Async handlers are awaited on the event loop; sync ones run in a thread pool.
-A per-job timeout (the job's, else the task's) turns into a retryable
-:class:`~worker.outcomes.JobTimeout`. Only registered handlers ever run: an
+Async handlers are awaited on the event loop; sync ones run on handler threads
+(:mod:`worker.threads`). A per-job timeout (the job's, else the task's) turns
+into a retryable :class:`~worker.outcomes.JobTimeout`, for sync handlers too:
+the worker stops waiting for a stuck thread and abandons it. Only registered handlers ever run: an
 unknown task or invalid args end the job in the dead letters without a call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -29,6 +28,7 @@ from postbox.worker.completer import record_outcomes
 from postbox.worker.context import StaleAttempt, WorkerJobContext
 from postbox.worker.delivery import Job
 from postbox.worker.outcomes import JobTimeout, Outcome
+from postbox.worker.threads import HandlerThreads
 
 log = logging.getLogger("postbox.worker.executor")
 
@@ -43,7 +43,7 @@ class Executor:
         registry: Registry,
         pool: AsyncConnectionPool[Any],
         worker_id: str,
-        threads: ThreadPoolExecutor,
+        threads: HandlerThreads,
         on_start: Callable[[Job], None] | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
@@ -109,9 +109,7 @@ class Executor:
                     if is_async:
                         value = await spec.fn(ctx, **kwargs)
                     else:
-                        loop = asyncio.get_running_loop()
-                        call = functools.partial(spec.fn, ctx, **kwargs)
-                        value = await loop.run_in_executor(self._threads, call)
+                        value = await self._threads.run(spec.fn, ctx, **kwargs)
         except AlreadyProcessed:
             ctx.log.info("effects already committed by an earlier run; recorded as a duplicate")
             return Outcome("succeeded", "duplicate")
@@ -121,6 +119,8 @@ class Executor:
         except JobCancelled:
             return self._after_commit(ctx, job, outcomes.cancelled())
         except asyncio.CancelledError:
+            if not is_async:
+                _abandoned(ctx, "stopped")
             if job.cancel_requested:
                 task = asyncio.current_task()
                 if task is not None:
@@ -128,6 +128,8 @@ class Executor:
                 return self._after_commit(ctx, job, outcomes.cancelled())
             raise
         except TimeoutError as exc:
+            if not is_async:
+                _abandoned(ctx, "timed out")
             if ctx.committed:
                 return _committed(None, keep_result=False)
             timed_out = JobTimeout(f"handler ran past its {timeout}s timeout") if timeout else exc
@@ -164,6 +166,10 @@ class Executor:
             jitter=policy.jitter if policy.jitter is not None else s.retry_jitter,
             rand=self._rand,
         )
+
+
+def _abandoned(ctx: WorkerJobContext, why: str) -> None:
+    ctx.log.warning("sync handler %s; its thread cannot be stopped and is abandoned (its value is dropped)", why)
 
 
 def _committed(value: Any, *, keep_result: bool) -> Outcome:

@@ -15,7 +15,7 @@ from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import Outcome
 from tests import tasks_hardening as h
 from tests.harness.publish import publish_due
-from tests.worker_support import enqueue, fetch, finished, running_worker, wait_until
+from tests.worker_support import enqueue, fetch, finished, running_worker, wait_until, worker_settings
 
 
 async def test_unencodable_text_is_stored_safely_and_blocks_nothing(
@@ -107,3 +107,53 @@ async def test_the_completer_isolates_a_row_the_database_refuses(
         ("succeeded", None, None, note),
         ("dead", {"error": {"class": "E", "message": f"boom ({note})"}}, "E", f"boom ({note})"),
     ]
+
+
+async def test_a_stuck_sync_handler_times_out_and_never_starves_the_next_jobs(
+    settings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    """Timeouts end sync jobs; the stuck threads hold no slot and no thread the next job needs."""
+    h.RELEASE.clear()
+    wsettings = worker_settings(settings, concurrency=1)
+    stuck = [await enqueue(aconn, h.h_sync_timeout) for _ in range(3)]
+    fine = await enqueue(aconn, h.h_sync_pid)
+    try:
+        async with running_worker(wsettings) as worker:
+            await publish_due(aconn, redis, wsettings.redis_prefix)
+            got = await finished(worker, 4, within=20)
+            published: list[int] = []
+
+            async def all_retries_published() -> bool:
+                published.extend(await publish_due(aconn, redis, wsettings.redis_prefix))
+                return len(published) == 3
+
+            await wait_until(all_retries_published, 10, "retries published")
+            got += await finished(worker, 3, within=20)
+            assert worker.threads.abandoned == 6
+    finally:
+        h.RELEASE.set()
+    assert sorted(got) == sorted(
+        [(job_id, "retry") for job_id in stuck] + [(job_id, "dead") for job_id in stuck] + [(fine, "succeeded")]
+    )
+    assert await fetch(aconn, "SELECT DISTINCT last_error_class FROM postbox.outbox WHERE id = ANY(%s)", (stuck,)) == [
+        ("JobTimeout",)
+    ]
+
+
+async def test_cancelling_a_stuck_sync_handler_ends_its_job(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    h.RELEASE.clear()
+    job_id = await enqueue(aconn, h.h_sync_stuck)
+    try:
+        async with running_worker(wsettings) as worker:
+            await publish_due(aconn, redis, wsettings.redis_prefix)
+            assert worker.signals.started is not None
+            assert await asyncio.wait_for(worker.signals.started.get(), 15) == job_id
+            await aconn.execute("UPDATE postbox.outbox SET cancel_requested_at = now() WHERE id = %s", (job_id,))
+            await aconn.commit()
+            assert await finished(worker, 1, within=10) == [(job_id, "cancelled")]
+            assert worker.threads.abandoned == 1
+    finally:
+        h.RELEASE.set()
+    assert await fetch(aconn, "SELECT state FROM postbox.outbox") == [("cancelled",)]

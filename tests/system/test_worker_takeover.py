@@ -8,6 +8,7 @@ timeout plus a small bound, not when a slot happens to be free.
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import psycopg
 import pytest
 
 import postbox
+from tests import tasks_hardening as h
 from tests import tasks_worker as t
 from tests.system.test_worker_processes import VISIBILITY, Fleet, one, wait_for, worker_id_of
 
@@ -86,3 +88,35 @@ def test_a_lost_workers_jobs_are_taken_over_within_the_bound_whatever_the_backlo
     assert one(db, "SELECT count(*) FROM postbox.outbox WHERE state IN ('succeeded', 'running')") >= 3
     if fault == "SIGSTOP":
         victim.send_signal(signal.SIGCONT)
+
+
+def test_sigterm_ends_a_worker_with_a_stuck_sync_handler_within_the_drain_timeout(
+    fleet: HardeningFleet, db: psycopg.Connection[Any]
+) -> None:
+    fleet.relay()
+    proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="1")
+    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    postbox.enqueue(db, h.h_sync_stuck)
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert proc.wait(15) == 0
+    took = time.monotonic() - sent
+    assert took < 1 + 3, took  # the drain timeout, then outcomes, registry row, connections
+    assert one(db, "SELECT state FROM postbox.outbox") == "running"  # left for another worker
+
+
+def test_a_second_sigterm_ends_a_worker_with_a_stuck_sync_handler_at_once(
+    fleet: HardeningFleet, db: psycopg.Connection[Any]
+) -> None:
+    fleet.relay()
+    proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="60")
+    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    postbox.enqueue(db, h.h_sync_stuck)
+    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: "draining" in fleet.logs(), 10, "drain started", fleet)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    assert proc.wait(15) == 0
+    assert time.monotonic() - sent < 3
