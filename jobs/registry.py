@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 from pydantic_core import PydanticSerializationError
@@ -24,9 +24,11 @@ from postbox.errors import (
     TaskModuleError,
     UnknownTaskError,
 )
+from postbox.handle import Task
 from postbox.settings import QUEUE_NAME_RE
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,25 @@ def build_args_model(fn: Callable[..., Any], name: str) -> type[BaseModel]:
     return create_model(f"{name}_args", __config__=config, **fields)
 
 
+@overload
+def task(fn: Callable[Concatenate[Any, P], R], /) -> Task[P, R]: ...
+
+
+@overload
+def task(
+    *,
+    name: str | None = None,
+    queue: str = "default",
+    priority: int = 5,
+    max_attempts: int = 5,
+    timeout: float | None = None,
+    retry: RetryPolicy | None = None,
+    keep_result: bool = False,
+    result_ttl: float = 86_400.0,
+    registry: Registry | None = None,
+) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
+
+
 def task(
     fn: Callable[..., Any] | None = None,
     *,
@@ -202,9 +223,11 @@ def task(
     """Register ``async def handler(ctx, **typed_args)`` (or a sync one) as a task.
 
     Usable bare (``@task``) or with options (``@task(queue="mail", priority=7)``).
+    Returns a :class:`~postbox.handle.Task`: callable as the handler, with typed
+    ``.enqueue(conn, **args)`` / ``.enqueue_async(...)`` and ``.options(...)``.
     """
 
-    def register(func: F) -> F:
+    def register(func: Callable[..., Any]) -> Task[Any, Any]:
         task_name = name or func.__name__
         check_queue(queue)
         check_priority(priority)
@@ -225,7 +248,7 @@ def task(
         )
         (registry if registry is not None else default_registry).add(spec)
         func.__postbox_task__ = task_name  # type: ignore[attr-defined]
-        return func
+        return Task(spec, func)
 
     if fn is not None:
         return register(fn)

@@ -162,6 +162,9 @@ def test_mypy_sees_postboxs_types_in_the_application(venv: Path, tmp_path: Path)
         "from postbox import enqueue\n"
         "from app.tasks import send_receipt\n\n"
         "def place(conn: psycopg.Connection) -> int:\n"
+        "    send_receipt.options(priority=9, delay=60).enqueue(conn, order_id=1)  # fine\n"
+        "    send_receipt.enqueue(conn, order_id='seven')\n"
+        "    send_receipt.enqueue(conn, orderid=7)\n"
         "    return enqueue(conn, send_receipt, [1, 2, 3])\n"
     )
     done = subprocess.run(
@@ -173,5 +176,7 @@ def test_mypy_sees_postboxs_types_in_the_application(venv: Path, tmp_path: Path)
     )
     assert done.returncode == 1, done.stdout + done.stderr
     errors = [line for line in done.stdout.splitlines() if ": error:" in line]
-    assert len(errors) == 1, done.stdout
-    assert errors[0].startswith("app/wrong.py:6:") and '"list[int]"' in errors[0] and "Mapping[str, Any]" in errors[0]
+    assert [line.split(":")[:2] for line in errors] == [["app/wrong.py", "7"], ["app/wrong.py", "8"], ["app/wrong.py", "9"]]
+    assert 'Argument "order_id" to "enqueue" of "Task" has incompatible type "str"; expected "int"' in errors[0]
+    assert 'Unexpected keyword argument "orderid" for "enqueue" of "Task"' in errors[1]
+    assert '"list[int]"' in errors[2] and "Mapping[str, Any]" in errors[2]
