@@ -161,15 +161,34 @@ class Statements:
     UPDATE {schema}.relays SET role = %(role)s, last_seen = now() WHERE id = %(id)s
     """
 
-    # A new leader takes the next term: one more than any term ever recorded.
+    # A new leader takes the next term: one more than any term ever recorded. Holding
+    # the lock proves that no other relay leads: a row still saying so (a killed
+    # leader's) is set to stopped; a live one records its own role again on its
+    # next session.
     RELAY_BECOME_LEADER: LiteralString = """
+    WITH deposed AS (
+        UPDATE {schema}.relays SET role = 'stopped' WHERE role = 'leader' AND id <> %(id)s
+    )
     UPDATE {schema}.relays SET role = 'leader', last_seen = now(),
            term = (SELECT coalesce(max(term), 0) + 1 FROM {schema}.relays)
      WHERE id = %(id)s
     RETURNING term
     """
 
-    RELAY_HEARTBEAT: LiteralString = "UPDATE {schema}.relays SET last_seen = now() WHERE id = %(id)s"
+    # Every relay's heartbeat records its own role, and keeps the registries true:
+    # a relay silent for longer than its lock session may live, or a worker silent
+    # for longer than its lease, is recorded stopped (killed, or frozen: a frozen
+    # worker's next heartbeat clears its stopped_at again).
+    RELAY_HEARTBEAT: LiteralString = """
+    WITH gone_relays AS (
+        UPDATE {schema}.relays SET role = 'stopped'
+         WHERE id <> %(id)s AND role <> 'stopped' AND last_seen < now() - make_interval(secs => %(relay_stale)s)
+    ), gone_workers AS (
+        UPDATE {schema}.workers SET stopped_at = last_seen, in_flight = 0
+         WHERE stopped_at IS NULL AND last_seen < now() - make_interval(secs => %(worker_stale)s)
+    )
+    UPDATE {schema}.relays SET last_seen = now(), role = %(role)s WHERE id = %(id)s
+    """
 
     # Due, unpublished rows in id order. Never a "last id" cursor: a transaction
     # that commits late carries a lower id, and this scan still finds it. ``after``

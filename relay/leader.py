@@ -41,15 +41,27 @@ class LeadershipLost(RuntimeError):
 class LeaderSession:
     """One relay's lock session: try the lock, keep the registry row, release."""
 
-    def __init__(self, conn: AsyncConnection[Any], *, relay_id: str, lock_key: int) -> None:
+    def __init__(
+        self,
+        conn: AsyncConnection[Any],
+        *,
+        relay_id: str,
+        lock_key: int,
+        relay_stale: float = 5.0,
+        worker_stale: float = 30.0,
+    ) -> None:
         self.conn = conn
         self.relay_id = relay_id
         self.lock_key = lock_key
+        self.relay_stale = relay_stale  # a relay silent this long is recorded stopped
+        self.worker_stale = worker_stale  # a worker silent this long (its lease) is recorded stopped
         self.holds_lock = False
         self.term = 0
 
     @classmethod
-    async def open(cls, url: str, *, relay_id: str, lock_key: int, session_timeout: float) -> LeaderSession:
+    async def open(
+        cls, url: str, *, relay_id: str, lock_key: int, session_timeout: float, worker_lease: float = 30.0
+    ) -> LeaderSession:
         conn = await connect_async(
             url,
             autocommit=True,
@@ -64,7 +76,9 @@ class LeaderSession:
             keepalives_interval=2,
             keepalives_count=2,
         )
-        return cls(conn, relay_id=relay_id, lock_key=lock_key)
+        # A relay silent for longer than its lock session can live is not leading, nor
+        # standing by; a worker silent for longer than its lease has lost its jobs.
+        return cls(conn, relay_id=relay_id, lock_key=lock_key, relay_stale=session_timeout, worker_stale=worker_lease)
 
     @property
     def backend_pid(self) -> int:
@@ -80,7 +94,16 @@ class LeaderSession:
         await self.conn.execute(sql.active().RELAY_SET_ROLE, {"id": self.relay_id, "role": role})
 
     async def heartbeat(self) -> None:
-        await self.conn.execute(sql.active().RELAY_HEARTBEAT, {"id": self.relay_id})
+        """Record this relay's role and time; record silent relays and workers stopped."""
+        await self.conn.execute(
+            sql.active().RELAY_HEARTBEAT,
+            {
+                "id": self.relay_id,
+                "role": "leader" if self.holds_lock else "standby",
+                "relay_stale": self.relay_stale,
+                "worker_stale": self.worker_stale,
+            },
+        )
 
     async def try_acquire(self) -> bool:
         """Take the lock if it is free; on success record the new term and return True."""

@@ -209,6 +209,7 @@ class Relay:
                 relay_id=self.id,
                 lock_key=self.settings.relay_lock_key,
                 session_timeout=self.settings.relay_session_timeout,
+                worker_lease=self.settings.visibility_timeout,
             )
         )
         stopped = asyncio.ensure_future(self._stop.wait())
