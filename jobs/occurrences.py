@@ -19,6 +19,7 @@ waiting. Times come back in UTC.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,8 +83,13 @@ def check_timing(timing: Timing) -> None:
         raise InvalidOptionError(f"grace must be seconds >= 0, got {timing.grace!r}", field="grace")
 
 
+@functools.lru_cache(maxsize=1024)
 def zone(name: str) -> ZoneInfo:
-    """The IANA zone ``name``; :class:`InvalidOptionError` if there is none."""
+    """The IANA zone ``name``; :class:`InvalidOptionError` if there is none.
+
+    Cached: ``ZoneInfo`` keeps only a few zones alive itself, and reading one
+    from disk costs more than the rest of a tick's work for a schedule.
+    """
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
@@ -120,6 +126,18 @@ def _forward(cron: str, tz: str, after: datetime) -> Iterator[datetime]:
         if moment > last:
             last = moment
             yield moment
+
+
+def _upcoming(timing: Timing, after: datetime) -> Iterator[datetime]:
+    """Occurrences strictly after ``after``, ascending, in UTC (intervals and cron alike)."""
+    if timing.cron is not None:
+        yield from _forward(timing.cron, timing.tz, after)
+        return
+    moment = next_after(timing, after)
+    assert timing.every is not None
+    while True:
+        yield moment
+        moment = moment + timedelta(seconds=timing.every)
 
 
 def _backward(timing: Timing, upto: datetime) -> Iterator[datetime]:
@@ -160,6 +178,16 @@ def due(timing: Timing, cursor: datetime, now: datetime) -> Due:
     cursor = _aware(cursor, "cursor")
     now = _aware(now, "now")
     horizon = now - timedelta(seconds=timing.grace)
+    # The usual case, from one forward iterator: nothing due, or exactly one occurrence.
+    ahead = _upcoming(timing, cursor)
+    first = next(ahead)
+    if first > now:
+        return Due(enqueue=[], skipped=0, cursor=cursor, next_run=first)
+    second = next(ahead)
+    if second > now:
+        if first >= horizon or timing.catch_up != "none":
+            return Due(enqueue=[first], skipped=0, cursor=first, next_run=second)
+        return Due(enqueue=[], skipped=1, cursor=first, next_run=second)
     on_time: list[datetime] = []
     missed: list[datetime] = []
     more_missed = False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
@@ -120,20 +121,17 @@ async def trigger(
         id_row = await cur.fetchone()
         assert id_row is not None
         job_id, now = int(id_row[0]), id_row[1]
-        await conn.execute(
-            statements.SCHEDULE_ENQUEUE,
-            {
-                "id": [job_id],
-                "name": [name],
-                "at": [now],
-                "task": [row["task"]],
-                "queue": [row["queue"]],
-                "args": [row["args"]],
-                "priority": [row["priority"]],
-                "max_attempts": [row["max_attempts"]],
-                "manual": True,
-            },
-        )
+        occurrence = {
+            "id": job_id,
+            "name": name,
+            "at": now,
+            "task": row["task"],
+            "queue": row["queue"],
+            "args": orjson.Fragment(row["args"]),
+            "priority": row["priority"],
+            "max_attempts": row["max_attempts"],
+        }
+        await conn.execute(statements.SCHEDULE_ENQUEUE, {"rows": orjson.dumps([occurrence]).decode(), "manual": True})
         await conn.execute(statements.SCHEDULE_SET_LAST, {"name": name, "at": now, "job": job_id})
         await record_audit(conn, actor, "schedule.trigger", f"schedule:{name}", {"job_id": job_id})
     await publish_event(redis, prefix, "enqueued", job_id=job_id, queue=row["queue"], task=row["task"])

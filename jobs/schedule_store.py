@@ -31,7 +31,7 @@ from psycopg.errors import UndefinedTable
 from psycopg.rows import dict_row
 
 from postbox import sql
-from postbox.occurrences import CatchUp, Timing, due, next_after
+from postbox.occurrences import CatchUp, Due, Timing, due, next_after
 from postbox.periodic import Schedule, ScheduleBook
 from postbox.registry import Registry
 
@@ -156,11 +156,15 @@ async def tick(
         if not rows:
             return report
         plans: list[tuple[dict[str, Any], list[datetime], datetime, datetime]] = []
+        decided: dict[tuple[Timing, datetime], Due] = {}  # schedules on one expression and cursor: one decision
         for row in rows:
             timing = timing_of(
                 row["cron"], row["every_seconds"], row["tz"], row["catch_up"], row["max_catch_up"], row["grace_seconds"]
             )
-            decision = due(timing, row["cursor_at"], moment)
+            key = (timing, row["cursor_at"])
+            decision = decided.get(key)
+            if decision is None:
+                decision = decided[key] = due(timing, row["cursor_at"], moment)
             report.skipped += decision.skipped
             if decision.skipped:
                 log.warning(
@@ -174,19 +178,21 @@ async def tick(
             cur2 = await conn.execute(statements.NEXT_JOB_IDS, {"n": len(occurrences)})
             ids = sorted(r[0] for r in await cur2.fetchall())
             by_id = {job_id: occ for job_id, occ in zip(ids, occurrences, strict=True)}
-            cur2 = await conn.execute(
-                statements.SCHEDULE_ENQUEUE,
+            rows_json = [
                 {
-                    "id": ids,
-                    "name": [row["name"] for row, _ in occurrences],
-                    "at": [at for _, at in occurrences],
-                    "task": [row["task"] for row, _ in occurrences],
-                    "queue": [row["queue"] for row, _ in occurrences],
-                    "args": [row["args"] for row, _ in occurrences],
-                    "priority": [row["priority"] for row, _ in occurrences],
-                    "max_attempts": [row["max_attempts"] for row, _ in occurrences],
-                    "manual": False,
-                },
+                    "id": job_id,
+                    "name": row["name"],
+                    "at": at,
+                    "task": row["task"],
+                    "queue": row["queue"],
+                    "args": orjson.Fragment(row["args"]),
+                    "priority": row["priority"],
+                    "max_attempts": row["max_attempts"],
+                }
+                for job_id, (row, at) in zip(ids, occurrences, strict=True)
+            ]
+            cur2 = await conn.execute(
+                statements.SCHEDULE_ENQUEUE, {"rows": orjson.dumps(rows_json).decode(), "manual": False}
             )
             for job_id, queue, task, schedule in await cur2.fetchall():
                 at = by_id[job_id][1]
@@ -196,16 +202,17 @@ async def tick(
         for fired in report.fired:
             if fired.schedule not in last or fired.occurrence > last[fired.schedule].occurrence:
                 last[fired.schedule] = fired
-        await conn.execute(
-            statements.SCHEDULE_ADVANCE,
+        advance = [
             {
-                "name": [row["name"] for row, _, _, _ in plans],
-                "cursor": [cursor for _, _, cursor, _ in plans],
-                "next_run": [next_run for _, _, _, next_run in plans],
-                "last_run": [last[row["name"]].occurrence if row["name"] in last else None for row, *_ in plans],
-                "last_job": [last[row["name"]].job_id if row["name"] in last else None for row, *_ in plans],
-            },
-        )
+                "name": row["name"],
+                "cursor_at": cursor,
+                "next_run_at": next_run,
+                "last_run_at": last[row["name"]].occurrence if row["name"] in last else None,
+                "last_job_id": last[row["name"]].job_id if row["name"] in last else None,
+            }
+            for row, _, cursor, next_run in plans
+        ]
+        await conn.execute(statements.SCHEDULE_ADVANCE, {"rows": orjson.dumps(advance).decode()})
     return report
 
 

@@ -874,9 +874,9 @@ class Statements:
     # only for an occurrence whose (schedule, occurrence) row is new.
     SCHEDULE_ENQUEUE: LiteralString = """
     WITH occ AS (
-        SELECT * FROM unnest(%(id)s::int8[], %(name)s::text[], %(at)s::timestamptz[], %(task)s::text[],
-                             %(queue)s::text[], %(args)s::text[], %(priority)s::int2[], %(max_attempts)s::int[])
-               AS u(id, name, at, task, queue, args, priority, max_attempts)
+        SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+               AS u(id bigint, name text, at timestamptz, task text, queue text, args jsonb, priority smallint,
+                    max_attempts integer)
     ), fresh AS (
         INSERT INTO {schema}.schedule_runs (schedule, occurrence, job_id, manual)
         SELECT name, at, id, %(manual)s FROM occ
@@ -885,19 +885,20 @@ class Statements:
     )
     INSERT INTO {schema}.outbox (id, queue, task, args, priority, max_attempts, headers)
     OVERRIDING SYSTEM VALUE
-    SELECT o.id, o.queue, o.task, o.args::jsonb, o.priority, o.max_attempts,
+    SELECT o.id, o.queue, o.task, o.args, o.priority, o.max_attempts,
            jsonb_build_object('schedule', o.name, 'occurrence', o.at)
       FROM occ o JOIN fresh f ON f.job_id = o.id
     RETURNING id, queue, task, headers->>'schedule' AS schedule
     """
 
+    # Rows as one JSON array (jsonb_to_recordset): 10,000 schedules cost one string
+    # parameter instead of five arrays built item by item.
     SCHEDULE_ADVANCE: LiteralString = """
     UPDATE {schema}.schedules s
        SET cursor_at = u.cursor_at, next_run_at = u.next_run_at,
            last_run_at = coalesce(u.last_run_at, s.last_run_at), last_job_id = coalesce(u.last_job_id, s.last_job_id)
-      FROM unnest(%(name)s::text[], %(cursor)s::timestamptz[], %(next_run)s::timestamptz[],
-                  %(last_run)s::timestamptz[], %(last_job)s::int8[])
-           AS u(name, cursor_at, next_run_at, last_run_at, last_job_id)
+      FROM jsonb_to_recordset(%(rows)s::jsonb)
+           AS u(name text, cursor_at timestamptz, next_run_at timestamptz, last_run_at timestamptz, last_job_id bigint)
      WHERE s.name = u.name
     """
 

@@ -12,7 +12,9 @@ new deployment made due earlier is noticed.
 
 After each committed tick it counts the occurrences and their lateness in the
 relay's metrics and publishes an ``enqueued`` event per occurrence (with
-``schedule`` and ``occurrence``) on the events channel, best effort.
+``schedule`` and ``occurrence``) on the events channel, best effort, while
+someone subscribes (``emit_events=None``, as the publisher does) or always
+(``True``).
 """
 
 from __future__ import annotations
@@ -160,6 +162,8 @@ class ScheduleDuty:
         if self.redis is None or self.emit_events is False:
             return
         try:
+            if self.emit_events is None and not await self._listened():
+                return
             pipe = self.redis.pipeline(transaction=False)
             for item in fired:
                 evt = events.event("enqueued", job_id=item.job_id, queue=item.queue, task=item.task)
@@ -169,3 +173,9 @@ class ScheduleDuty:
             await pipe.execute()
         except RedisError as exc:  # events are best effort: the jobs are committed
             log.warning("schedule events not published", extra={"error": str(exc)})
+
+    async def _listened(self) -> bool:
+        """Whether anyone subscribes to the events channel (``emit_events=None``: publish only then)."""
+        assert self.redis is not None
+        found = await self.redis.pubsub_numsub(self.channel)
+        return bool(found and found[0][1])
