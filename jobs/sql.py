@@ -487,6 +487,23 @@ class Statements:
     # Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
     # jobs publishable again. Queued rows go back to the relay's work list; running
     # rows under a stale claim too (their lost attempt stays counted).
+    # --- postbox.testing (an application's own tests; on the test's connection) ------------
+
+    TESTING_LIST_JOBS: LiteralString = """
+    SELECT id, task, queue, priority, args, headers, state, attempts, dedup_key FROM {schema}.outbox ORDER BY id
+    """
+
+    # What an inline run may claim now (WORKER_CLAIM decides, as for a worker).
+    TESTING_DUE_JOBS: LiteralString = """
+    SELECT id, task, queue FROM {schema}.outbox
+     WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()
+     ORDER BY id
+    """
+
+    TESTING_JOB: LiteralString = """
+    SELECT task, queue, args, headers FROM {schema}.outbox WHERE id = %(id)s
+    """
+
     WORKER_REPUBLISH_LOST: LiteralString = """
     WITH target AS (
         SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
@@ -509,6 +526,39 @@ class Statements:
          WHERE a.finished_at IS NULL
     )
     SELECT id FROM rescued
+    """
+
+    # Jobs whose task this worker does not know, handed back unclaimed for a worker
+    # that knows it: publishable again after a delay, attempts untouched. A running
+    # row under a stale claim (its worker died) too; its lost attempt stays counted.
+    WORKER_HAND_BACK: LiteralString = """
+    WITH target AS (
+        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
+          FROM {schema}.outbox
+         WHERE id = ANY(%(ids)s::int8[])
+           AND ((state IN ('pending', 'queued', 'retrying') AND available_at <= now())
+                OR (state = 'running' AND lease_until < now()))
+         ORDER BY id
+           FOR UPDATE
+    ), handed AS (
+        UPDATE {schema}.outbox o
+           SET state = CASE WHEN t.old_state = 'retrying' THEN 'retrying' ELSE 'pending' END,
+               published_at = NULL, claimed_by = NULL, lease_until = NULL,
+               available_at = now() + make_interval(secs => %(delay)s),
+               last_error_class = 'UnknownTaskError',
+               last_error = 'task ' || o.task || ' is not registered on ' || %(worker)s
+                            || '; handed back for a worker that knows it'
+          FROM target t
+         WHERE o.id = t.id
+     RETURNING o.id
+    ), lost AS (
+        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+          FROM target WHERE old_state = 'running'
+        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+         WHERE a.finished_at IS NULL
+    )
+    SELECT id FROM handed
     """
 
     # Vanished entries whose job still runs under a live claim: looked at again
@@ -612,6 +662,28 @@ class Statements:
     """
 
     # Waiting jobs of one queue, counted no further than the limit (cheap at any depth).
+    # The API's enqueue: the new row's public columns come back with the INSERT, so
+    # the answer needs no second read. Nothing back on a live dedup key's conflict.
+    OPS_ENQUEUE: LiteralString = """
+    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
+                        expires_at, timeout_seconds, keep_result)
+    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
+            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+              started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+              last_error_class, last_error, claimed_by, args, result
+    """
+
+    # Serialises the API's depth-checked enqueues of one queue until COMMIT, so that
+    # POSTBOX_MAX_QUEUE_DEPTH is exact: the count and the insert happen under the lock.
+    # Two-key form (class, hash of the queue): apart from the relay's one-key lock.
+    OPS_LOCK_QUEUE_DEPTH: LiteralString = """
+    SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(queue)s))
+    """
+
     OPS_QUEUE_DEPTH: LiteralString = """
     SELECT count(*) FROM (
         SELECT 1 FROM {schema}.outbox
