@@ -22,20 +22,22 @@ import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, OperationalError
 from psycopg.errors import UndefinedTable
 from psycopg.rows import dict_row
 
 from postbox import sql
+from postbox.errors import InvalidOptionError
 from postbox.occurrences import CatchUp, Due, Timing, due, next_after
 from postbox.periodic import Schedule, ScheduleBook
 from postbox.registry import Registry
 
 log = logging.getLogger("postbox.schedules")
+BROKEN_RETRY = timedelta(minutes=1)  # a stored schedule that cannot be evaluated is looked at again then
 
 
 @dataclass
@@ -158,9 +160,19 @@ async def tick(
         plans: list[tuple[dict[str, Any], list[datetime], datetime, datetime]] = []
         decided: dict[tuple[Timing, datetime], Due] = {}  # schedules on one expression and cursor: one decision
         for row in rows:
-            timing = timing_of(
-                row["cron"], row["every_seconds"], row["tz"], row["catch_up"], row["max_catch_up"], row["grace_seconds"]
-            )
+            try:
+                timing = timing_of(
+                    row["cron"],
+                    row["every_seconds"],
+                    row["tz"],
+                    row["catch_up"],
+                    row["max_catch_up"],
+                    row["grace_seconds"],
+                )
+            except InvalidOptionError as exc:  # edited by hand, or a zone gone from tzdata: not the tick's end
+                log.error("schedule cannot be evaluated", extra={"schedule": row["name"], "error": str(exc)})
+                plans.append((row, [], row["cursor_at"], moment + BROKEN_RETRY))
+                continue
             key = (timing, row["cursor_at"])
             decision = decided.get(key)
             if decision is None:
@@ -237,12 +249,17 @@ async def prune_runs(conn: AsyncConnection[Any], *, older_than: float, limit: in
 async def sync_at_start(database_url: str, book: ScheduleBook, registry: Registry) -> SyncReport | None:
     """A process's start: sync ``book`` for the tasks of ``registry`` on a connection of its own.
 
-    Nothing loaded, nothing done. A database without the schedules table (not
-    migrated yet) is logged and skipped: the process runs, without periodic jobs.
+    Nothing loaded, nothing done. A database that cannot be reached, or has no
+    schedules table yet (not migrated), is logged and skipped: the process runs,
+    and the schedules are synchronised at the next start.
     """
     if not len(book) and not len(registry):
         return None
-    conn = await AsyncConnection.connect(database_url, autocommit=True, application_name="postbox-schedules")
+    try:
+        conn = await AsyncConnection.connect(database_url, autocommit=True, application_name="postbox-schedules")
+    except OperationalError as exc:  # the process copes with the database being away; so do its schedules
+        log.warning("schedules not synchronised: database unavailable", extra={"error": str(exc).strip()})
+        return None
     try:
         return await sync(conn, book.all(), registry.names())
     except UndefinedTable:

@@ -40,6 +40,7 @@ log = logging.getLogger("postbox.relay.schedules")
 LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600)
 RUN_RETENTION_SECONDS = 7 * 86_400.0
 PRUNE_EVERY_SECONDS = 3600.0
+MIN_WAIT = 0.02  # seconds
 
 
 class ScheduleMetrics:
@@ -143,7 +144,8 @@ class ScheduleDuty:
         now = self.clock() if self.clock is not None else db_now
         wait = self.refresh
         if earliest is not None:
-            wait = min(wait, max(0.0, (earliest - now).total_seconds()))
+            # floor: a due schedule that another transaction holds (SKIP LOCKED) is not spun on
+            wait = min(wait, max(MIN_WAIT, (earliest - now).total_seconds()))
         self.next_look = self.monotonic() + wait
         if self.monotonic() >= self.next_prune:
             self.next_prune = self.monotonic() + PRUNE_EVERY_SECONDS

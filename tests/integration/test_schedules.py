@@ -281,3 +281,32 @@ async def test_the_leading_relay_runs_the_duty_and_exposes_its_metrics(
         lateness = relay.metrics.registry.get_sample_value("postbox_schedule_lateness_seconds_count")
     assert enqueued is not None and enqueued >= 2
     assert lateness == enqueued
+
+
+async def test_a_stored_schedule_that_cannot_be_evaluated_does_not_stop_the_others(
+    aconn: psycopg.AsyncConnection[Any], conn: psycopg.Connection[Any]
+) -> None:
+    await aconn.set_autocommit(True)
+    await schedule_store.sync(aconn, [sched("fine", every=60), sched("broken", every=60)], ["noop"], now=T0)
+    conn.execute(
+        "UPDATE postbox.schedules SET cron = '0 * * * *', every_seconds = NULL, tz = 'Mars/Olympus'"
+        " WHERE name = 'broken'"
+    )
+    conn.commit()
+    report = await schedule_store.tick(aconn, now=T0 + timedelta(minutes=1))
+    assert [f.schedule for f in report.fired] == ["fine"]
+    row = conn.execute("SELECT cursor_at, next_run_at FROM postbox.schedules WHERE name = 'broken'").fetchone()
+    conn.commit()
+    assert row == (T0, T0 + timedelta(minutes=2))  # looked at again a minute later, nothing skipped
+
+
+async def test_a_process_starts_even_when_its_schedules_cannot_be_synchronised(empty_database_url: str) -> None:
+    registry, book = Registry(), ScheduleBook()
+
+    @task(registry=registry)
+    def job(ctx: object) -> None: ...
+
+    periodic(job, every=60, registry=registry, book=book)
+    # unreachable database, then a database without postbox's tables: logged, not raised
+    assert await schedule_store.sync_at_start("postgresql://postgres@127.0.0.1:1/none", book, registry) is None
+    assert await schedule_store.sync_at_start(empty_database_url, book, registry) is None
