@@ -1,0 +1,134 @@
+"""docs/in-your-application.md runs as written: each example block is executed here and its effect checked."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from postbox.testing import assert_enqueued, run_enqueued
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDE = ROOT / "docs" / "in-your-application.md"
+
+
+def block(name: str) -> str:
+    """The fenced block whose first line is ``# guide: name`` (or ``-- guide: name``)."""
+    text = GUIDE.read_text()
+    match = re.search(rf"```(?:python|sql)\n(?:#|--) guide: {name}\n(.*?)```", text, re.S)
+    assert match, f"no block 'guide: {name}' in {GUIDE.name}"
+    return match.group(1)
+
+
+def load(name: str, monkeypatch: pytest.MonkeyPatch, database_url: str) -> types.ModuleType:
+    """Execute a block as a module of its own, as a user's file would be."""
+    monkeypatch.setenv("DATABASE_URL", database_url)
+    module = types.ModuleType(f"guide_{name}")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(block(name), f"{GUIDE}:{name}", "exec"), module.__dict__)
+    return module
+
+
+async def test_plain_psycopg(database_url: str, monkeypatch: pytest.MonkeyPatch, conn: Any, aconn: Any) -> None:
+    conn.execute("CREATE TABLE users (id serial PRIMARY KEY, email text, welcomed boolean NOT NULL DEFAULT false)")
+    conn.commit()
+    guide = load("psycopg", monkeypatch, database_url)
+    user_id = guide.sign_up("ada@example.org")
+    [job] = assert_enqueued(conn, "welcome_user", args={"user_id": user_id}, queue="mail", priority=7, count=1)
+    conn.rollback()
+    [run] = await run_enqueued(aconn, "welcome_user")
+    assert (run.job_id, run.state) == (job.id, "succeeded")
+    cur = await aconn.execute("SELECT welcomed FROM users WHERE id = %s", (user_id,))
+    assert await cur.fetchone() == (True,)
+
+
+async def test_sqlalchemy_and_fastapi(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, conn: Any, aconn: Any
+) -> None:
+    conn.execute("CREATE TABLE orders (id serial PRIMARY KEY, total int, receipt_sent boolean NOT NULL DEFAULT false)")
+    conn.commit()
+    guide = load("sqlalchemy", monkeypatch, database_url)
+    try:
+        with TestClient(guide.app) as client:
+            placed = client.post("/orders", params={"total": 42})
+        assert placed.status_code == 200, placed.text
+        order_id = placed.json()["id"]
+        assert_enqueued(conn, "email_receipt", args={"order_id": order_id}, queue="mail", count=1)
+        conn.rollback()
+        [run] = await run_enqueued(aconn, "email_receipt")
+        assert run.state == "succeeded"
+        cur = await aconn.execute("SELECT receipt_sent FROM orders WHERE id = %s", (order_id,))
+        assert await cur.fetchone() == (True,)
+    finally:
+        guide.engine.dispose()
+
+
+DJANGO_RUNNER = """
+import sys, types
+import django
+from django.conf import settings
+from psycopg.conninfo import conninfo_to_dict
+
+info = conninfo_to_dict(sys.argv[1])
+settings.configure(DATABASES={"default": {"ENGINE": "django.db.backends.postgresql", "NAME": info["dbname"],
+    "USER": info.get("user", ""), "HOST": info.get("host", ""), "PORT": info.get("port", "")}}, USE_TZ=True)
+django.setup()
+guide = types.ModuleType("guide_django")
+sys.modules[guide.__name__] = guide
+exec(compile(sys.stdin.read(), "guide:django", "exec"), guide.__dict__)
+guide.bill("ACME")
+"""
+
+
+def test_django(database_url: str, conn: Any) -> None:
+    conn.execute("CREATE TABLE invoices (id serial PRIMARY KEY, customer text)")
+    conn.commit()
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(DJANGO_RUNNER), database_url],
+        input=block("django"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    [(invoice_id,)] = conn.execute("SELECT id FROM invoices").fetchall()
+    assert_enqueued(conn, "send_invoice", args={"invoice_id": invoice_id}, queue="mail", count=1)
+
+
+def test_sql(conn: Any) -> None:
+    conn.execute("CREATE TABLE orders (id serial PRIMARY KEY, total int)")
+    conn.execute(block("sql"))
+    jobs = conn.execute("SELECT task, args, priority, available_at > now() FROM postbox.outbox ORDER BY id").fetchall()
+    assert jobs == [("email_receipt", {"order_id": 1}, 5, False), ("email_receipt", {"order_id": 1}, 9, True)]
+
+
+def test_testing(database_url: str, tmp_path: Path) -> None:
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE customers (id int PRIMARY KEY)")
+        admin.execute("CREATE TABLE coupons (customer_id int)")
+    (tmp_path / "conftest.py").write_text('pytest_plugins = ["postbox.testing"]\n')
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+    )
+    (tmp_path / "test_guide_example.py").write_text(block("testing"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("POSTBOX_", "PYTEST"))}
+    env["DATABASE_URL"] = database_url
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
