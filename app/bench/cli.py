@@ -1,4 +1,4 @@
-"""``postbox bench {enqueue,relay,worker,latency,all}``: measure postbox (and peers) here.
+"""``postbox bench {enqueue,relay,worker,latency,all,schedules}``: measure postbox (and peers) here.
 
 Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
 DATABASE_URL and POSTBOX_REDIS_URL / REDIS_URL, in a database and key prefix
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from postbox.app.bench.peers import Peer, PeerDrain
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
+EXTRA_SCENARIOS = ("schedules",)  # not part of `all`: it waits for whole minutes
 
 
 def _positive_int(text: str) -> int:
@@ -55,7 +56,7 @@ def _rates(text: str) -> tuple[int, ...]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="postbox bench", description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("scenario", choices=[*SCENARIOS, "all"], help="what to measure")
+    p.add_argument("scenario", choices=[*SCENARIOS, *EXTRA_SCENARIOS, "all"], help="what to measure")
     p.add_argument("--jobs", type=_positive_int, default=20_000, help="jobs per throughput run (default 20000)")
     p.add_argument(
         "--relay-rows", type=_positive_int, default=100_000, help="pre-filled outbox rows for relay (default 100000)"
@@ -95,6 +96,10 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
         from postbox.app.bench.latency import run as run_latency
 
         return run_latency
+    if name == "schedules":
+        from postbox.app.bench.schedules import run as run_schedules
+
+        return run_schedules
     raise ValueError(f"unknown scenario {name!r}")
 
 
