@@ -21,7 +21,7 @@ from psycopg import AsyncConnection, Connection
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from postbox import connections, sql
+from postbox import connections, sql, tracing
 from postbox.connections import AsyncTarget, SyncTarget
 from postbox.errors import (
     ArgsOutOfRangeError,
@@ -166,7 +166,7 @@ def _template(
         _check_aware(run_at, "run_at")
     if expires_at is not None:
         _check_aware(expires_at, "expires_at")
-    header_text = _headers_json(headers)
+    header_text = _headers_json(tracing.with_trace_context(headers))
     if dedup_key is not None and (not isinstance(dedup_key, str) or not 0 < len(dedup_key) <= MAX_DEDUP_KEY):
         raise InvalidOptionError(f"dedup_key must be a string of 1-{MAX_DEDUP_KEY} characters", field="dedup_key")
     return JobRow(

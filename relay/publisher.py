@@ -28,7 +28,7 @@ from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from postbox import events, pgarray, resp, sql
+from postbox import events, pgarray, resp, sql, tracing
 from postbox.relay.leader import LeadershipLost
 from postbox.streams import GROUP, events_channel, stream_key
 
@@ -153,7 +153,8 @@ class Publisher:
             if emit:
                 evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
                 chunks.append(resp.publish(channel, events.encode(evt)))
-        results = await resp.send_batch(self.redis, b"".join(chunks), len(chunks))
+        with tracing.publish_span(rows):
+            results = await resp.send_batch(self.redis, b"".join(chunks), len(chunks))
         step = 2 if emit else 1
         ids: list[int] = []
         sids: list[str] = []
