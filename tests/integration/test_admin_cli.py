@@ -74,7 +74,10 @@ JOBS_BAD_INPUT = (
     (["enqueue", "api_sum", "--args", '{"a": "x"}'], "invalid args for task 'api_sum'"),
     (["enqueue", "api_sum", "--args", '{"a": 1}', "--priority", "10"], "priority must be an integer 0-9"),
     (["enqueue", "api_sum", "--args", '{"a": 1}', "--queue", "Bad Queue"], "invalid queue name"),
-    (["enqueue", "api_sum", "--args", '{"a": 1}', "--tasks", "no.such.module"], "POSTBOX_TASKS: cannot import no.such.module: ModuleNotFoundError"),
+    (
+        ["enqueue", "api_sum", "--args", '{"a": 1}', "--tasks", "no.such.module"],
+        "cannot import no.such.module: ModuleNotFoundError",
+    ),
     (["get", "abc"], "invalid job id 'abc'"),
     (["cancel", "0"], "invalid job id '0'"),
     (["list", "--state", "bogus"], "unknown state 'bogus'"),
