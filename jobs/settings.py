@@ -118,6 +118,15 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(
         default=5.0, gt=0, description="Seconds between worker heartbeats (and lease renewals)."
     )
+    unknown_task_grace: float = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "Seconds a worker hands back a job whose task it does not know (for a worker that knows it, "
+            "during a rolling deploy) before sending it to the dead letters; counted from the first time "
+            "that worker saw the job. 0 = dead letters at once."
+        ),
+    )
     worker_metrics_port: int = Field(
         default=0, ge=0, le=65535, description="Prometheus port of a worker process; 0 = off."
     )

@@ -529,21 +529,22 @@ class Statements:
     """
 
     # Jobs whose task this worker does not know, handed back unclaimed for a worker
-    # that knows it: publishable again after a delay, attempts untouched. A running
-    # row under a stale claim (its worker died) too; its lost attempt stays counted.
+    # that knows it: publishable again after a delay, attempts untouched. Only rows
+    # whose publish is marked (queued): a hand-back before the relay's mark commits
+    # would be overwritten by it. A running row under a stale claim (its worker died)
+    # too; its lost attempt stays counted. Returns (id, handed back); false: not
+    # marked yet, its entry stays pending for a later look.
     WORKER_HAND_BACK: LiteralString = """
     WITH target AS (
         SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
           FROM {schema}.outbox
          WHERE id = ANY(%(ids)s::int8[])
-           AND ((state IN ('pending', 'queued', 'retrying') AND available_at <= now())
-                OR (state = 'running' AND lease_until < now()))
+           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now()))
          ORDER BY id
            FOR UPDATE
     ), handed AS (
         UPDATE {schema}.outbox o
-           SET state = CASE WHEN t.old_state = 'retrying' THEN 'retrying' ELSE 'pending' END,
-               published_at = NULL, claimed_by = NULL, lease_until = NULL,
+           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
                available_at = now() + make_interval(secs => %(delay)s),
                last_error_class = 'UnknownTaskError',
                last_error = 'task ' || o.task || ' is not registered on ' || %(worker)s
@@ -558,7 +559,11 @@ class Statements:
         ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
          WHERE a.finished_at IS NULL
     )
-    SELECT id FROM handed
+    SELECT id, true FROM handed
+    UNION ALL
+    SELECT id, false FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND state IN ('pending', 'retrying') AND published_at IS NULL
+       AND available_at <= now()
     """
 
     # Vanished entries whose job still runs under a live claim: looked at again

@@ -81,7 +81,12 @@ class Executor:
         delivery = job.delivery
         handler = self._handler(delivery.task)
         if handler is None:
-            return outcomes.dead("UnknownTaskError", f"no handler is registered for task {delivery.task!r}")
+            grace = self._settings.unknown_task_grace
+            return outcomes.dead(
+                "UnknownTaskError",
+                f"no handler is registered for task {delivery.task!r} on this worker, and no worker took the job"
+                f" within the grace period (POSTBOX_UNKNOWN_TASK_GRACE={grace:g} s)",
+            )
         spec, is_async, no_args = handler
         try:
             raw = orjson.loads(delivery.args)

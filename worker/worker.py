@@ -34,6 +34,7 @@ from postbox.worker.completer import Completer, Finished
 from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.executor import Executor
+from postbox.worker.handback import UnknownTasks, hand_back
 from postbox.worker.heartbeat import Heartbeat
 from postbox.worker.metrics import WorkerMetrics
 from postbox.worker.reclaimer import Reclaimer
@@ -61,6 +62,7 @@ class Worker:
         worker_id: str | None = None,
         metrics: WorkerMetrics | None = None,
         rand: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.registry = registry or default_registry
@@ -85,6 +87,7 @@ class Worker:
         self._lost_watch: dict[tuple[str, bytes], float] = {}  # vanished entries of running jobs
         self._lease = settings.visibility_timeout
         self._prefix = settings.redis_prefix
+        self._unknown = UnknownTasks(settings.unknown_task_grace, clock=clock)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -98,6 +101,10 @@ class Worker:
             self._abort.set()
         self._stopping.set()
         self.capacity.wake()
+
+    async def wait_idle(self) -> None:
+        """Return once every outcome and acknowledgement handed to the completer is done (tests)."""
+        await self._completer.wait_idle()
 
     @property
     def stopping(self) -> bool:
@@ -364,6 +371,31 @@ class Worker:
             log.error("dropping a stream entry that is not a postbox job", extra={"queue": stream})
             self._completer.add(Finished(Delivery(stream, entry_id, 0, "", "", "", "", 0, 0)))
 
+    async def _hand_back_unknown(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Hand back jobs whose task this worker does not know; returns the deliveries to claim."""
+        unknown = [d for d in deliveries if d.task not in self.registry]
+        if not unknown:
+            return deliveries
+        back, _past_grace = self._unknown.split(unknown)  # past the grace period: claimed, then dead
+        if not back:
+            return deliveries
+        handed, unmarked = await hand_back(self._pool, back, worker_id=self.id, delay=self._unknown.delay)
+        for delivery in back:
+            # Acknowledged: handed back (the relay publishes it again), or nothing to hand
+            # back (finished...). Left pending, to be reclaimed and looked at again: a
+            # publish not marked yet, or a reclaimed entry of a job running elsewhere.
+            if delivery.job_id in handed or not (delivery.job_id in unmarked or delivery.reclaimed):
+                self._completer.add(Finished(delivery))
+                fire(self.signals.skipped, delivery.job_id)
+        if handed:
+            log.warning(
+                "jobs of tasks this worker does not know handed back for a worker that knows them",
+                extra={"count": len(handed), "task": ",".join(sorted({d.task for d in back})), "worker_id": self.id},
+            )
+        skipped = {id(d) for d in back}
+        self.capacity.release(len(back))
+        return [d for d in deliveries if id(d) not in skipped]
+
     async def _dispatch(self, deliveries: list[Delivery]) -> None:
         """Claim what was read (capacity for all of it is held) and start what may run.
 
@@ -373,6 +405,7 @@ class Worker:
         previous, self._last_dispatch = self._last_dispatch, mine
         try:
             try:
+                deliveries = await self._hand_back_unknown(deliveries)
                 batch = await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
             except BaseException:
                 self.capacity.release(len(deliveries))

@@ -9,6 +9,7 @@ import psycopg
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
+from postbox.registry import Registry, task
 from postbox.settings import Settings
 from postbox.worker.completer import Completer, Finished
 from postbox.worker.delivery import Delivery, Job
@@ -157,3 +158,87 @@ async def test_cancelling_a_stuck_sync_handler_ends_its_job(
     finally:
         h.RELEASE.set()
     assert await fetch(aconn, "SELECT state FROM postbox.outbox") == [("cancelled",)]
+
+
+async def _insert_job_of_unknown_task(aconn: psycopg.AsyncConnection[Any], task_name: str) -> int:
+    """A job enqueued by newer code: its task is not in this process's registry."""
+    cur = await aconn.execute(
+        "INSERT INTO postbox.outbox (queue, task, args, max_attempts) VALUES ('wtest', %s, '{}', 3) RETURNING id",
+        (task_name,),
+    )
+    row = await cur.fetchone()
+    await aconn.commit()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_job_of_an_unknown_task_is_handed_back_for_a_worker_that_knows_it(
+    settings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    wsettings = worker_settings(settings, unknown_task_grace=60.0)
+    job_id = await _insert_job_of_unknown_task(aconn, "h_deployed_later")
+    async with running_worker(wsettings) as old:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        assert old.signals.skipped is not None
+        assert await asyncio.wait_for(old.signals.skipped.get(), 15) == job_id
+        await old.wait_idle()
+    row = await fetch(
+        aconn,
+        "SELECT state, attempts, published_at IS NULL, available_at > now(), last_error_class, last_error"
+        " FROM postbox.outbox",
+    )
+    assert row == [
+        (
+            "pending",
+            0,
+            True,
+            True,
+            "UnknownTaskError",
+            f"task h_deployed_later is not registered on {old.id}; handed back for a worker that knows it",
+        )
+    ]
+    assert await redis.xlen(f"{wsettings.redis_prefix}:{{wtest}}:p5") == 0  # acknowledged and deleted
+
+    newer = Registry()
+
+    @task(name="h_deployed_later", queue="wtest", registry=newer)
+    async def deployed_later(ctx: Any) -> None:
+        return None
+
+    await aconn.execute("UPDATE postbox.outbox SET available_at = now()")  # skip the hand-back delay
+    await aconn.commit()
+    async with running_worker(wsettings, registry=newer) as new:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        assert await finished(new, 1) == [(job_id, "succeeded")]
+    assert await fetch(aconn, "SELECT state, attempts FROM postbox.outbox") == [("succeeded", 1)]
+
+
+async def test_a_job_nobody_knows_is_dead_lettered_after_the_grace_period(
+    settings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    wsettings = worker_settings(settings, unknown_task_grace=1.0)
+    job_id = await _insert_job_of_unknown_task(aconn, "h_never_deployed")
+    async with running_worker(wsettings) as worker:
+        started = asyncio.get_running_loop().time()
+        outcome: list[tuple[int, str]] = []
+
+        async def dead_lettered() -> bool:
+            await publish_due(aconn, redis, wsettings.redis_prefix)
+            assert worker.signals.finished is not None
+            if not worker.signals.finished.empty():
+                outcome.append(worker.signals.finished.get_nowait())
+            return bool(outcome)
+
+        await wait_until(dead_lettered, 15, "the job dead-lettered")
+        waited = asyncio.get_running_loop().time() - started
+    assert outcome == [(job_id, "dead")]
+    assert waited >= 1.0
+    assert await fetch(aconn, "SELECT state, attempts, last_error_class, last_error FROM postbox.outbox") == [
+        (
+            "dead",
+            1,
+            "UnknownTaskError",
+            "no handler is registered for task 'h_never_deployed' on this worker, and no worker took the job"
+            " within the grace period (POSTBOX_UNKNOWN_TASK_GRACE=1 s)",
+        )
+    ]

@@ -146,9 +146,10 @@ async def test_timeout_is_retried_then_dead(
     assert await history(aconn, job_id) == [(1, "retry", "JobTimeout"), (2, "dead", "JobTimeout")]
 
 
-async def test_unknown_task_is_dead_at_once_and_nothing_runs(
+async def test_unknown_task_without_a_grace_period_is_dead_at_once_and_nothing_runs(
     wsettings: Settings, aconn: psycopg.AsyncConnection[Any], relay: Relay
 ) -> None:
+    wsettings = wsettings.model_copy(update={"unknown_task_grace": 0.0})  # handed back first: test_worker_hardening
     job_id = await fetchval(aconn, "SELECT postbox.enqueue('no_such_task', '{}'::jsonb, %s)", (t.QUEUE,))
     bad_args = await fetchval(aconn, "SELECT postbox.enqueue('w_add', '{\"a\": \"x\"}'::jsonb, %s)", (t.QUEUE,))
     async with running_worker(wsettings) as worker:
