@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -137,12 +137,15 @@ async def tick(
     now: datetime | None = None,
     limit: int = 1000,
     timeout_ms: int | None = None,
+    before_commit: Callable[[TickReport], Awaitable[None]] | None = None,
 ) -> TickReport:
     """Enqueue the due occurrences of up to ``limit`` schedules in one transaction.
 
     ``now`` pins the clock (tests); by default the database's. ``timeout_ms``
     bounds how long the transaction may sit idle (the leader passes its session
     timeout, so a leader frozen mid-tick loses its session and its lock).
+    ``before_commit`` is a test hook, awaited when everything is written and
+    the COMMIT not yet sent (a leader dying there is the case to prove).
     """
     statements = sql.active()
     async with conn.transaction():
@@ -225,6 +228,8 @@ async def tick(
             for row, _, cursor, next_run in plans
         ]
         await conn.execute(statements.SCHEDULE_ADVANCE, {"rows": orjson.dumps(advance).decode()})
+        if before_commit is not None:
+            await before_commit(report)
     return report
 
 

@@ -310,3 +310,61 @@ async def test_a_process_starts_even_when_its_schedules_cannot_be_synchronised(e
     # unreachable database, then a database without postbox's tables: logged, not raised
     assert await schedule_store.sync_at_start("postgresql://postgres@127.0.0.1:1/none", book, registry) is None
     assert await schedule_store.sync_at_start(empty_database_url, book, registry) is None
+
+
+async def test_a_leader_that_dies_before_its_tick_commits_leaves_nothing_and_the_next_one_enqueues_once(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as setup:
+        await schedule_store.sync(setup, [sched("s", every=1, catch_up="all")], ["noop"], now=T0)
+    at = T0 + timedelta(seconds=3)
+    dying = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    seen: list[int] = []
+
+    async def killed(report: schedule_store.TickReport) -> None:
+        seen.extend(f.job_id for f in report.fired)  # everything written, not committed
+        conn.execute("SELECT pg_terminate_backend(%s)", (dying.info.backend_pid,))
+        conn.commit()
+
+    with pytest.raises(psycopg.OperationalError):
+        await schedule_store.tick(dying, now=at, before_commit=killed)
+    await dying.close()
+    assert len(seen) == 3
+    assert runs(conn) == [] and jobs(conn) == []
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as leader:
+        first = await schedule_store.tick(leader, now=at)
+        again = await schedule_store.tick(leader, now=at)  # a leader after a committed tick: nothing
+    assert [f.occurrence for f in first.fired] == [T0 + timedelta(seconds=s) for s in (1, 2, 3)]
+    assert again.fired == []
+    assert [r[1] for r in runs(conn)] == [T0 + timedelta(seconds=s) for s in (1, 2, 3)]
+    assert len(jobs(conn)) == 3
+
+
+async def test_a_leader_frozen_inside_its_tick_loses_its_session_after_the_timeout(
+    database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as setup:
+        await schedule_store.sync(setup, [sched("s", every=1)], ["noop"], now=T0)
+    frozen = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+
+    async def freeze(report: schedule_store.TickReport) -> None:
+        # idle in the transaction, holding the schedule's row lock, past the timeout
+        deadline = asyncio.get_running_loop().time() + 10
+        while asyncio.get_running_loop().time() < deadline:
+            conn.commit()
+            alive = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (frozen.info.backend_pid,)
+            ).fetchone()
+            conn.commit()
+            if alive == (0,):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the frozen tick's session outlived its idle-in-transaction timeout")
+
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+        await schedule_store.tick(frozen, now=T0 + timedelta(seconds=1), timeout_ms=300, before_commit=freeze)
+    await frozen.close()
+    assert runs(conn) == []
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as leader:
+        report = await schedule_store.tick(leader, now=T0 + timedelta(seconds=1))
+    assert [f.occurrence for f in report.fired] == [T0 + timedelta(seconds=1)]
