@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -131,3 +131,31 @@ def test_postbox_schedules_list_pause_resume_trigger(
         ("schedule.resume", "schedule:often"),
         ("schedule.trigger", "schedule:often"),
     ]
+
+
+def test_an_enqueued_occurrence_reaches_the_events_websocket(settings: Settings, database_url: str) -> None:
+    async def sync_and_step() -> int:
+        import redis.asyncio as aioredis
+
+        from postbox.relay.scheduler import ScheduleDuty
+
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            await schedule_store.sync(conn, [Schedule("ws", "noop", Timing(every=60), {})], ["noop"], now=T0)
+            client = aioredis.Redis.from_url(str(settings.redis_url))
+            try:
+                duty = ScheduleDuty(
+                    redis=client, prefix=settings.redis_prefix, clock=lambda: T0 + timedelta(seconds=61)
+                )
+                return await duty.step(conn)
+            finally:
+                await client.aclose()
+
+    with make_client(settings) as client, client.websocket_connect("/ws/events") as ws:
+        assert asyncio.run(sync_and_step()) == 1  # the API's hub subscribes: the duty publishes
+        evt = ws.receive_json()
+    assert (evt["type"], evt["schedule"], evt["occurrence"], evt["task"]) == (
+        "enqueued",
+        "ws",
+        "2026-06-01T12:01:00+00:00",
+        "noop",
+    )
