@@ -131,7 +131,11 @@ async def trigger(
             "priority": row["priority"],
             "max_attempts": row["max_attempts"],
         }
-        await conn.execute(statements.SCHEDULE_ENQUEUE, {"rows": orjson.dumps([occurrence]).decode(), "manual": True})
+        cur = await conn.execute(
+            statements.SCHEDULE_ENQUEUE, {"rows": orjson.dumps([occurrence]).decode(), "manual": True}
+        )
+        if not await cur.fetchall():  # a run at this very microsecond exists already
+            raise ConflictError(f"schedule {name!r} has a run at {now.isoformat()} already", details={"name": name})
         await conn.execute(statements.SCHEDULE_SET_LAST, {"name": name, "at": now, "job": job_id})
         await record_audit(conn, actor, "schedule.trigger", f"schedule:{name}", {"job_id": job_id})
     await publish_event(redis, prefix, "enqueued", job_id=job_id, queue=row["queue"], task=row["task"])

@@ -368,3 +368,18 @@ async def test_a_leader_frozen_inside_its_tick_loses_its_session_after_the_timeo
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as leader:
         report = await schedule_store.tick(leader, now=T0 + timedelta(seconds=1))
     assert [f.occurrence for f in report.fired] == [T0 + timedelta(seconds=1)]
+
+
+async def test_a_trigger_at_the_instant_of_an_existing_run_is_refused_not_half_done(
+    aconn: psycopg.AsyncConnection[Any], conn: psycopg.Connection[Any]
+) -> None:
+    await aconn.set_autocommit(True)
+    await schedule_store.sync(aconn, [sched("twice", every=60)], ["noop"], now=T0)
+    actor = Actor("test:ops")
+    async with aconn.transaction():  # one transaction: both triggers see the same now()
+        first = await schedule_control.trigger(aconn, "twice", actor)
+        with pytest.raises(ConflictError):
+            await schedule_control.trigger(aconn, "twice", actor)
+    assert [r[2] for r in runs(conn, "twice")] == [first["job_id"]]
+    assert [j[0] for j in jobs(conn)] == [first["job_id"]]
+    assert (await schedule_control.get_schedule(aconn, "twice"))["last_job_id"] == first["job_id"]
