@@ -25,6 +25,7 @@ from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
 from postbox.app.api.observer import Observer
 from postbox.app.api.state import ApiState, read_access, start_warnings
+from postbox.app.dashboard import install as install_dashboard
 from postbox.registry import Registry, default_registry, load_task_modules
 from postbox.settings import Settings
 
@@ -106,4 +107,5 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         app.include_router(router, prefix="/api/v1")
     for router in routers:  # an application's routes follow the same access policy as postbox's
         app.include_router(router, prefix="/api/v1", dependencies=[Depends(read_access)])
+    install_dashboard(app)  # the operators' web dashboard at / (postbox.app.dashboard)
     return app

@@ -1,0 +1,124 @@
+"""The dashboard's own reads, named, parameters only (rendered for the process's schema like ``postbox.sql``).
+
+What the REST API already answers (queue stats, one job, workers, schedules) the
+dashboard takes from it; these are the views it needs on top: the job search
+with time range and text match on args, the bounded count behind "select all
+matching", and the overview's last hour.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import LiteralString
+
+from postbox import schema
+
+# One WHERE clause for the search, its count and the bulk actions, so all three see the same rows.
+_MATCH: LiteralString = """
+     WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(state)s::text IS NULL OR state = %(state)s)
+       AND (%(discarded)s::boolean IS NULL OR (discarded_at IS NOT NULL) = %(discarded)s)
+       AND (%(since)s::timestamptz IS NULL OR created_at >= %(since)s)
+       AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
+       AND (%(text)s::text IS NULL OR args::text ILIKE %(text)s ESCAPE '\\')
+"""
+
+_COLUMNS: LiteralString = """
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by
+      FROM {schema}.outbox
+"""
+
+
+class DashboardStatements:
+    """Templates as class attributes; an instance holds them rendered for one schema."""
+
+    SEARCH: LiteralString = (
+        _COLUMNS
+        + _MATCH
+        + """
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
+     ORDER BY id DESC
+     LIMIT %(limit)s
+    """
+    )
+
+    # Ids matching the filter, newest first, at most ``limit``: the count and the bulk actions.
+    MATCH_IDS: LiteralString = (
+        """
+    SELECT id FROM {schema}.outbox
+    """
+        + _MATCH
+        + """
+     ORDER BY id DESC
+     LIMIT %(limit)s
+    """
+    )
+
+    COUNT_CAPPED: LiteralString = (
+        """
+    SELECT count(*) FROM (SELECT 1 FROM {schema}.outbox
+    """
+        + _MATCH
+        + """
+     LIMIT %(limit)s) AS capped
+    """
+    )
+
+    HEADERS: LiteralString = """
+    SELECT headers FROM {schema}.outbox WHERE id = %(id)s
+    """
+
+    # Jobs finished per minute over the last hour, by outcome (outbox_finished index).
+    FINISHED_PER_MINUTE: LiteralString = """
+    SELECT date_trunc('minute', finished_at) AS minute,
+           count(*) FILTER (WHERE state = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE state = 'dead') AS dead,
+           count(*) FILTER (WHERE state NOT IN ('succeeded', 'dead')) AS other
+      FROM {schema}.outbox
+     WHERE finished_at > date_trunc('minute', now()) - interval '59 minutes'
+     GROUP BY 1 ORDER BY 1
+    """
+
+    # Commit-to-start latency of first attempts finished in the last hour.
+    LATENCY: LiteralString = """
+    SELECT count(*) AS jobs,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)) AS p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)) AS p95
+      FROM {schema}.outbox
+     WHERE finished_at > now() - interval '1 hour' AND started_at IS NOT NULL AND attempts = 1
+       AND started_at >= available_at
+    """
+
+    RELAYS: LiteralString = """
+    SELECT id, host, pid, role, term, started_at, last_seen,
+           extract(epoch FROM now() - last_seen)::float8 AS seen_seconds_ago
+      FROM {schema}.relays
+     WHERE role <> 'stopped'
+     ORDER BY role = 'leader' DESC, last_seen DESC
+    """
+
+    # The relay's lag: how long the oldest due, unpublished job has waited (outbox_unpublished_due index).
+    RELAY_LAG: LiteralString = """
+    SELECT extract(epoch FROM now() - min(available_at))::float8 AS lag_seconds, count(*) AS unpublished
+      FROM (SELECT available_at FROM {schema}.outbox
+             WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+             ORDER BY available_at LIMIT 10001) AS due
+    """
+
+    def __init__(self, schema_name: str) -> None:
+        for name, template in vars(DashboardStatements).items():
+            if name.isupper():
+                setattr(self, name, schema.render(template, schema_name))
+
+
+@functools.cache
+def statements(schema_name: str) -> DashboardStatements:
+    return DashboardStatements(schema.validate(schema_name))
+
+
+def active() -> DashboardStatements:
+    """The statements for this process's schema."""
+    return statements(schema.active())

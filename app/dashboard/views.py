@@ -1,0 +1,119 @@
+"""``/api/v1/dashboard``: the reads the dashboard needs beyond the REST resources.
+
+The overview's last hour, the job search (time range, text match on args), the
+bounded count behind "select all matching", and one job with its headers. They
+follow the API's read policy; the args (and a text search in them) follow its
+contents policy, as ``GET /api/v1/jobs/{id}`` does.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+
+from postbox import control
+from postbox.app.api.errors import ApiError, responses
+from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
+from postbox.app.api.state import Contents, api_state, db, read_access, redacted
+from postbox.app.dashboard import queries
+from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, JobFilter
+
+router = APIRouter(prefix="/dashboard", tags=["dashboard"], dependencies=[Depends(read_access)])
+Conn = Annotated[AsyncConnection[Any], Depends(db)]
+
+
+def job_filter(
+    queue: QueueFilter = None,
+    task: TaskFilter = None,
+    state: StateFilter = None,
+    discarded: Annotated[bool | None, Query(description="Dead letters: only discarded (true) or not (false).")] = None,
+    since: Annotated[datetime | None, Query(description="Created at or after (ISO 8601 with zone).")] = None,
+    until: Annotated[datetime | None, Query(description="Created before (ISO 8601 with zone).")] = None,
+    text: Annotated[
+        str | None, Query(min_length=1, max_length=TEXT_MAX, description="A substring of the args' JSON.")
+    ] = None,
+    contents: bool = Contents,
+) -> JobFilter:
+    """The filter of a search, a count or a bulk action; a text match needs the right to read args."""
+    if text is not None and not contents:
+        raise ApiError(403, "FORBIDDEN", "a text match on args needs the API key (args are redacted without it)")
+    return JobFilter(queue=queue, task=task, state=state, discarded=discarded, since=since, until=until, text=text)
+
+
+Filter = Annotated[JobFilter, Depends(job_filter)]
+
+
+@router.get("/jobs", summary="Jobs matching a filter, newest first", responses=responses(400, 401, 403, 422))
+async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = None) -> dict[str, Any]:
+    params = {**found.params(), "before": control.decode_cursor(cursor), "limit": limit + 1}
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(queries.active().SEARCH, params)
+        rows = await cur.fetchall()
+    items = [control.job_summary(r) for r in rows[:limit]]
+    more = len(rows) > limit
+    return {"items": items, "next_cursor": control.encode_cursor(int(items[-1]["id"])) if more else None}
+
+
+@router.get(
+    "/jobs/count",
+    summary=f"How many jobs match a filter (exact up to {BULK_MAX}, then 'more')",
+    responses=responses(400, 401, 403, 422),
+)
+async def count(conn: Conn, found: Filter) -> dict[str, Any]:
+    async with conn.cursor() as cur:
+        await cur.execute(queries.active().COUNT_CAPPED, {**found.params(), "limit": BULK_MAX + 1})
+        row = await cur.fetchone()
+    total = int(row[0]) if row else 0
+    return {"count": min(total, BULK_MAX), "more": total > BULK_MAX, "limit": BULK_MAX}
+
+
+@router.get("/jobs/{job_id}", summary="A job with its headers and history", responses=responses(401, 404, 422))
+async def job(job_id: JobId, conn: Conn, contents: bool = Contents) -> dict[str, Any]:
+    item = await control.get_job(conn, job_id)
+    async with conn.cursor() as cur:
+        await cur.execute(queries.active().HEADERS, {"id": job_id})
+        row = await cur.fetchone()
+    item["headers"] = row[0] if row else {}
+    return redacted(item, contents, ("args", "result", "headers"))
+
+
+@router.get("/overview", summary="Queues, the last hour, relays and workers", responses=responses(401))
+async def overview(request: Request, conn: Conn) -> dict[str, Any]:
+    st = api_state(request)
+    q = queries.active()
+    queues = await control.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues())
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(q.FINISHED_PER_MINUTE)
+        minutes = await cur.fetchall()
+        await cur.execute(q.LATENCY)
+        latency = await cur.fetchone()
+        await cur.execute(q.RELAYS)
+        relays = await cur.fetchall()
+        await cur.execute(q.RELAY_LAG)
+        lag = await cur.fetchone()
+    workers = await control.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
+    return {
+        "queues": queues,
+        "last_hour": [
+            {"minute": m["minute"], "succeeded": m["succeeded"], "dead": m["dead"], "other": m["other"]}
+            for m in minutes
+        ],
+        "latency": {
+            "jobs": int(latency["jobs"]) if latency else 0,
+            "p50_seconds": latency["p50"] if latency else None,
+            "p95_seconds": latency["p95"] if latency else None,
+        },
+        "relays": relays,
+        "relay_lag_seconds": lag["lag_seconds"] if lag else None,
+        "unpublished_due": int(lag["unpublished"]) if lag else 0,
+        "unpublished_more": bool(lag and int(lag["unpublished"]) > 10_000),
+        "workers": {
+            "live": sum(1 for w in workers if not w["stale"] and not w["stopped"]),
+            "stale": sum(1 for w in workers if w["stale"]),
+            "stopped": sum(1 for w in workers if w["stopped"]),
+        },
+    }

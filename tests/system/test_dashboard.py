@@ -1,0 +1,396 @@
+"""The web dashboard in a real browser: headless Debian chromium driven by Playwright, against a real
+``postbox api run`` (and, for the live test, a real relay and worker) on real PostgreSQL and Redis.
+
+Skipped, with the reason in the summary (``-rs``), where ``/usr/bin/chromium`` or Playwright is missing;
+``.ci/run`` installs chromium so CI always runs them. Set ``POSTBOX_DASHBOARD_SHOTS=<dir>`` to save
+screenshots of the main pages there (docs/dashboard/*.png are made that way).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.harness.redis_server import free_port
+from tests.integration.api_support import wait_until
+
+pytestmark = pytest.mark.system
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+KEY = "dash-s3cret"
+TIMEOUT_MS = 20_000
+
+try:
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - the dev extra installs it
+    sync_playwright = None  # type: ignore[assignment]
+
+if sync_playwright is None or not os.path.exists(CHROMIUM):
+    pytestmark = [
+        pytest.mark.system,
+        pytest.mark.skip(
+            reason=f"dashboard browser tests SKIPPED: needs {CHROMIUM} (apt-get install chromium) and playwright"
+        ),
+    ]
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class Api:
+    """``postbox api run`` on a fixed port, restartable."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = open(self.log_dir / f"api-{self.starts}.log", "wb")
+        argv = [sys.executable, "-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        try:
+            wait_until(lambda: _healthy(self.url), timeout=30)
+        except AssertionError:
+            raise AssertionError((self.log_dir / f"api-{self.starts}.log").read_text()) from None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@contextmanager
+def api_process(env: dict[str, str], log_dir: Path) -> Iterator[Api]:
+    api = Api(env, log_dir)
+    api.start()
+    try:
+        yield api
+    finally:
+        api.stop()
+
+
+@contextmanager
+def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    assert sync_playwright is not None
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def _shot(page: Page, name: str) -> None:
+    folder = os.environ.get("POSTBOX_DASHBOARD_SHOTS")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+
+def _open(page: Page, url: str, loaded: str) -> None:
+    page.goto(url)
+    page.wait_for_selector(f"body[data-loaded={loaded}]", timeout=TIMEOUT_MS)
+
+
+def _go(page: Page, hash_: str, loaded: str) -> None:
+    page.evaluate("h => { window.location.hash = h }", hash_)
+    page.wait_for_selector(f"body[data-loaded={loaded}]", timeout=TIMEOUT_MS)
+
+
+def _seed(database_url: str) -> dict[str, Any]:
+    """Jobs in several states, a stored traceback, a live and a stale worker, a leading relay, a schedule."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(
+            """
+            INSERT INTO postbox.outbox (queue, task, args, state, attempts, created_at, available_at, published_at,
+                                        started_at, finished_at, claimed_by)
+            SELECT 'apiq', 'api_echo', jsonb_build_object('text', 'hello-' || i), 'succeeded', 1,
+                   now() - make_interval(mins => i), now() - make_interval(mins => i),
+                   now() - make_interval(mins => i), now() - make_interval(mins => i) + interval '20 ms',
+                   now() - make_interval(mins => i) + interval '50 ms', 'worker-live0001'
+              FROM generate_series(1, 40) AS i
+            """
+        )
+        dead = [
+            int(row[0])
+            for row in conn.execute(
+                """
+                INSERT INTO postbox.outbox (queue, task, args, state, attempts, max_attempts, created_at, available_at,
+                                            started_at, finished_at, last_error_class, last_error)
+                SELECT 'apiq', 'api_sum', jsonb_build_object('a', i), 'dead', 2, 2, now() - interval '3 min',
+                       now() - interval '3 min', now() - interval '2 min',
+                       now() - interval '1 min', 'ValueError', 'bad input ' || i
+                  FROM generate_series(1, 3) AS i
+                RETURNING id
+                """
+            ).fetchall()
+        ]
+        conn.execute(
+            """
+            INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, started_at, finished_at, outcome,
+                                              error_class, error)
+            VALUES (%s, 1, 'worker-live0001', now() - interval '2 min', now() - interval '1 min', 'dead',
+                    'ValueError', %s)
+            """,
+            (dead[0], 'Traceback (most recent call last):\n  File "tasks.py", line 7\nValueError: bad input'),
+        )
+        row = conn.execute(
+            """INSERT INTO postbox.outbox (queue, task, args, headers, state)
+               VALUES ('apiq', 'api_echo', '{"text": "needle-42"}', '{"request_id": "req-77"}', 'queued')
+               RETURNING id"""
+        ).fetchone()
+        assert row is not None
+        needle = int(row[0])
+        conn.execute(
+            """
+            INSERT INTO postbox.workers (id, host, pid, queues, concurrency, last_seen, in_flight, processed)
+            VALUES ('worker-live0001', 'host-a', 101, '{apiq}', 4, now(), 1, 40),
+                   ('worker-stale002', 'host-b', 102, '{apiq}', 2, now() - interval '1 hour', 0, 3)
+            """
+        )
+        conn.execute(
+            "INSERT INTO postbox.relays (id, host, pid, role, term) VALUES ('relay-1', 'host-r', 201, 'leader', 3)"
+        )
+        conn.execute(
+            """
+            INSERT INTO postbox.schedules (name, task, queue, priority, max_attempts, every_seconds, cursor_at,
+                                           next_run_at)
+            VALUES ('echo-hourly', 'api_echo', 'apiq', 5, 3, 3600, now(), now() + interval '1 hour')
+            """
+        )
+    return {"dead": dead, "needle": needle}
+
+
+def test_every_page_login_filters_pause_csrf_and_deep_link(
+    browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    seeded = _seed(database_url)
+    env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_API_KEY": KEY}
+    with api_process(env, tmp_path) as api:
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        base = api.url + "/"
+
+        # Overview: queue counts, the last hour, latency, the relay leader, workers alive.
+        _open(page, base, "overview")
+        expect(page.locator("tr[data-queue=apiq]")).to_contain_text("apiq")
+        expect(page.locator("#card-finished .value")).to_have_text("40")
+        expect(page.locator("#card-dead .value")).to_have_text("3")
+        expect(page.locator("#card-leader .value")).to_have_text("host-r:201")
+        expect(page.locator("#card-workers .value")).to_have_text("1 (+1 stale)")
+        expect(page.locator("#card-p50 .value")).to_have_text("20 ms")
+        assert page.locator("#throughput rect.ok").count() == 60
+        expect(page.locator("#live")).to_have_text("live")
+        _shot(page, "overview")
+
+        # Jobs: a state filter, kept in the address; args search needs the key.
+        _go(page, "#/jobs", "jobs")
+        expect(page.locator("input[name=text]")).to_be_disabled()
+        page.select_option("select[name=state]", "dead")
+        page.click("#filters button[type=submit]")
+        page.wait_for_function("() => window.location.hash === '#/jobs?state=dead'")
+        page.wait_for_selector("body[data-loaded=jobs]")
+        expect(page.locator("tr[data-state]")).to_have_count(3)
+        assert set(page.locator("tr[data-state]").evaluate_all("rows => rows.map(r => r.dataset.state)")) == {"dead"}
+        _go(page, "#/jobs", "jobs")
+        expect(page.locator("tr[data-state]")).to_have_count(44)
+        expect(page.locator("#page-next")).to_be_disabled()
+
+        # A deep link, before logging in: args and headers redacted, the traceback shown.
+        job_page = context.new_page()
+        _open(job_page, f"{base}#/jobs/{seeded['dead'][0]}", "job")
+        expect(job_page.locator("#job-state")).to_have_text("dead")
+        expect(job_page.locator("#job-args")).to_contain_text("redacted")
+        expect(job_page.locator("pre.error")).to_contain_text("Traceback (most recent call last):")
+        # created, due, attempt 1 started and ended, finished (never published: seeded by SQL)
+        expect(job_page.locator("#timeline li")).to_have_count(5)
+        expect(job_page.locator("#timeline")).to_contain_text("attempt 1 started on worker-live0001")
+        expect(job_page.locator("#timeline")).to_contain_text("finished: dead")
+        expect(job_page.locator("#job-requeue")).to_be_disabled()
+        job_page.close()
+
+        # Actions are refused before login, by the dashboard and by the API behind it.
+        _go(page, "#/queues", "queues")
+        expect(page.locator("tr[data-queue=apiq] button")).to_be_disabled()
+
+        # Log in: a wrong key is refused, the right one is kept in an HttpOnly, SameSite=Strict cookie.
+        _go(page, "#/login", "login")
+        page.fill("#key", "wrong")
+        page.click("form.login button")
+        expect(page.locator("#login-message")).to_have_text("wrong API key")
+        page.fill("#key", KEY)
+        page.click("form.login button")
+        page.wait_for_selector("#logout")
+        page.wait_for_selector("body[data-loaded=overview]")
+        cookies = {c["name"]: c for c in context.cookies()}
+        assert cookies["postbox_key"]["httpOnly"] is True
+        assert cookies["postbox_key"]["sameSite"] == "Strict"
+        assert cookies["postbox_key"]["path"] == "/"
+        assert page.evaluate("document.cookie") == ""
+
+        # Logged in: args, headers and a text match on args.
+        _go(page, f"#/jobs/{seeded['needle']}", "job")
+        expect(page.locator("#job-args")).to_contain_text('"text": "needle-42"')
+        expect(page.locator("#job-headers")).to_contain_text('"request_id": "req-77"')
+        expect(page.locator("#deep-link")).to_have_text(f"{base}#/jobs/{seeded['needle']}")
+        _shot(page, "job")
+        _go(page, "#/jobs?text=needle", "jobs")
+        expect(page.locator("tr[data-state]")).to_have_count(1)
+        expect(page.locator(f"tr[data-id='{seeded['needle']}']")).to_contain_text("queued")
+        _shot(page, "jobs")
+
+        # Pause a queue: confirmed, done through the API with the key, audited.
+        _go(page, "#/queues", "queues")
+        page.click("tr[data-queue=apiq] button")
+        expect(page.locator("#confirm-text")).to_have_text("pause queue apiq?")
+        page.click("#confirm-ok")
+        expect(page.locator("tr[data-queue=apiq] .queue-state")).to_have_text("paused")
+        with psycopg.connect(database_url) as conn:
+            paused = conn.execute("SELECT paused FROM postbox.queues WHERE name = 'apiq'").fetchone()
+            audit = conn.execute("SELECT actor, action, target FROM postbox.audit_log ORDER BY id").fetchall()
+        assert paused == (True,)
+        assert audit == [("api:key", "queue.pause", "queue:apiq")]
+        _shot(page, "queues")
+
+        # CSRF: the cookie alone does not make an action.
+        forged = page.evaluate(
+            """async () => {
+                const r = await fetch('api/v1/queues/apiq/resume', {method: 'POST'});
+                return [r.status, (await r.json()).error.code];
+            }"""
+        )
+        assert forged == [403, "CSRF_FAILED"]
+
+        # Workers (the stale one marked), schedules (pause one).
+        _go(page, "#/workers", "workers")
+        expect(page.locator("tr.stale")).to_have_count(1)
+        expect(page.locator("tr[data-worker=worker-stale002] .worker-status")).to_have_text("stale")
+        expect(page.locator("tr[data-worker=worker-live0001] .worker-status")).to_have_text("alive")
+        _shot(page, "workers")
+        _go(page, "#/schedules", "schedules")
+        row = page.locator("tr[data-schedule=echo-hourly]")
+        expect(row).to_contain_text("every 3600")
+        row.locator("button", has_text="Pause").click()
+        page.click("#confirm-ok")
+        expect(row).to_contain_text("paused")
+        _shot(page, "schedules")
+        _go(page, "#/dlq", "dlq")
+        expect(page.locator("tr[data-state=dead]")).to_have_count(3)
+        _shot(page, "dead-letters")
+
+        # Log out: the cookie is gone and actions are disabled again.
+        page.click("#logout")
+        page.wait_for_selector("#login-link")
+        assert "postbox_key" not in {c["name"] for c in context.cookies()}
+        _go(page, "#/queues", "queues")
+        expect(page.locator("tr[data-queue=apiq] button")).to_be_disabled()
+        context.close()
+
+
+def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_restart(
+    browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    flag = tmp_path / "flag"
+    env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_API_INSECURE": "true"}
+    with (
+        api_process(env, tmp_path) as api,
+        process(["-m", "postbox.relay", "run"], env, tmp_path / "relay.log"),
+        process(["-m", "postbox.worker", "run", "--queues", "apiq"], env, tmp_path / "worker.log"),
+    ):
+        for _ in range(3):
+            created = httpx.post(
+                api.url + "/api/v1/jobs", json={"task": "api_needs_file", "args": {"path": str(flag)}}, timeout=5
+            )
+            assert created.status_code == 201
+
+        def dead_count() -> int:
+            with psycopg.connect(database_url) as conn:
+                row = conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'dead'").fetchone()
+            return int(row[0]) if row else 0
+
+        wait_until(lambda: dead_count() == 3, timeout=30)
+        flag.write_text("here")
+
+        page = browser.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        _open(page, api.url + "/#/jobs?task=api_needs_file", "jobs")
+        expect(page.locator("tr[data-state=dead]")).to_have_count(3)
+        page.evaluate("window.__same_document = true")
+
+        page.click("#select-all-matching")
+        expect(page.locator("#selection")).to_have_text("All 3 matching the filter selected")
+        page.click("#bulk-requeue")
+        expect(page.locator("#confirm-text")).to_have_text(
+            "Retry: retry (requeue the dead ones of) all 3 jobs matching the filter?"
+        )
+        page.click("#confirm-ok")
+        expect(page.locator("#bulk-result")).to_have_text("Retry: 3 of 3 done.")
+        # The worker runs them again: the page follows through the events WebSocket, without a reload.
+        expect(page.locator("tr[data-state=succeeded]")).to_have_count(3)
+        assert page.evaluate("window.__same_document") is True
+        with psycopg.connect(database_url) as conn:
+            actions = conn.execute("SELECT action, count(*) FROM postbox.audit_log GROUP BY action").fetchall()
+        assert actions == [("dlq.requeue", 3)]
+
+        # The API restarts: the page reconnects and keeps following.
+        api.stop()
+        expect(page.locator("#live")).to_have_text("reconnecting…")
+        api.start()
+        expect(page.locator("#live")).to_have_text("live")
+        created = httpx.post(
+            api.url + "/api/v1/jobs", json={"task": "api_needs_file", "args": {"path": str(flag)}}, timeout=5
+        )
+        assert created.status_code == 201
+        expect(page.locator(f"tr[data-id='{created.json()['id']}'][data-state=succeeded]")).to_have_count(1)
+        expect(page.locator("tr[data-state=succeeded]")).to_have_count(4)
+        assert page.evaluate("window.__same_document") is True
+        page.close()
