@@ -279,7 +279,7 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
     claimed = await cur.fetchone()
     if claimed is None or claimed[1] != "running":
         return None
-    _, _, attempt, max_attempts, _, keep_result, _ = claimed
+    _, _, attempt, max_attempts, _, keep_result = claimed[:6]
     cur = await conn.execute(sql.active().TESTING_JOB, {"id": job_id})
     name, queue, args, headers = await cur.fetchone()  # type: ignore[misc]
     ctx = InlineContext(conn, job_id, name, queue, attempt, max_attempts, headers or {}, registry)

@@ -62,3 +62,18 @@ async def h_exit(ctx: Any) -> None:
 @task(queue=QUEUE, retry=FAST, max_attempts=5)
 def h_sync_sleep(ctx: Any, seconds: float) -> None:
     time.sleep(seconds)
+
+
+RUNNING_NOW: list[int] = []  # job ids whose h_overlap handler runs now (in-process workers)
+MOST_AT_ONCE: list[int] = [0]
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=1)
+async def h_overlap(ctx: Any) -> None:
+    """Records how many of its kind run at once in this process."""
+    import asyncio
+
+    RUNNING_NOW.append(ctx.job_id)
+    MOST_AT_ONCE[0] = max(MOST_AT_ONCE[0], len(RUNNING_NOW))
+    await asyncio.sleep(0.1)
+    RUNNING_NOW.remove(ctx.job_id)

@@ -15,12 +15,22 @@ class Capacity:
     def __init__(self, size: int) -> None:
         self.size = size
         self.used = 0
+        self.blocked = False  # no new reads at all (a job runs in isolation)
         self._freed = asyncio.Event()
         self._freed.set()
 
     @property
     def free(self) -> int:
-        return self.size - self.used
+        return min(0, self.size - self.used) if self.blocked else self.size - self.used
+
+    def block(self) -> None:
+        """Take no new reads until :meth:`unblock` (takeovers still may: :meth:`take_over`)."""
+        self.blocked = True
+        self._freed.clear()
+
+    def unblock(self) -> None:
+        self.blocked = False
+        self._freed.set()
 
     def take(self, wanted: int) -> int:
         """Reserve up to ``wanted`` slots now; returns how many were reserved."""

@@ -3,7 +3,9 @@
 One statement per read: claimable rows move to ``running`` with the attempt
 counted; rows that expired or used every attempt end at once; everything else
 is skipped (acknowledged without running) — except a reclaimed entry whose job
-is still running under a live claim, which stays pending for a later look.
+is still running under a live claim, which stays pending for a later look. A
+job taken over from a lost run comes back with ``isolate``: the worker runs it
+alone (see WORKER_CLAIM: a crash is charged to the job that caused it).
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ async def claim(
             else:
                 batch.skip.append(delivery)
             continue
-        _, state, attempts, max_attempts, timeout, keep_result, enq_ms = row
+        _, state, attempts, max_attempts, timeout, keep_result, enq_ms, isolate = row
         if state == "running":
-            batch.run.append(Job(delivery, attempts, max_attempts, timeout, keep_result, enq_ms))
+            batch.run.append(Job(delivery, attempts, max_attempts, timeout, keep_result, enq_ms, isolate=isolate))
         else:
             batch.ended.append((delivery, state))
     return batch

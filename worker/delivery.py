@@ -71,6 +71,7 @@ class Job:
     keep_result: bool
     enq_ms: int
     cancel_requested: bool = False
+    isolate: bool = False  # taken over from a lost run: run it alone (a crash then is its own)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

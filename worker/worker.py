@@ -16,14 +16,14 @@ import logging
 import random
 import secrets
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
-from postbox import definitions, events
+from postbox import definitions, events, sql
 from postbox.errors import SettingsError
 from postbox.registry import Registry, default_registry
 from postbox.settings import Settings
@@ -88,6 +88,11 @@ class Worker:
         self._lease = settings.visibility_timeout
         self._prefix = settings.redis_prefix
         self._unknown = UnknownTasks(settings.unknown_task_grace, clock=clock)
+        self._isolated: deque[Job] = deque()  # taken over from lost runs: each runs alone
+        self._held: list[Job] = []  # claimed while isolated runs are pending
+        self._isolation: asyncio.Task[None] | None = None
+        self._nothing_executing = asyncio.Event()
+        self._nothing_executing.set()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -182,6 +187,8 @@ class Worker:
             with contextlib.suppress(Exception):
                 await self._heartbeat.stopped(self.processed, self.failed)
         finally:
+            if self._isolation is not None:
+                background.append(self._isolation)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -430,7 +437,57 @@ class Worker:
             fire(self.signals.claimed, [job.id for job in batch.run])
         for job in batch.run:
             self.running[job.id] = job
-            job.task = asyncio.create_task(self._execute(job))
+            if job.isolate:
+                self._isolated.append(job)
+            elif self._isolation is not None or self._isolated:
+                self._held.append(job)  # starts once the isolated runs are done
+            else:
+                job.task = asyncio.create_task(self._execute(job))
+        if self._isolated and self._isolation is None and not self._stopping.is_set():
+            self._isolation = asyncio.create_task(self._run_isolated(), name="isolation")
+
+    async def _run_isolated(self) -> None:
+        """Run jobs taken over from lost runs one at a time, each alone in this worker.
+
+        A worker that died while running several jobs cannot say which one killed
+        it; run alone, a job that crashes its worker again is the culprit, and the
+        crash is charged to it (WORKER_CLAIM). No new reads meanwhile; jobs claimed
+        in the meantime (takeovers do not wait) are held until the isolated runs are done.
+        """
+        self.capacity.block()
+        try:
+            while self._isolated and not self._stopping.is_set():
+                await self._nothing_executing.wait()
+                job = self._isolated.popleft()
+                if self.running.get(job.id) is not job:
+                    continue
+                log.warning(
+                    "running a job taken over from a lost run alone",
+                    extra={
+                        "outbox_id": job.id,
+                        "task": job.delivery.task,
+                        "attempt": job.attempt,
+                        "worker_id": self.id,
+                    },
+                )
+                try:
+                    async with self._pool.connection() as conn:
+                        await conn.execute(
+                            sql.active().WORKER_MARK_ISOLATED, {"id": job.id, "attempt": job.attempt, "worker": self.id}
+                        )
+                except Exception:
+                    log.exception("marking an isolated run failed; running it anyway", extra={"outbox_id": job.id})
+                job.task = asyncio.create_task(self._execute(job))
+                await asyncio.wait({job.task})
+        finally:
+            self._isolation = None
+            self.capacity.unblock()
+            held, self._held = self._held, []
+            for job in held:
+                if not self._stopping.is_set() and self.running.get(job.id) is job:
+                    job.task = asyncio.create_task(self._execute(job))
+            if self._isolated and not self._stopping.is_set():
+                self._isolation = asyncio.create_task(self._run_isolated(), name="isolation")
 
     # --- running ---------------------------------------------------------------------
 
@@ -449,6 +506,7 @@ class Worker:
     async def _execute(self, job: Job) -> None:
         started = time.monotonic()
         self.executing += 1
+        self._nothing_executing.clear()
         try:
             try:
                 outcome = await self._executor.run(job)
@@ -468,6 +526,8 @@ class Worker:
         finally:
             self.capacity.release(1)
             self.executing -= 1
+            if self.executing == 0:
+                self._nothing_executing.set()
         d = job.delivery
         self.metrics.observe_duration(d.queue, d.task, time.monotonic() - started)
         self._completer.add(Finished(d, job, outcome))

@@ -110,7 +110,12 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
     async with AsyncConnectionPool(database_url, min_size=1, kwargs={"autocommit": True}) as pool:
         first = await claims.claim(pool, deliveries, worker_id="worker-aaaaaaaa", lease=30)
         [stale] = first.run
-        # Worker A stalls; its lease runs out and worker B takes the job over.
+        # Worker A ran it alone (it wrote the attempt's row at the start: a crash now is
+        # charged to the job), stalls; its lease runs out and worker B takes the job over.
+        await aconn.execute(
+            "INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id) VALUES (%s, 1, 'worker-aaaaaaaa')",
+            (job_id,),
+        )
         await aconn.execute("UPDATE postbox.outbox SET lease_until = now() - interval '1 second'")
         await aconn.commit()
         deliveries[0].reclaimed = True

@@ -11,7 +11,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from postbox.registry import Registry, task
 from postbox.settings import Settings
+from postbox.worker import claims
 from postbox.worker.completer import Completer, Finished
+from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import Outcome
 from tests import tasks_hardening as h
@@ -242,3 +244,30 @@ async def test_a_job_nobody_knows_is_dead_lettered_after_the_grace_period(
             " within the grace period (POSTBOX_UNKNOWN_TASK_GRACE=1 s)",
         )
     ]
+
+
+async def test_a_run_lost_among_others_is_not_charged_and_its_takeover_runs_alone(
+    wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    """Worker A dies running several jobs: B takes them over, charges none, runs each alone."""
+    ids = [await enqueue(aconn, h.h_overlap) for _ in range(3)]
+    h.MOST_AT_ONCE[0] = 0
+    stream = f"{wsettings.redis_prefix}:{{wtest}}:p5"
+    await ensure_groups(redis, [stream])
+    await publish_due(aconn, redis, wsettings.redis_prefix)
+    deliveries, _, _ = await Consumer(redis, consumer="worker-aaaaaaaa").read([stream], 10)
+    async with AsyncConnectionPool(database_url, min_size=1, kwargs={"autocommit": True}) as pool:
+        first = await claims.claim(pool, deliveries, worker_id="worker-aaaaaaaa", lease=30)
+    assert [job.isolate for job in first.run] == [False, False, False]
+    # A dies (its lease runs out): every attempt was used (max_attempts 1), yet none is charged.
+    await aconn.execute("UPDATE postbox.outbox SET lease_until = now() - interval '1 second'")
+    await aconn.commit()
+    async with running_worker(wsettings.model_copy(update={"visibility_timeout": 0.5})) as worker:
+        got = await finished(worker, 3)
+    assert sorted(got) == [(job_id, "succeeded") for job_id in ids]
+    rows = await fetch(aconn, "SELECT state, attempts, last_error_class, started_at FROM postbox.outbox ORDER BY id")
+    assert [row[:3] for row in rows] == [("succeeded", 1, "Interrupted")] * 3
+    assert await fetch(aconn, "SELECT outbox_id, attempt, worker_id, outcome FROM postbox.job_attempts ORDER BY 1") == [
+        (job_id, 1, worker.id, "succeeded") for job_id in ids
+    ]
+    assert h.MOST_AT_ONCE == [1]  # alone: never two at once (three at once before)

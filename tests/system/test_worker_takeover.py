@@ -73,8 +73,11 @@ def test_a_lost_workers_jobs_are_taken_over_within_the_bound_whatever_the_backlo
     struck = one(db, "SELECT now()")
     if fault == "SIGKILL":
         victim.wait(10)
-    retaken = "SELECT count(*) FROM postbox.outbox WHERE id = ANY(%s) AND attempts >= 2 AND started_at > %s"
-    wait_for(lambda: one(db, retaken, (taken, struck)) == 3, 30, "takeover", fleet)
+    retaken = (
+        "SELECT count(*) FROM postbox.outbox WHERE id = ANY(%s) AND started_at > %s"
+        " AND (state <> 'running' OR claimed_by <> %s)"
+    )
+    wait_for(lambda: one(db, retaken, (taken, struck, victim_id)) == 3, 30, "takeover", fleet)
     delays = [
         row[0]
         for row in db.execute(
