@@ -45,6 +45,7 @@ log = logging.getLogger("postbox.control")
 MAX_PAGE = 500
 ARCHIVE_STRIDE = 1_000_000  # attempts of an earlier life are stored as attempt - STRIDE x life
 QUEUE_FULL_RETRY_AFTER = 5  # seconds a refused producer is told to wait
+DEPTH_LOCK_CLASS = 0x7062  # first key of the per-queue depth locks (pg_advisory_xact_lock(class, hash))
 MAX_BIGINT = 2**63 - 1
 
 
@@ -342,25 +343,41 @@ async def enqueue_job(
     max_queue_depth: int = 0,
     before_commit: Callable[[int], Awaitable[None]] | None = None,
 ) -> tuple[int, bool]:
-    """Insert a prepared job (own transaction); (id, created). A live dedup key returns (existing id, False).
+    """Insert a prepared job (own transaction); (id, created). A live dedup key returns (existing id, False)."""
+    job, job_id = await enqueue_and_read(conn, row, max_queue_depth=max_queue_depth, before_commit=before_commit)
+    return job_id, job is not None
 
-    With ``max_queue_depth`` > 0, a queue holding that many waiting jobs (pending,
-    queued, retrying) refuses new ones with :class:`QueueFullError`.
+
+async def enqueue_and_read(
+    conn: AsyncConnection[Any],
+    row: JobRow,
+    *,
+    max_queue_depth: int = 0,
+    before_commit: Callable[[int], Awaitable[None]] | None = None,
+) -> tuple[dict[str, Any] | None, int]:
+    """Insert a prepared job (own transaction): (the new job, its id), or (None, the id of a live dedup key's job).
+
+    The new job is the dict :func:`get_job` would return (no history yet), read
+    back by the INSERT itself. With ``max_queue_depth`` > 0, a queue holding that
+    many waiting jobs (pending, queued, retrying) refuses new ones with
+    :class:`QueueFullError`; the count and the insert run under a per-queue
+    transaction lock, so concurrent enqueues cannot overshoot the limit.
     ``before_commit(id)`` runs for a new job just before COMMIT: the API publishes
     its ``enqueued`` event there, so it always precedes the relay's ``published``
     (the relay cannot see the row before the commit).
     """
     params = row.params()
-    async with conn.transaction(), conn.cursor() as cur:
+    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         if row.dedup_key is not None:
             await cur.execute(sql.active().SELECT_DEDUP, params)
             found = await cur.fetchone()
             if found is not None:
-                return int(found[0]), False
+                return None, int(next(iter(found.values())))
         if max_queue_depth > 0:
+            await cur.execute(sql.active().OPS_LOCK_QUEUE_DEPTH, {"lock_class": DEPTH_LOCK_CLASS, "queue": row.queue})
             await cur.execute(sql.active().OPS_QUEUE_DEPTH, {"queue": row.queue, "limit": max_queue_depth})
             depth_row = await cur.fetchone()
-            depth = int(depth_row[0]) if depth_row else 0
+            depth = int(next(iter(depth_row.values()))) if depth_row else 0
             if depth >= max_queue_depth:
                 raise QueueFullError(
                     f"queue {row.queue!r} holds {depth} waiting jobs (limit {max_queue_depth})",
@@ -368,16 +385,25 @@ async def enqueue_job(
                     details={"queue": row.queue, "limit": max_queue_depth},
                 )
         while True:
-            await cur.execute(sql.active().INSERT_JOB, params)
+            await cur.execute(sql.active().OPS_ENQUEUE, params)
             inserted = await cur.fetchone()
             if inserted is not None:
                 if before_commit is not None:
-                    await before_commit(int(inserted[0]))
-                return int(inserted[0]), True
+                    await before_commit(int(inserted["id"]))
+                return _new_job(inserted), int(inserted["id"])
             await cur.execute(sql.active().SELECT_DEDUP, params)
             found = await cur.fetchone()
             if found is not None:
-                return int(found[0]), False
+                return None, int(next(iter(found.values())))
+
+
+def _new_job(row: Mapping[str, Any]) -> dict[str, Any]:
+    job = job_summary(row)
+    job["args"] = row["args"]
+    job["keep_result"] = row["keep_result"]
+    job["result"] = None
+    job["history"] = []
+    return job
 
 
 # --- queues ---------------------------------------------------------------------

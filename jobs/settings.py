@@ -63,7 +63,12 @@ class Settings(BaseSettings):
         default=262_144, ge=1, description="Largest accepted job payload (JSON-encoded args), in bytes."
     )
     max_queue_depth: int = Field(
-        default=0, ge=0, description="API refuses enqueues (429) when a queue's backlog reaches this; 0 = no limit."
+        default=0,
+        ge=0,
+        description=(
+            "API refuses enqueues (429) when a queue holds this many waiting jobs (exact: checked under a "
+            "per-queue lock); 0 = no limit."
+        ),
     )
 
     # --- relay -----------------------------------------------------------------
@@ -154,6 +159,22 @@ class Settings(BaseSettings):
     api_public_args: bool = Field(
         default=False,
         description="When true, job args and results are readable without the key (GET /jobs/{id}, /dlq/{id}...).",
+    )
+    api_max_in_flight: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description=(
+            "Most /api/v1 requests one API process serves at once; the next answers 503 OVERLOADED with "
+            "Retry-After at once instead of queueing. 0 = no limit."
+        ),
+    )
+    api_pool_size: int = Field(default=10, ge=1, le=1000, description="PostgreSQL connections of one API process.")
+    api_pool_timeout: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="Seconds a request waits for a free PostgreSQL connection before answering 503 with Retry-After.",
     )
     api_body_timeout: float = Field(
         default=10.0,

@@ -10,6 +10,7 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from postbox.app.api.schemas import ErrorResponse
@@ -17,6 +18,7 @@ from postbox.control import ControlError, QueueFullError
 from postbox.errors import EnqueueError, PayloadTooLargeError, UnknownTaskError
 
 log = logging.getLogger("postbox.api")
+POOL_RETRY_AFTER = 1
 
 HTTP_CODES = {
     400: "BAD_REQUEST",
@@ -138,6 +140,17 @@ async def _data(request: Request, exc: Exception) -> JSONResponse:
     return error_response(400, "INVALID_INPUT", "a value was refused by the database (out of range or malformed)")
 
 
+async def _pool_timeout(request: Request, exc: Exception) -> JSONResponse:
+    # No PostgreSQL connection free within POSTBOX_API_POOL_TIMEOUT: overloaded (or the database is away).
+    log.warning("no database connection within the pool timeout on %s %s", request.method, request.url.path)
+    return error_response(
+        503,
+        "OVERLOADED",
+        "no database connection free in time; retry shortly",
+        headers={"Retry-After": str(POOL_RETRY_AFTER)},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(500, "INTERNAL_ERROR", "internal error; see the server log")
@@ -150,4 +163,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ControlError, _control)
     app.add_exception_handler(EnqueueError, _enqueue)
     app.add_exception_handler(psycopg.DataError, _data)
+    app.add_exception_handler(PoolTimeout, _pool_timeout)
     app.add_exception_handler(Exception, _unexpected)

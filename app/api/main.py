@@ -24,6 +24,7 @@ from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
 from postbox.app.api.observer import Observer
+from postbox.app.api.shedder import Shedder
 from postbox.app.api.state import ApiState, read_access, start_warnings
 from postbox.app.dashboard import install as install_dashboard
 from postbox.registry import Registry, default_registry, load_task_modules
@@ -52,9 +53,9 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
             database_url,
             min_size=1,
-            max_size=10,
+            max_size=settings.api_pool_size,
             open=False,
-            timeout=5.0,
+            timeout=settings.api_pool_timeout,  # bounded: a longer wait is a 503 (errors.py)
             kwargs={"application_name": "postbox-api"},
             name="postbox-api",
         )
@@ -93,6 +94,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
 
     # Outermost last: the observer counts what the guards answer.
     app.add_middleware(BodyGuard, limit=settings.max_payload_bytes + BODY_SLACK, timeout=settings.api_body_timeout)
+    app.add_middleware(Shedder, limit=settings.api_max_in_flight)
     app.add_middleware(Observer, metrics=metrics)
 
     app.include_router(routes_system.router)

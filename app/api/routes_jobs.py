@@ -81,13 +81,15 @@ async def enqueue(
 
     async with st.pool.connection() as conn:
         try:
-            job_id, created = await control.enqueue_job(
+            job, job_id = await control.enqueue_and_read(
                 conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
             )
         except control.QueueFullError:
             st.metrics.enqueued.labels(row.queue, "queue_full").inc()
             raise
-        job = await control.get_job(conn, job_id)
+        created = job is not None
+        if job is None:
+            job = await control.get_job(conn, job_id)
     st.metrics.enqueued.labels(row.queue, "created" if created else "duplicate").inc()
     if created:
         log.info("enqueued", extra={"outbox_id": job_id, "task": row.task, "queue": row.queue})
