@@ -341,12 +341,28 @@ class Statements:
     # Claim a batch of deliveries. Rows are locked in id order (no deadlock between
     # two workers claiming overlapping batches) and re-checked after any lock wait.
     # The verdict: run it, or end it at once (expired; attempts used up by lost runs).
+    #
+    # A crash is charged to the job that caused it. Taking over a run whose lease
+    # went stale (its worker died or froze): if that run was running alone (its
+    # worker wrote the attempt's row when it started it, WORKER_MARK_ISOLATED), the
+    # crash is its own: the attempt is recorded lost and counted. Otherwise it may
+    # have died for another job's crash: the attempt is not charged (the new run
+    # keeps its number; last_error says so) and the new run is isolated (returned
+    # ``isolate``: the worker runs it alone, so a crash then is its own). Never
+    # for a worker taking over its own run: the fence must tell the two runs apart.
     WORKER_CLAIM: LiteralString = """
     WITH locked AS (
         SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
                o.started_at AS old_started_at,
+               CASE WHEN o.state = 'running' AND o.claimed_by IS DISTINCT FROM %(worker)s
+                    THEN NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a
+                                      WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
+                    ELSE false END AS refund,
                CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
-                    WHEN o.attempts >= o.max_attempts THEN 'dead'
+                    WHEN o.attempts >= o.max_attempts AND NOT (
+                         o.state = 'running' AND o.claimed_by IS DISTINCT FROM %(worker)s
+                         AND NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a
+                                          WHERE a.outbox_id = o.id AND a.attempt = o.attempts)) THEN 'dead'
                     ELSE 'running' END AS verdict
           FROM {schema}.outbox o
          WHERE o.id = ANY(%(ids)s::int8[])
@@ -357,7 +373,7 @@ class Statements:
     ), claimed AS (
         UPDATE {schema}.outbox o
            SET state = l.verdict,
-               attempts = o.attempts + (l.verdict = 'running')::int,
+               attempts = o.attempts + (l.verdict = 'running' AND NOT l.refund)::int,
                claimed_by = CASE WHEN l.verdict = 'running' THEN %(worker)s END,
                lease_until = CASE WHEN l.verdict = 'running' THEN now() + make_interval(secs => %(lease)s) END,
                started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
@@ -365,9 +381,15 @@ class Statements:
                published_at = coalesce(o.published_at, now()),
                -- a claim that beats the relay's mark stands in for it: the publish is counted here
                publish_count = o.publish_count + (o.published_at IS NULL)::int,
-               last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted' ELSE o.last_error_class END,
+               last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted'
+                                       WHEN l.refund THEN 'Interrupted'
+                                       ELSE o.last_error_class END,
                last_error = CASE WHEN l.verdict = 'dead'
                                  THEN 'every attempt was used; the last run never recorded an outcome (worker lost)'
+                                 WHEN l.refund
+                                 THEN 'attempt ' || o.attempts || ' was interrupted: its worker ('
+                                      || coalesce(l.old_worker, '?') || ') was lost while running it with other '
+                                      || 'jobs; not charged, run again alone'
                                  ELSE o.last_error END,
                result = CASE WHEN l.verdict = 'dead' THEN jsonb_build_object('error', jsonb_build_object(
                                  'class', 'AttemptsExhausted',
@@ -380,11 +402,12 @@ class Statements:
                (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms, l.old_state, l.old_attempts
     ), lost AS (
         -- An attempt's history row is written when it ends: by its outcome, or here,
-        -- when a claim takes over a run whose lease went stale. A running attempt has
-        -- no row yet (OPS_JOB_HISTORY shows it from the outbox row).
+        -- when a claim takes over a run whose lease went stale and charges it. A
+        -- running attempt has no row yet (OPS_JOB_HISTORY shows it from the outbox
+        -- row), except an isolated one, whose row its worker wrote at its start.
         INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
         SELECT id, old_attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-          FROM locked WHERE old_state = 'running'
+          FROM locked WHERE old_state = 'running' AND NOT refund
         ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
          WHERE a.finished_at IS NULL
     )
@@ -393,8 +416,17 @@ class Statements:
     -- commit flushes the claim's record first. A claim lost in a PostgreSQL crash only
     -- means the delivery runs again. Jobs ended here (dead, expired) are followed by a
     -- synchronous NOTIFY commit, which flushes them before their entries are acknowledged.
-    SELECT id, state, attempts, max_attempts, timeout_seconds, keep_result, enq_ms
+    SELECT id, state, attempts, max_attempts, timeout_seconds, keep_result, enq_ms, old_state = 'running' AS isolate
       FROM claimed CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+    """
+
+    # An isolated run (a takeover, run alone) writes its attempt's row when it starts:
+    # if its worker dies now, the crash is charged to it (WORKER_CLAIM).
+    WORKER_MARK_ISOLATED: LiteralString = """
+    INSERT INTO {schema}.job_attempts (outbox_id, attempt, worker_id, started_at)
+    SELECT id, attempts, claimed_by, now() FROM {schema}.outbox
+     WHERE id = %(id)s AND attempts = %(attempt)s AND claimed_by = %(worker)s AND state = 'running'
+    ON CONFLICT (outbox_id, attempt) DO NOTHING
     """
 
     # Which of these jobs are running (under someone's claim): a reclaimed entry of
