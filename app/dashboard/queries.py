@@ -40,10 +40,15 @@ class DashboardStatements:
         + _MATCH
         + """
        AND (%(before)s::bigint IS NULL OR id < %(before)s)
+       AND (%(floor)s::bigint IS NULL OR id >= %(floor)s)
      ORDER BY id DESC
      LIMIT %(limit)s
     """
     )
+
+    NEWEST_ID: LiteralString = """
+    SELECT coalesce(max(id), 0) FROM {schema}.outbox
+    """
 
     # Ids matching the filter, newest first, at most ``limit``: the count and the bulk actions.
     MATCH_IDS: LiteralString = (

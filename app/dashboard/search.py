@@ -10,6 +10,9 @@ from postbox import control
 
 BULK_MAX = 10_000  # rows one bulk action touches at most (and where "select all matching" stops counting)
 TEXT_MAX = 200
+# A text match reads the args of every row it passes (no index can serve a substring of JSON), so
+# one page of a text search looks at this many ids at most, then offers to go on below them.
+TEXT_WINDOW = 50_000
 
 
 def like_pattern(text: str) -> str:

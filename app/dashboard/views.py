@@ -20,7 +20,7 @@ from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.state import Contents, api_state, db, read_access, redacted
 from postbox.app.dashboard import queries
-from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, JobFilter
+from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, TEXT_WINDOW, JobFilter
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], dependencies=[Depends(read_access)])
 Conn = Annotated[AsyncConnection[Any], Depends(db)]
@@ -47,15 +47,35 @@ def job_filter(
 Filter = Annotated[JobFilter, Depends(job_filter)]
 
 
-@router.get("/jobs", summary="Jobs matching a filter, newest first", responses=responses(400, 401, 403, 422))
+@router.get(
+    "/jobs",
+    summary="Jobs matching a filter, newest first (a text match looks at a window of ids per page)",
+    responses=responses(400, 401, 403, 422),
+)
 async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = None) -> dict[str, Any]:
-    params = {**found.params(), "before": control.decode_cursor(cursor), "limit": limit + 1}
+    """A page of matches. With a text match, at most ``TEXT_WINDOW`` ids below the cursor are read:
+    ``searched_down_to`` is the lowest id looked at, and ``next_cursor`` goes on below it."""
+    before = control.decode_cursor(cursor)
+    floor = None
     async with conn.cursor(row_factory=dict_row) as cur:
+        if found.text is not None:
+            if before is None:
+                await cur.execute(queries.active().NEWEST_ID)
+                newest = await cur.fetchone()
+                before = int(next(iter(newest.values()))) + 1 if newest else 1
+            floor = max(1, before - TEXT_WINDOW)
+        params = {**found.params(), "before": before, "floor": floor, "limit": limit + 1}
         await cur.execute(queries.active().SEARCH, params)
         rows = await cur.fetchall()
     items = [control.job_summary(r) for r in rows[:limit]]
-    more = len(rows) > limit
-    return {"items": items, "next_cursor": control.encode_cursor(int(items[-1]["id"])) if more else None}
+    if len(rows) > limit:
+        next_cursor: str | None = control.encode_cursor(int(items[-1]["id"]))
+    elif floor is not None and floor > 1:
+        next_cursor = control.encode_cursor(floor)  # nothing more in this window: go on below it
+    else:
+        next_cursor = None
+    searched = floor if floor is not None and len(rows) <= limit else None
+    return {"items": items, "next_cursor": next_cursor, "searched_down_to": searched}
 
 
 @router.get(

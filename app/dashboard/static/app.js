@@ -505,13 +505,16 @@ function jobListPage(kind, params) {
     tableBox.replaceChildren(table(columns, rows, (r) => ({ dataset: { id: r.id, state: r.state } })));
   }
 
-  function renderPager(next) {
+  function renderPager(next, searched) {
     const page = cursors.length;
     pager.replaceChildren(
+      searched
+        ? h("span", { class: "muted", id: "search-window" }, `Args text search reads up to 50,000 jobs per page: searched down to job ${searched}.`)
+        : "",
       h("button", { id: "page-newest", disabled: page === 1, onclick: () => { cursors = [null]; refresh(); } }, "« Newest"),
       h("button", { id: "page-prev", disabled: page === 1, onclick: () => { cursors.pop(); refresh(); } }, "‹ Newer"),
       h("span", { class: "muted", id: "page-number" }, `page ${page}`),
-      h("button", { id: "page-next", disabled: !next, onclick: () => { cursors.push(next); refresh(); } }, "Older ›"),
+      h("button", { id: "page-next", disabled: !next, onclick: () => { cursors.push(next); refresh(); } }, searched && next ? "Search older ›" : "Older ›"),
     );
   }
 
@@ -522,7 +525,7 @@ function jobListPage(kind, params) {
     rows = data.items;
     renderTable();
     renderToolbar();
-    renderPager(data.next_cursor);
+    renderPager(data.next_cursor, data.searched_down_to);
   }
 
   const purge = dead ? purgeForm() : null;

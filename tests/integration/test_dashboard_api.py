@@ -1,0 +1,157 @@
+"""The dashboard's endpoints without a browser: search, count, bulk actions, the cookie session and CSRF.
+
+The browser tests (tests/system/test_dashboard.py) drive the pages; these pin the
+edges: windows of a text search, the count's cap, refusals in bulk, the cookie's
+attributes under a path prefix, and what the middleware lets through.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+
+from postbox.app.api.main import create_app
+from postbox.app.dashboard import search, session
+from postbox.registry import default_registry
+from postbox.settings import Settings
+from tests.integration.api_support import API_KEY, audit_rows, insert_job, job_state, make_client, make_dead
+
+
+def _login(client: TestClient) -> str:
+    assert client.post("/ui/login", json={"key": API_KEY}).status_code == 204
+    state = client.get("/ui/session").json()
+    assert state["logged_in"] is True
+    return str(state["csrf"])
+
+
+def test_the_page_and_its_assets_are_served(settings: Settings) -> None:
+    with make_client(settings) as client:
+        page = client.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"] == "text/html; charset=utf-8"
+        assert 'src="static/app.js"' in page.text and 'href="static/style.css"' in page.text
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+        assert client.get("/static/app.js").headers["content-type"] == "text/javascript; charset=utf-8"
+        assert client.get("/static/../main.py").status_code == 404
+        assert client.get("/static/index.py").status_code == 404
+
+
+def test_text_search_pages_through_windows_of_ids(
+    settings: Settings, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(search, "TEXT_WINDOW", 10)
+    monkeypatch.setattr("postbox.app.dashboard.views.TEXT_WINDOW", 10)
+    ids = [insert_job(conn, args=json.dumps({"text": "needle" if i in (2, 25) else "hay"})) for i in range(30)]
+    with make_client(settings, api_key=API_KEY) as client:
+        refused = client.get("/api/v1/dashboard/jobs", params={"text": "needle"})
+        assert refused.status_code == 403
+        headers = {"X-API-Key": API_KEY}
+        first = client.get("/api/v1/dashboard/jobs", params={"text": "needle"}, headers=headers).json()
+        assert [j["id"] for j in first["items"]] == [ids[25]]
+        assert first["searched_down_to"] == ids[-1] + 1 - 10
+        second = client.get(
+            "/api/v1/dashboard/jobs", params={"text": "needle", "cursor": first["next_cursor"]}, headers=headers
+        ).json()
+        assert second["items"] == [] and second["searched_down_to"] == ids[-1] + 1 - 20
+        third = client.get(
+            "/api/v1/dashboard/jobs", params={"text": "needle", "cursor": second["next_cursor"]}, headers=headers
+        ).json()
+        assert [j["id"] for j in third["items"]] == [ids[2]]
+        # % and _ are matched literally
+        assert client.get("/api/v1/dashboard/jobs", params={"text": "n%e"}, headers=headers).json()["items"] == []
+
+
+def test_filters_and_the_capped_count(
+    settings: Settings, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("postbox.app.dashboard.views.BULK_MAX", 3)
+    old = insert_job(conn, created_at="2026-01-01T00:00:00Z")
+    new = [insert_job(conn, task="api_sum", queue="other") for _ in range(4)]
+    with make_client(settings) as client:
+        found = client.get("/api/v1/dashboard/jobs", params={"until": "2026-06-01T00:00:00Z"}).json()
+        assert [j["id"] for j in found["items"]] == [old]
+        found = client.get("/api/v1/dashboard/jobs", params={"task": "api_sum", "limit": 3}).json()
+        assert [j["id"] for j in found["items"]] == new[::-1][:3] and found["next_cursor"] is not None
+        assert client.get("/api/v1/dashboard/jobs/count", params={"queue": "other"}).json() == {
+            "count": 3,
+            "more": True,
+            "limit": 3,
+        }
+        assert client.get("/api/v1/dashboard/jobs/count", params={"queue": "apiq"}).json()["count"] == 1
+        naive = client.get("/api/v1/dashboard/jobs", params={"since": "2026-01-01T00:00:00"})
+        assert naive.status_code == 400 and naive.json()["error"]["details"]["field"] == "since"
+
+
+def test_bulk_by_ids_and_by_filter_each_audited_refusals_counted(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    dead = [insert_job(conn, args=json.dumps({"n": i})) for i in range(3)]
+    for job_id in dead:
+        make_dead(conn, job_id)
+    done = insert_job(conn, state="succeeded")
+    with make_client(settings, api_key=API_KEY) as client:
+        headers = {"X-API-Key": API_KEY}
+        assert client.post("/api/v1/bulk/requeue", json={"ids": dead[:1]}).status_code == 401
+        one = client.post("/api/v1/bulk/requeue", json={"ids": [dead[0], done]}, headers=headers).json()
+        assert one == {"action": "requeue", "matched": 2, "done": 1, "skipped": {"CONFLICT": 1}, "done_ids": [dead[0]]}
+        by_filter = client.post(
+            "/api/v1/bulk/discard", json={"filter": {"state": "dead", "queue": "apiq"}}, headers=headers
+        ).json()
+        assert by_filter["done_ids"] == [dead[2], dead[1]] and by_filter["skipped"] == {}
+        both = client.post("/api/v1/bulk/cancel", json={"ids": [1], "filter": {}}, headers=headers)
+        assert both.status_code == 422
+    assert job_state(conn, dead[0]) == "pending"
+    assert [(r[0], r[1], r[2]) for r in audit_rows(conn)] == [
+        ("api:key", "dlq.requeue", f"job:{dead[0]}"),
+        ("api:key", "dlq.discard", f"job:{dead[2]}"),
+        ("api:key", "dlq.discard", f"job:{dead[1]}"),
+    ]
+
+
+def test_login_cookie_csrf_and_logout_under_a_path_prefix(settings: Settings, conn: psycopg.Connection[Any]) -> None:
+    app = create_app(settings.model_copy(update={"api_key": API_KEY}), registry=default_registry)
+    with TestClient(app, root_path="/ops", raise_server_exceptions=False) as client:
+        assert client.post("/ui/login", json={"key": "nope"}).status_code == 401
+        login = client.post("/ui/login", json={"key": API_KEY})
+        assert login.status_code == 204
+        cookie = login.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ops/" in cookie
+        client.cookies.set(session.COOKIE, API_KEY)
+        csrf = client.get("/ui/session").json()["csrf"]
+        assert csrf == session.csrf_token(API_KEY)
+        # the cookie reads (args unredacted) ...
+        job_id = insert_job(conn, args='{"secret": 1}')
+        assert client.get(f"/api/v1/jobs/{job_id}").json()["args"] == {"secret": 1}
+        # ... but acts only with the CSRF token, from this origin
+        assert client.post("/api/v1/queues/apiq/pause").json()["error"]["code"] == "CSRF_FAILED"
+        forged = client.post(
+            "/api/v1/queues/apiq/pause", headers={"X-CSRF-Token": csrf, "Origin": "http://evil.example"}
+        )
+        assert forged.status_code == 403
+        paused = client.post("/api/v1/queues/apiq/pause", headers={"X-CSRF-Token": csrf})
+        assert paused.status_code == 200 and paused.json()["paused"] is True
+        # a cookie with another key is ignored, not an error
+        client.cookies.set(session.COOKIE, "old-key")
+        assert client.get("/ui/session").json()["logged_in"] is False
+        assert client.get(f"/api/v1/jobs/{job_id}").json()["args"] is None
+        out = client.post("/ui/logout")
+        assert out.status_code == 204 and 'postbox_key=""' in out.headers["set-cookie"]
+    assert [(r[0], r[1]) for r in audit_rows(conn)] == [("api:key", "queue.pause")]
+
+
+def test_login_without_a_configured_key_is_refused(settings: Settings) -> None:
+    with make_client(settings) as client:
+        refused = client.post("/ui/login", json={"key": "anything"})
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "NO_API_KEY"
+        assert client.get("/ui/session").json() == {
+            "mode": "insecure",
+            "logged_in": False,
+            "csrf": None,
+            "can_act": True,
+            "can_read_args": True,
+            "reads_need_key": False,
+        }
