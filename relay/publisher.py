@@ -30,6 +30,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from postbox import events, pgarray, resp, sql, tracing
 from postbox.relay.leader import LeadershipLost
+from postbox.relay.watermark import HighWater
 from postbox.streams import GROUP, events_channel, stream_key
 
 log = logging.getLogger("postbox.relay")
@@ -99,6 +100,7 @@ class Publisher:
         self._subscribers_checked = -1e9
         self.clock = clock
         self.known_groups: set[str] = set()
+        self.high_water = HighWater()  # newest entry id per stream, checked for a lost tail (relay/reconciler.py)
         # When the next delayed row is due (a monotonic time; None: none waits), as the
         # current burst's last mark saw it; consumed by the next call of next_due().
         self._due_seen_by_mark: tuple[float | None] | None = None
@@ -159,13 +161,16 @@ class Publisher:
         ids: list[int] = []
         sids: list[str] = []
         refused: list[int] = []
-        for row, result in zip(rows, results[::step], strict=True):
+        added: list[str] = []
+        for row, key, result in zip(rows, keys, results[::step], strict=True):
             if isinstance(result, BaseException):
                 refused.append(row[0])
                 log.warning("XADD refused", extra={"outbox_id": row[0], "queue": row[1], "error": str(result)})
                 continue
             ids.append(row[0])
             sids.append(result.decode() if isinstance(result, bytes) else str(result))
+            added.append(key)
+        self.high_water.record(added, sids)
         return ids, sids, refused
 
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:

@@ -8,12 +8,18 @@ PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
    (restart without persistence, FLUSHALL, failover, eviction). The relay then
    republishes — bounded by ``republish_rate`` rows/s — every row that was
    ``queued`` when the loss was noticed, and every ``running`` row whose claim
-   went stale. While that runs the key reads ``recovering:<token>``; a leader
-   that finds it so (the previous one died mid-way) starts the recovery again.
+   went stale. A failover to a replica that missed the last writes keeps the
+   epoch and the streams but not their newest entries: each stream's
+   ``last-generated-id`` older than the newest id the relay wrote to it
+   (:mod:`relay.watermark`) is a loss too, found by the same check. While
+   a recovery runs the key reads ``recovering:<token>``; a leader that finds
+   it so (the previous one died mid-way) starts the recovery again.
 2. **Entry sweep** (:meth:`Reconciler.sweep`, every ``sweep_interval``): for a
    bounded slice of ``queued`` rows older than ``sweep_min_age`` and ``running``
    rows with a stale claim, check with XRANGE that the stream entry recorded in
-   ``stream_id`` still exists; republish the rows whose entry is gone.
+   ``stream_id`` still exists and is this job's (after a failover the stream's
+   ids start again from an older point, so an id can come back holding another
+   job); republish the rows whose entry is gone.
 
 A finished row (succeeded, dead, cancelled, expired) is never selected, and
 each republish re-reads the state right before its XADD.
@@ -33,7 +39,8 @@ from redis.asyncio import Redis
 
 from postbox import sql
 from postbox.relay.publisher import Publisher, Row, check_term
-from postbox.streams import epoch_key, stream_key
+from postbox.relay.watermark import EntryId, parse_entry_id, tails_lost
+from postbox.streams import decode_entry, epoch_key, stream_key
 
 log = logging.getLogger("postbox.relay")
 
@@ -66,6 +73,19 @@ class RateLimiter:
         """Seconds until at least one token is available."""
         self._refill()
         return 0.0 if self.tokens >= 1 else (1 - self.tokens) / self.rate
+
+
+def holds_job(entries: Any, job_id: int) -> bool:
+    """Whether an XRANGE answer for one entry id is the entry of job ``job_id``."""
+    if isinstance(entries, BaseException):
+        return True  # unknown: the next sweep asks again
+    if not entries:
+        return False
+    _sid, fields = entries[0]
+    try:
+        return int(decode_entry(fields)["id"]) == job_id
+    except (KeyError, TypeError, ValueError):
+        return False
 
 
 class Reconciler:
@@ -124,6 +144,11 @@ class Reconciler:
                 log.warning("Redis lost streams the relay created", extra={"count": len(self.publisher.known_groups)})
                 await self._start_recovery(conn, "missing streams")
                 return True
+            lost = await self._tails_lost()
+            if lost:
+                log.warning("Redis lost the newest entries of streams (a failover?)", extra={"count": len(lost)})
+                await self._start_recovery(conn, "stream tail lost")
+                return True
             return False
         if current is not None and self.token is None and not current.startswith(RECOVERING):
             self.token = current  # a new term, and Redis kept its data: adopt the epoch
@@ -142,11 +167,34 @@ class Reconciler:
         found = await pipe.execute()
         return any(int(n) == 0 for n in found)
 
+    async def _tails_lost(self) -> list[str]:
+        """Streams whose last generated id is older than the newest id this relay wrote to them."""
+        expected = self.publisher.high_water.snapshot()  # before asking: every mark in it was applied
+        if not expected:
+            return []
+        keys = sorted(expected)
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.execute_command("XINFO", "STREAM", key)
+        found = await pipe.execute(raise_on_error=False)
+        reported: dict[str, EntryId | None] = {}
+        for key, info in zip(keys, found, strict=True):
+            if isinstance(info, BaseException):
+                if "no such key" not in str(info).lower():
+                    raise info
+                reported[key] = None  # gone: _streams_missing says so too
+                continue
+            fields = dict(zip(info[::2], info[1::2], strict=True)) if isinstance(info, list) else dict(info)
+            value = fields.get(b"last-generated-id", fields.get("last-generated-id"))
+            reported[key] = parse_entry_id(value) if value is not None else None
+        return tails_lost(expected, reported)
+
     async def _start_recovery(self, conn: AsyncConnection[Any], reason: str) -> None:
         first_check = self.token is None
         self.token = uuid.uuid4().hex
         await self.redis.set(self.key, RECOVERING + self.token)
         self.publisher.forget_groups()
+        self.publisher.high_water.forget()
         cur = await conn.execute(sql.active().RELAY_NOW)
         row = await cur.fetchone()
         assert row is not None
@@ -208,7 +256,7 @@ class Reconciler:
             key = self.publisher_key(row)
             pipe.xrange(key, min=row[8], max=row[8], count=1)
         found = await pipe.execute(raise_on_error=False)
-        missing = [row for row, entries in zip(rows, found, strict=True) if not entries]
+        missing = [row for row, entries in zip(rows, found, strict=True) if not holds_job(entries, row[0])]
         if not missing:
             return []
         if await self.check(conn):

@@ -1,0 +1,65 @@
+"""A failover to a replica that missed the last writes: the epoch and the streams survive, their tail does not.
+
+Simulated on this test's own streams (the shared server is fine: only our prefix
+is touched): the newest entries are deleted and the stream's last generated id
+is set back (``XSETID``), which is what the promoted replica looks like. The
+real primary/replica failover is tests/system/test_redis_failover.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import redis.asyncio as aioredis
+
+from postbox.settings import Settings
+from postbox.streams import GROUP, stream_key
+from tests.relay_support import enqueue_sql, entries, event_within, get_within, running_relay, wait_until
+
+
+async def test_a_lost_stream_tail_is_found_by_the_high_water_mark_and_republished(
+    settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
+) -> None:
+    prefix = settings.redis_prefix
+    # No sweep during the test: only the loss check can find the lost tail.
+    async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (relay, signals):
+        ids = enqueue_sql(conn, 6)
+        await wait_until(lambda: relay.published_total == 6, 10, what="6 published")
+        sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
+        conn.commit()
+        key = stream_key(prefix, "default", 5)
+        assert await redis.xdel(key, *sids[3:]) == 3
+        await redis.execute_command("XSETID", key, sids[2])  # the replica never saw the last three
+        await redis.execute_command("XGROUP", "SETID", key, GROUP, sids[2])
+        await event_within(signals.redis_loss, 10)
+        found: list[dict[str, Any]] = []
+
+        async def refresh() -> bool:
+            found[:] = await entries(redis, prefix)
+            return set(ids[3:]) <= {int(e["id"]) for e in found}
+
+        await wait_until(refresh, 10, what="the lost tail back in the stream")
+    conn.commit()
+    counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
+    assert all(counts[i] == 2 for i in ids[3:]), counts
+
+
+async def test_the_sweep_republishes_a_job_whose_entry_id_now_holds_another_job(
+    settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
+) -> None:
+    prefix = settings.redis_prefix
+    async with running_relay(settings, sweep_interval=0.2, sweep_min_age=0.3) as (relay, signals):
+        first, second = enqueue_sql(conn, 2)
+        await wait_until(lambda: relay.published_total == 2, 10, what="2 published")
+        sids = dict(conn.execute("SELECT id, stream_id FROM postbox.outbox").fetchall())
+        # After a failover the stream's ids restart from an older point: the id recorded
+        # for ``first`` can come back holding another job's entry.
+        assert await redis.xdel(stream_key(prefix, "default", 5), sids[first]) == 1
+        conn.execute("UPDATE postbox.outbox SET stream_id = %s WHERE id = %s", (sids[second], first))
+        conn.commit()
+        assert signals.republished is not None
+        got = await get_within(signals.republished, 10)
+        assert got == [first]
+    assert conn.execute("SELECT publish_count FROM postbox.outbox WHERE id = %s", (first,)).fetchone() == (2,)
+    assert sorted(int(e["id"]) for e in await entries(redis, prefix)) == [first, second]
