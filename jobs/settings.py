@@ -127,9 +127,9 @@ class Settings(BaseSettings):
         default=600.0,
         ge=0,
         description=(
-            "Seconds a worker hands back a job whose task it does not know (for a worker that knows it, "
-            "during a rolling deploy) before sending it to the dead letters; counted from the first time "
-            "that worker saw the job. 0 = dead letters at once."
+            "Seconds a worker hands back a job whose task it does not know, or whose args its handler refuses "
+            "(for a worker that can run it, during a rolling deploy) before sending it to the dead letters; "
+            "counted from the first time that worker saw the job. 0 = dead letters at once."
         ),
     )
     worker_metrics_port: int = Field(

@@ -560,8 +560,9 @@ class Statements:
     SELECT id FROM rescued
     """
 
-    # Jobs whose task this worker does not know, handed back unclaimed for a worker
-    # that knows it: publishable again after a delay, attempts untouched. Only rows
+    # Jobs this worker cannot run (it does not know their task, or its handler refuses
+    # their args), handed back unclaimed for a worker that can: publishable again
+    # after a delay, attempts untouched; ``reason`` is a format() text of the task. Only rows
     # whose publish is marked (queued): a hand-back before the relay's mark commits
     # would be overwritten by it. A running row under a stale claim (its worker died)
     # too; its lost attempt stays counted. Returns (id, handed back); false: not
@@ -578,9 +579,8 @@ class Statements:
         UPDATE {schema}.outbox o
            SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
                available_at = now() + make_interval(secs => %(delay)s),
-               last_error_class = 'UnknownTaskError',
-               last_error = 'task ' || o.task || ' is not registered on ' || %(worker)s
-                            || '; handed back for a worker that knows it'
+               last_error_class = %(error_class)s,
+               last_error = format(%(reason)s, o.task)
           FROM target t
          WHERE o.id = t.id
      RETURNING o.id

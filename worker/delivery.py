@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from postbox.streams import decode_entry
 
@@ -22,6 +23,7 @@ class Delivery:
     priority: int
     enq_ms: int
     reclaimed: bool = False
+    kwargs: dict[str, Any] | None = None  # the handler's arguments, once validated (worker._hand_back_unrunnable)
 
 
 def parse_delivery(stream: str, entry_id: bytes, fields: dict[bytes, bytes], *, reclaimed: bool = False) -> Delivery:

@@ -26,7 +26,7 @@ from postbox.settings import Settings
 from postbox.worker import outcomes
 from postbox.worker.completer import record_outcomes
 from postbox.worker.context import StaleAttempt, WorkerJobContext
-from postbox.worker.delivery import Job
+from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import JobTimeout, Outcome
 from postbox.worker.threads import HandlerThreads
 
@@ -76,6 +76,22 @@ class Executor:
     async def _record_in_transaction(self, conn: AsyncConnection[Any], job: Job, outcome: Outcome) -> bool:
         return bool(await record_outcomes(conn, self._worker_id, [(job, outcome)], self.result_ttl, notify=False))
 
+    def arguments(self, delivery: Delivery) -> dict[str, Any] | Exception:
+        """The handler's keyword arguments from the delivery's args, or why its handler refuses them.
+
+        Call only for a task this worker knows.
+        """
+        handler = self._handler(delivery.task)
+        assert handler is not None
+        spec, _, no_args = handler
+        try:
+            raw = orjson.loads(delivery.args)
+            if not isinstance(raw, dict):
+                raise InvalidArgsError("args must be a JSON object")
+            return {} if no_args and not raw else spec.call_args(raw)
+        except (InvalidArgsError, orjson.JSONDecodeError) as exc:
+            return exc
+
     async def run(self, job: Job) -> Outcome:
         """Run the attempt; never raises except CancelledError from a shutdown."""
         delivery = job.delivery
@@ -87,14 +103,15 @@ class Executor:
                 f"no handler is registered for task {delivery.task!r} on this worker, and no worker took the job"
                 f" within the grace period (POSTBOX_UNKNOWN_TASK_GRACE={grace:g} s)",
             )
-        spec, is_async, no_args = handler
-        try:
-            raw = orjson.loads(delivery.args)
-            if not isinstance(raw, dict):
-                raise InvalidArgsError("args must be a JSON object")
-            kwargs = {} if no_args and not raw else spec.call_args(raw)
-        except (InvalidArgsError, orjson.JSONDecodeError) as exc:
-            return outcomes.dead(outcomes.error_class(exc), str(exc))
+        spec, is_async, _ = handler
+        kwargs = delivery.kwargs
+        if kwargs is None:
+            found = self.arguments(delivery)
+            if isinstance(found, Exception):
+                grace = self._settings.unknown_task_grace
+                note = f" (handed back for POSTBOX_UNKNOWN_TASK_GRACE={grace:g} s first)" if grace else ""
+                return outcomes.dead(outcomes.error_class(found), f"{found}{note}")
+            kwargs = found
         timeout = job.timeout or spec.timeout
         ctx = WorkerJobContext(
             job,

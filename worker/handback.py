@@ -1,12 +1,14 @@
-"""Jobs whose task this worker does not know: handed back, then dead-lettered after a grace period.
+"""Jobs this worker cannot run: handed back, then dead-lettered after a grace period.
 
-During a rolling deploy a job can reach a worker that runs the previous code
-and has no handler for its task. Such a job is not claimed: it is handed back
+During a rolling deploy a job can reach a worker that runs the previous code:
+it has no handler for the job's task, or its handler refuses the job's args
+(a parameter added by the newer code). Such a job is not claimed: it is handed back
 (:data:`sql.WORKER_HAND_BACK`) — made publishable again after a short delay,
 its attempts untouched — so the relay publishes it anew and a worker that
 knows the task can take it. Once this worker has seen the job for longer than
 ``POSTBOX_UNKNOWN_TASK_GRACE`` seconds it stops handing it back: the job is
-claimed and sent to the dead letters with an ``UnknownTaskError`` that says so.
+claimed and sent to the dead letters with an ``UnknownTaskError`` (or the
+``InvalidArgsError``) that says so.
 The first-seen times live in this worker's memory (bounded; a restarted worker
 starts counting again).
 """
@@ -56,7 +58,13 @@ class UnknownTasks:
 
 
 async def hand_back(
-    pool: AsyncConnectionPool[Any], deliveries: Sequence[Delivery], *, worker_id: str, delay: float
+    pool: AsyncConnectionPool[Any],
+    deliveries: Sequence[Delivery],
+    *,
+    worker_id: str,
+    delay: float,
+    error_class: str = "UnknownTaskError",
+    reason: str = "task %s is not registered on {worker}; handed back for a worker that knows it",
 ) -> tuple[set[int], set[int]]:
     """Make these jobs publishable again after ``delay``.
 
@@ -67,7 +75,13 @@ async def hand_back(
     ids = sorted({d.job_id for d in deliveries})
     async with pool.connection() as conn:
         cur = await conn.execute(
-            sql.active().WORKER_HAND_BACK, {"ids": pgarray.ints(ids), "worker": worker_id, "delay": delay}
+            sql.active().WORKER_HAND_BACK,
+            {
+                "ids": pgarray.ints(ids),
+                "delay": delay,
+                "error_class": error_class,
+                "reason": reason.format(worker=worker_id),
+            },
         )
         rows = await cur.fetchall()
     return {row[0] for row in rows if row[1]}, {row[0] for row in rows if not row[1]}

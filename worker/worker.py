@@ -378,15 +378,51 @@ class Worker:
             log.error("dropping a stream entry that is not a postbox job", extra={"queue": stream})
             self._completer.add(Finished(Delivery(stream, entry_id, 0, "", "", "", "", 0, 0)))
 
-    async def _hand_back_unknown(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Hand back jobs whose task this worker does not know; returns the deliveries to claim."""
-        unknown = [d for d in deliveries if d.task not in self.registry]
-        if not unknown:
+    async def _hand_back_unrunnable(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Hand back jobs this worker cannot run (unknown task, args its handler refuses).
+
+        Returns the deliveries to claim; their handlers' arguments are validated
+        here once (``delivery.kwargs``). Past the grace period a job is claimed
+        anyway, and the executor sends it to the dead letters.
+        """
+        unknown: list[Delivery] = []
+        refused: list[Delivery] = []
+        for delivery in deliveries:
+            if delivery.task not in self.registry:
+                unknown.append(delivery)
+                continue
+            found = self._executor.arguments(delivery)
+            if isinstance(found, Exception):
+                refused.append(delivery)
+            else:
+                delivery.kwargs = found
+        if not unknown and not refused:
             return deliveries
-        back, _past_grace = self._unknown.split(unknown)  # past the grace period: claimed, then dead
-        if not back:
-            return deliveries
-        handed, unmarked = await hand_back(self._pool, back, worker_id=self.id, delay=self._unknown.delay)
+        skipped: set[int] = set()
+        for group, error_class, reason in (
+            (
+                unknown,
+                "UnknownTaskError",
+                "task %s is not registered on {worker}; handed back for a worker that knows it",
+            ),
+            (
+                refused,
+                "InvalidArgsError",
+                "the args of task %s are refused by its handler on {worker};"
+                " handed back for a worker that accepts them",
+            ),
+        ):
+            back, _past_grace = self._unknown.split(group)  # past the grace period: claimed, then dead
+            if back:
+                await self._hand_back(back, error_class, reason)
+                skipped.update(id(d) for d in back)
+        self.capacity.release(len(skipped))
+        return [d for d in deliveries if id(d) not in skipped]
+
+    async def _hand_back(self, back: list[Delivery], error_class: str, reason: str) -> None:
+        handed, unmarked = await hand_back(
+            self._pool, back, worker_id=self.id, delay=self._unknown.delay, error_class=error_class, reason=reason
+        )
         for delivery in back:
             # Acknowledged: handed back (the relay publishes it again), or nothing to hand
             # back (finished...). Left pending, to be reclaimed and looked at again: a
@@ -396,12 +432,14 @@ class Worker:
                 fire(self.signals.skipped, delivery.job_id)
         if handed:
             log.warning(
-                "jobs of tasks this worker does not know handed back for a worker that knows them",
-                extra={"count": len(handed), "task": ",".join(sorted({d.task for d in back})), "worker_id": self.id},
+                "jobs this worker cannot run handed back for a worker that can",
+                extra={
+                    "count": len(handed),
+                    "task": ",".join(sorted({d.task for d in back})),
+                    "worker_id": self.id,
+                    "error_class": error_class,
+                },
             )
-        skipped = {id(d) for d in back}
-        self.capacity.release(len(back))
-        return [d for d in deliveries if id(d) not in skipped]
 
     async def _dispatch(self, deliveries: list[Delivery]) -> None:
         """Claim what was read (capacity for all of it is held) and start what may run.
@@ -412,7 +450,7 @@ class Worker:
         previous, self._last_dispatch = self._last_dispatch, mine
         try:
             try:
-                deliveries = await self._hand_back_unknown(deliveries)
+                deliveries = await self._hand_back_unrunnable(deliveries)
                 batch = await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
             except BaseException:
                 self.capacity.release(len(deliveries))

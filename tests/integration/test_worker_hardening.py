@@ -271,3 +271,45 @@ async def test_a_run_lost_among_others_is_not_charged_and_its_takeover_runs_alon
         (job_id, 1, worker.id, "succeeded") for job_id in ids
     ]
     assert h.MOST_AT_ONCE == [1]  # alone: never two at once (three at once before)
+
+
+async def test_a_job_whose_args_this_worker_refuses_is_handed_back_for_a_worker_that_accepts_them(
+    settings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
+) -> None:
+    """Newer producers add an argument the older workers' handler does not take yet (rolling deploy)."""
+    wsettings = worker_settings(settings, unknown_task_grace=60.0)
+    cur = await aconn.execute(
+        "INSERT INTO postbox.outbox (queue, task, args, keep_result) VALUES ('wtest', 'w_add', %s, true) RETURNING id",
+        ('{"a": 1, "b": 2, "c": 3}',),
+    )
+    row = await cur.fetchone()
+    await aconn.commit()
+    assert row is not None
+    job_id = int(row[0])
+    async with running_worker(wsettings) as old:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        assert old.signals.skipped is not None
+        assert await asyncio.wait_for(old.signals.skipped.get(), 15) == job_id
+        await old.wait_idle()
+    assert await fetch(aconn, "SELECT state, attempts, last_error_class, last_error FROM postbox.outbox") == [
+        (
+            "pending",
+            0,
+            "InvalidArgsError",
+            f"the args of task w_add are refused by its handler on {old.id};"
+            " handed back for a worker that accepts them",
+        )
+    ]
+
+    newer = Registry()
+
+    @task(name="w_add", queue="wtest", registry=newer, keep_result=True)
+    async def add3(ctx: Any, a: int, b: int, c: int = 0) -> int:
+        return a + b + c
+
+    await aconn.execute("UPDATE postbox.outbox SET available_at = now()")  # skip the hand-back delay
+    await aconn.commit()
+    async with running_worker(wsettings, registry=newer) as new:
+        await publish_due(aconn, redis, wsettings.redis_prefix)
+        assert await finished(new, 1) == [(job_id, "succeeded")]
+    assert await fetch(aconn, "SELECT state, attempts, result FROM postbox.outbox") == [("succeeded", 1, 6)]
