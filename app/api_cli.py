@@ -22,6 +22,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--host", help="address to bind (default: POSTBOX_API_HOST, 127.0.0.1)")
     run.add_argument("--port", type=int, help="port to bind (default: POSTBOX_API_PORT, 8000)")
     run.add_argument("--tasks", help="comma-separated task modules (default: POSTBOX_TASKS)")
+    run.add_argument(
+        "--root-path",
+        default="",
+        help="the path prefix a reverse proxy serves the API under, e.g. /postbox (the proxy strips it)",
+    )
     return p
 
 
@@ -56,7 +61,18 @@ def serve_parsed(args: argparse.Namespace, prog: str, factory: Callable[[Setting
     except SettingsError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    config = uvicorn.Config(app, host=settings.api_host, port=settings.api_port, log_config=None, proxy_headers=False)
+    root_path = str(getattr(args, "root_path", "") or "").rstrip("/")
+    if root_path and not root_path.startswith("/"):
+        print(f"{prog}: --root-path must start with /, got {root_path!r}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_config=None,
+        proxy_headers=False,
+        root_path=root_path,
+    )
     server = _server_class()(config)
     server.run()
     return 0 if server.started else 1

@@ -113,7 +113,8 @@ def requests(ids: dict[str, int]) -> list[tuple[str, str]]:
         ("jobs: count state=dead", "/api/v1/dashboard/jobs/count?state=dead"),
         ("job (deep link)", f"/api/v1/dashboard/jobs/{ids['dead']}"),
         ("dead letters", "/api/v1/dashboard/jobs?state=dead&discarded=false&limit=50"),
-        ("queues", "/api/v1/queues"),
+        ("queues", "/api/v1/dashboard/queues"),
+        ("(REST GET /api/v1/queues, for comparison)", "/api/v1/queues"),
         ("workers", "/api/v1/workers"),
         ("schedules", "/api/v1/schedules"),
     ]

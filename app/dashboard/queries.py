@@ -72,6 +72,46 @@ class DashboardStatements:
     """
     )
 
+    # Every queue's counts, as OPS_QUEUE_COUNTS defines them, one queue at a time through the
+    # (queue, state) index: the queue names by a skip scan, then each queue's unfinished and dead rows.
+    # One statement over all queues is a sequential scan of the whole outbox (~200 ms at 1M rows).
+    QUEUE_COUNTS: LiteralString = """
+    WITH RECURSIVE names AS (
+        (SELECT queue::text AS queue FROM {schema}.outbox ORDER BY queue LIMIT 1)
+        UNION ALL
+        SELECT (SELECT o.queue::text FROM {schema}.outbox o WHERE o.queue > n.queue ORDER BY o.queue LIMIT 1)
+          FROM names n WHERE n.queue IS NOT NULL
+    )
+    SELECT n.queue, c.*
+      FROM names n,
+           LATERAL (
+             SELECT count(*) FILTER (WHERE state IN ('pending', 'retrying') AND published_at IS NULL
+                                       AND available_at <= now()) AS backlog,
+                    count(*) FILTER (WHERE state = 'pending' AND available_at > now()) AS scheduled,
+                    count(*) FILTER (WHERE state = 'queued') AS queued,
+                    count(*) FILTER (WHERE state = 'running') AS in_flight,
+                    count(*) FILTER (WHERE state = 'retrying') AS retrying,
+                    count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NULL) AS dead,
+                    count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NOT NULL) AS discarded,
+                    extract(epoch FROM now() - min(available_at)
+                        FILTER (WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()))::float8
+                        AS oldest_waiting_seconds
+               FROM {schema}.outbox o
+              WHERE o.queue = n.queue AND o.state IN ('pending', 'queued', 'running', 'retrying', 'dead')
+           ) AS c
+     WHERE n.queue IS NOT NULL
+    """
+
+    # The recursive statement's estimated cost makes PostgreSQL JIT-compile it: ~450 ms spent to save
+    # nothing on a query that runs in ~20 ms. Off for the dashboard's read transaction only.
+    NO_JIT: LiteralString = """
+    SET LOCAL jit = off
+    """
+
+    QUEUE_ROWS: LiteralString = """
+    SELECT name, paused FROM {schema}.queues
+    """
+
     HEADERS: LiteralString = """
     SELECT headers FROM {schema}.outbox WHERE id = %(id)s
     """

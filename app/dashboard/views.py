@@ -21,6 +21,7 @@ from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilte
 from postbox.app.api.state import Contents, api_state, db, read_access, redacted
 from postbox.app.dashboard import queries
 from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, TEXT_WINDOW, JobFilter
+from postbox.settings import QUEUE_NAME_RE
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], dependencies=[Depends(read_access)])
 Conn = Annotated[AsyncConnection[Any], Depends(db)]
@@ -101,11 +102,52 @@ async def job(job_id: JobId, conn: Conn, contents: bool = Contents) -> dict[str,
     return redacted(item, contents, ("args", "result", "headers"))
 
 
+async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
+    """What ``GET /api/v1/queues`` answers, every known queue, counted one queue at a time.
+
+    Queues known from their rows (any state), the queues table and the task registry.
+    """
+    st = api_state(request)
+    q = queries.active()
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(q.NO_JIT)
+        await cur.execute(q.QUEUE_COUNTS)
+        counts = {r["queue"]: r for r in await cur.fetchall()}
+        await cur.execute(q.QUEUE_ROWS)
+        paused = {r["name"]: bool(r["paused"]) for r in await cur.fetchall()}
+    names = sorted(set(counts) | set(paused) | {n for n in st.registry.queues() if QUEUE_NAME_RE.match(n)})
+    streams, redis_error = await control.stream_counts(st.redis, st.settings.redis_prefix, names)
+    out = []
+    for name in names:
+        row = counts.get(name, {})
+        in_streams, pending = streams.get(name, (None, None))
+        out.append(
+            {
+                "queue": name,
+                "paused": paused.get(name, False),
+                **{field: int(row.get(field) or 0) for field in COUNT_FIELDS},
+                "oldest_waiting_seconds": row.get("oldest_waiting_seconds"),
+                "in_streams": in_streams,
+                "stream_pending": pending,
+                "redis_error": redis_error,
+            }
+        )
+    return out
+
+
+COUNT_FIELDS = ("backlog", "scheduled", "queued", "in_flight", "retrying", "dead", "discarded")
+
+
+@router.get("/queues", summary="Every queue's stats (as GET /api/v1/queues)", responses=responses(401))
+async def queues_(request: Request, conn: Conn) -> list[dict[str, Any]]:
+    return await queue_stats(request, conn)
+
+
 @router.get("/overview", summary="Queues, the last hour, relays and workers", responses=responses(401))
 async def overview(request: Request, conn: Conn) -> dict[str, Any]:
     st = api_state(request)
     q = queries.active()
-    queues = await control.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues())
+    queues = await queue_stats(request, conn)
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(q.FINISHED_PER_MINUTE)
         minutes = await cur.fetchall()

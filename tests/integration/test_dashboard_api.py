@@ -155,3 +155,30 @@ def test_login_without_a_configured_key_is_refused(settings: Settings) -> None:
             "can_read_args": True,
             "reads_need_key": False,
         }
+
+
+def test_queue_counts_are_those_of_the_rest_api(settings: Settings, conn: psycopg.Connection[Any]) -> None:
+    """The dashboard counts per queue through the index; the numbers are GET /api/v1/queues' own."""
+    for state in ("pending", "queued", "running", "retrying", "succeeded", "cancelled"):
+        insert_job(conn, state=state)
+        insert_job(conn, queue="other", state=state, available_at="2030-01-01T00:00:00Z")
+    insert_job(conn, state="retrying", published_at="2026-01-01T00:00:00Z")
+    for discarded in (None, "2026-01-01T00:00:00Z"):
+        make_dead(conn, insert_job(conn, queue="other"))
+        conn.execute(
+            "UPDATE postbox.outbox SET discarded_at = %s WHERE id = (SELECT max(id) FROM postbox.outbox)", (discarded,)
+        )
+    insert_job(conn, queue="donequeue", state="succeeded")
+    conn.commit()
+    with make_client(settings) as client:
+        assert client.post("/api/v1/queues/idle/pause").status_code == 200
+        rest = {q["queue"]: q for q in client.get("/api/v1/queues").json()}
+        mine = {q["queue"]: q for q in client.get("/api/v1/dashboard/queues").json()}
+    for stats in (*rest.values(), *mine.values()):
+        stats.pop("oldest_waiting_seconds")  # read a moment apart
+    # a queue holding only finished jobs is listed too (with zeros); the rest is identical
+    assert mine.pop("donequeue")["backlog"] == 0
+    assert mine == rest
+    assert {"apiq", "idle", "other"} <= set(rest) and "donequeue" not in rest
+    assert (rest["other"]["scheduled"], rest["other"]["dead"], rest["other"]["discarded"]) == (1, 1, 1)
+    assert (rest["apiq"]["backlog"], rest["apiq"]["retrying"]) == (2, 2)

@@ -8,10 +8,12 @@ screenshots of the main pages there (docs/dashboard/*.png are made that way).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,8 +64,9 @@ def _healthy(url: str) -> bool:
 class Api:
     """``postbox api run`` on a fixed port, restartable."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, *extra: str) -> None:
         self.env = env
+        self.extra = list(extra)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_dir = log_dir
@@ -74,7 +77,7 @@ class Api:
         self.starts += 1
         log = open(self.log_dir / f"api-{self.starts}.log", "wb")
         argv = [sys.executable, "-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv + self.extra, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         try:
             wait_until(lambda: _healthy(self.url), timeout=30)
@@ -92,8 +95,8 @@ class Api:
 
 
 @contextmanager
-def api_process(env: dict[str, str], log_dir: Path) -> Iterator[Api]:
-    api = Api(env, log_dir)
+def api_process(env: dict[str, str], log_dir: Path, *extra: str) -> Iterator[Api]:
+    api = Api(env, log_dir, *extra)
     api.start()
     try:
         yield api
@@ -115,6 +118,77 @@ def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subproc
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
+
+
+class PrefixProxy:
+    """A reverse proxy serving ``upstream`` under ``/<prefix>/`` (the prefix stripped), WebSockets included.
+
+    One request per connection (``Connection: close`` unless upgrading), which is all a test needs.
+    """
+
+    def __init__(self, upstream_port: int, prefix: str) -> None:
+        self.upstream_port = upstream_port
+        self.prefix = prefix.encode()
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> PrefixProxy:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _shutdown(self) -> None:
+        self.server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            writer.close()
+            return
+        first, *headers = head[:-4].split(b"\r\n")
+        method, target, version = first.split(b" ")
+        if not target.startswith(self.prefix + b"/"):
+            writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            writer.close()
+            return
+        upgrade = any(h.lower().startswith(b"upgrade:") for h in headers)
+        if not upgrade:
+            headers = [h for h in headers if not h.lower().startswith(b"connection:")] + [b"Connection: close"]
+        new_head = b"\r\n".join([b" ".join([method, target[len(self.prefix) :], version]), *headers]) + b"\r\n\r\n"
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        up_writer.write(new_head)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
 @pytest.fixture
@@ -281,11 +355,17 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         _go(page, f"#/jobs/{seeded['needle']}", "job")
         expect(page.locator("#job-args")).to_contain_text('"text": "needle-42"')
         expect(page.locator("#job-headers")).to_contain_text('"request_id": "req-77"')
+        expect(page.locator("dl.fields")).to_contain_text("taskapi_echoqueueapiqpriority5attempts0 of 5")
         expect(page.locator("#deep-link")).to_have_text(f"{base}#/jobs/{seeded['needle']}")
+        _go(page, f"#/jobs/{seeded['dead'][0]}", "job")
+        expect(page.locator("#job-args")).to_contain_text('"a": 1')
         _shot(page, "job")
         _go(page, "#/jobs?text=needle", "jobs")
         expect(page.locator("tr[data-state]")).to_have_count(1)
         expect(page.locator(f"tr[data-id='{seeded['needle']}']")).to_contain_text("queued")
+        _go(page, "#/jobs", "jobs")
+        page.locator("tr[data-state=dead] input.row-select").first.check()
+        expect(page.locator("#selection")).to_have_text("1 selected")
         _shot(page, "jobs")
 
         # Pause a queue: confirmed, done through the API with the key, audited.
@@ -394,3 +474,31 @@ def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_re
         expect(page.locator("tr[data-state=succeeded]")).to_have_count(4)
         assert page.evaluate("window.__same_document") is True
         page.close()
+
+
+def test_behind_a_reverse_proxy_under_a_path_prefix(
+    browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_API_KEY": KEY}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO postbox.outbox (queue, task, state) VALUES ('apiq', 'api_echo', 'queued')")
+    with api_process(env, tmp_path, "--root-path", "/postbox") as api, PrefixProxy(api.port, "/postbox") as proxy:
+        context = browser.new_context()
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        base = f"http://127.0.0.1:{proxy.port}/postbox/"
+        _open(page, base, "overview")
+        expect(page.locator("tr[data-queue=apiq]")).to_contain_text("apiq")
+        expect(page.locator("#live")).to_have_text("live")  # the WebSocket through the proxy
+        _go(page, "#/login", "login")
+        page.fill("#key", KEY)
+        page.click("form.login button")
+        page.wait_for_selector("#logout")
+        (cookie,) = context.cookies()
+        assert (cookie["name"], cookie["path"]) == ("postbox_key", "/postbox/")
+        _go(page, "#/queues", "queues")
+        page.click("tr[data-queue=apiq] button")
+        page.click("#confirm-ok")
+        expect(page.locator("tr[data-queue=apiq] .queue-state")).to_have_text("paused")
+        assert page.url == base + "#/queues"
+        context.close()

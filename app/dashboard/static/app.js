@@ -20,7 +20,7 @@ function h(tag, attrs, ...children) {
     else if (name === "dataset") Object.assign(el.dataset, value);
     else el.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     el.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
@@ -508,7 +508,7 @@ function jobListPage(kind, params) {
   function renderPager(next, searched) {
     const page = cursors.length;
     pager.replaceChildren(
-      searched
+      searched > 1
         ? h("span", { class: "muted", id: "search-window" }, `Args text search reads up to 50,000 jobs per page: searched down to job ${searched}.`)
         : "",
       h("button", { id: "page-newest", disabled: page === 1, onclick: () => { cursors = [null]; refresh(); } }, "« Newest"),
@@ -687,7 +687,7 @@ function queuesPage() {
   const body = h("div", {});
   main.replaceChildren(h("h1", {}, "Queues"), body);
   async function refresh() {
-    const data = await act("queues", () => api("api/v1/queues"));
+    const data = await act("queues", () => api("api/v1/dashboard/queues"));
     if (!data) return;
     body.replaceChildren(
       table(
