@@ -49,10 +49,11 @@ def free_port() -> int:
 class RedisServer:
     """One ``redis-server`` process without persistence on a fixed port (kept across restarts)."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, extra: list[str] | None = None) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.binary = server_binary()
+        self.extra = list(extra or [])  # more server options, e.g. ["--replicaof", "127.0.0.1", "6380"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -61,7 +62,7 @@ class RedisServer:
 
     def command(self) -> list[str]:
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        return [self.binary, *args, "--dir", str(self.workdir)]
+        return [self.binary, *args, "--dir", str(self.workdir), *self.extra]
 
     def start(self, timeout: float = 10.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
