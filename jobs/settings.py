@@ -169,6 +169,15 @@ class Settings(BaseSettings):
             "Retry-After at once instead of queueing. 0 = no limit."
         ),
     )
+    api_max_loop_lag: float = Field(
+        default=0.25,
+        ge=0,
+        le=60,
+        description=(
+            "Seconds the API's event loop may run late (out of CPU) before /api/v1 requests answer 503 "
+            "OVERLOADED at once; 0 = off."
+        ),
+    )
     api_pool_size: int = Field(default=10, ge=1, le=1000, description="PostgreSQL connections of one API process.")
     api_pool_timeout: float = Field(
         default=2.0,

@@ -24,7 +24,7 @@ from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
 from postbox.app.api.observer import Observer
-from postbox.app.api.shedder import Shedder
+from postbox.app.api.shedder import LoopLag, Shedder
 from postbox.app.api.state import ApiState, read_access, start_warnings
 from postbox.app.dashboard import install as install_dashboard
 from postbox.registry import Registry, default_registry, load_task_modules
@@ -75,9 +75,11 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         )
         for warning in start_warnings(settings):
             log.warning(warning)
+        lag.start()
         try:
             yield
         finally:
+            await lag.stop()
             await hub.close()
             await client.aclose()
             await pool.close()
@@ -90,11 +92,12 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         lifespan=lifespan,
     )
     metrics = ApiMetrics()
+    lag = LoopLag()
     errors.install(app)
 
     # Outermost last: the observer counts what the guards answer.
     app.add_middleware(BodyGuard, limit=settings.max_payload_bytes + BODY_SLACK, timeout=settings.api_body_timeout)
-    app.add_middleware(Shedder, limit=settings.api_max_in_flight)
+    app.add_middleware(Shedder, limit=settings.api_max_in_flight, lag=lag, max_lag=settings.api_max_loop_lag)
     app.add_middleware(Observer, metrics=metrics)
 
     app.include_router(routes_system.router)
