@@ -76,6 +76,23 @@ class PostgresServer:
                 "shared_buffers = 32MB\n"
             )
 
+    def init_standby_of(self, primary: PostgresServer) -> None:
+        """A streaming replica of ``primary`` (``pg_basebackup -R``): start it, later :meth:`promote` it."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self._as_postgres:
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.workdir, entry.pw_uid, entry.pw_gid)
+        self._run(
+            "pg_basebackup", "-D", str(self.pgdata), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+            "-X", "stream", "-R", "--no-sync",
+        )  # fmt: skip
+        with open(self.pgdata / "postgresql.conf", "a") as conf:  # the copy says the primary's port: last one wins
+            conf.write(f"\nport = {self.port}\nunix_socket_directories = '{self.workdir}'\n")
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: the standby ends recovery and takes writes."""
+        self._run("pg_ctl", "-D", str(self.pgdata), "-w", "-t", "60", "promote")
+
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self.workdir / "server.log"), "-w", "-t", "60", "start")
         deadline = time.monotonic() + 30
@@ -107,6 +124,23 @@ class PostgresServer:
 
 
 @contextmanager
+def running_standby(primary: PostgresServer) -> Iterator[PostgresServer]:
+    """A streaming replica of ``primary``, removed afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix="postbox-pg-standby-"))
+    server = PostgresServer(workdir)
+    try:
+        server.init_standby_of(primary)
+        server.start()
+        yield server
+    finally:
+        try:
+            server.stop("immediate")
+        except (RuntimeError, subprocess.TimeoutExpired):
+            pass
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextmanager
 def running_postgres() -> Iterator[PostgresServer]:
     """A fresh PostgreSQL under the system temp dir (readable by ``postgres``), removed afterwards."""
     workdir = Path(tempfile.mkdtemp(prefix="postbox-pg-"))
@@ -123,4 +157,4 @@ def running_postgres() -> Iterator[PostgresServer]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-__all__ = ["PostgresServer", "ShutdownMode", "bin_dir", "running_postgres"]
+__all__ = ["PostgresServer", "ShutdownMode", "bin_dir", "running_postgres", "running_standby"]

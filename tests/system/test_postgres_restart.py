@@ -22,7 +22,7 @@ import pytest
 from postbox import migrate
 from tests import tasks_ha
 from tests.ha_support import Processes, Producer, all_finished, check_invariants, finished_count, one, wait_for
-from tests.harness.postgres_server import PostgresServer, running_postgres
+from tests.harness.postgres_server import PostgresServer, running_postgres, running_standby
 
 pytestmark = pytest.mark.system
 
@@ -86,3 +86,64 @@ def test_postgres_fast_and_immediate_restarts_under_load(
     finally:
         producer.halt.set()
         procs.close()
+
+
+def in_recovery(url: str) -> bool:
+    return bool(one(url, "SELECT pg_is_in_recovery()"))
+
+
+@pytest.mark.timeout(240)
+def test_a_primary_crash_and_a_promoted_synchronous_standby_under_load(
+    private_pg: PostgresServer, child_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The processes know both servers (a libpq multi-host URL, read-write only): they follow the promotion."""
+    primary = private_pg
+    with running_standby(primary) as standby:
+        with psycopg.connect(primary.url(), autocommit=True) as conn:
+            # Synchronous: a COMMIT returns once the standby has it, so the promotion loses no committed job.
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
+        wait_for(lambda: one(primary.url(), "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") == 1,
+                 30, "the standby streaming synchronously")  # fmt: skip
+        url = (
+            f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/postgres"
+            "?target_session_attrs=read-write&connect_timeout=2"
+        )
+        env = dict(
+            child_env,
+            POSTBOX_DATABASE_URL=url,
+            POSTBOX_VISIBILITY_TIMEOUT="3",
+            POSTBOX_HEARTBEAT_INTERVAL="0.5",
+            POSTBOX_RELAY_SESSION_TIMEOUT="2",
+            POSTBOX_DRAIN_TIMEOUT="2",
+        )
+        procs = Processes(env, tmp_path)
+        producer = Producer(url)
+        try:
+            procs.relay()
+            procs.relay()
+            procs.worker()
+            procs.worker()
+            producer.start()
+            wait_for(lambda: finished_count(url) >= 50, 60, "the first 50 jobs done")
+            before = finished_count(url)
+            crashed = time.monotonic()
+            primary.stop("immediate")
+            standby.promote()
+            promoted = time.monotonic()
+            assert not in_recovery(standby.url())
+            wait_for(lambda: finished_count(url) >= before + 100, 60, "progress on the promoted standby")
+            print(f"\nfailover: crash to promoted in {promoted - crashed:.2f}s; 100 more jobs done "
+                  f"{time.monotonic() - promoted:.2f}s after the promotion")  # fmt: skip
+            wait_for(lambda: leader_count(url) == 1, 30, "one relay leading on the promoted standby")
+            producer.stop()
+            assert producer.committed and producer.refused > 0
+            wait_for(lambda: all_finished(url), 90, "every job finished")
+            assert procs.exit_codes() == [None] * 4
+            check_invariants(url, producer.committed)
+        except BaseException:
+            print(procs.tail())
+            raise
+        finally:
+            producer.halt.set()
+            procs.close()
