@@ -22,6 +22,7 @@ from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.state import Contents, Destructive, api_state, db, read_access
 from postbox.app.dashboard import queries
 from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, JobFilter
+from postbox.app.dashboard.views import match_params
 from postbox.control import Actor
 
 router = APIRouter(prefix="/bulk", tags=["bulk"], dependencies=[Depends(read_access)])
@@ -83,7 +84,7 @@ async def bulk(
             raise ApiError(403, "FORBIDDEN", "a text match on args needs the API key")
         found = JobFilter(**body.filter.model_dump())
         async with conn.cursor() as cur:
-            await cur.execute(queries.active().MATCH_IDS, {**found.params(), "limit": BULK_MAX})
+            await cur.execute(queries.active().MATCH_IDS, {**await match_params(cur, found), "limit": BULK_MAX})
             ids = [int(row[0]) for row in await cur.fetchall()]
     await conn.commit()  # each job below runs in its own transaction
     st = api_state(request)

@@ -48,6 +48,17 @@ def job_filter(
 Filter = Annotated[JobFilter, Depends(job_filter)]
 
 
+async def match_params(cur: Any, found: JobFilter) -> dict[str, Any]:
+    """The filter's parameters, with every queue name when it names a state but no queue (see QUEUE_NAMES)."""
+    params = found.params()
+    params["queues"] = None
+    await cur.execute(queries.active().NO_JIT)
+    if found.state is not None and found.queue is None:
+        await cur.execute(queries.active().QUEUE_NAMES)
+        params["queues"] = [row[0] if isinstance(row, tuple) else row["queue"] for row in await cur.fetchall()]
+    return params
+
+
 @router.get(
     "/jobs",
     summary="Jobs matching a filter, newest first (a text match looks at a window of ids per page)",
@@ -65,7 +76,7 @@ async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = 
                 newest = await cur.fetchone()
                 before = int(next(iter(newest.values()))) + 1 if newest else 1
             floor = max(1, before - TEXT_WINDOW)
-        params = {**found.params(), "before": before, "floor": floor, "limit": limit + 1}
+        params = {**await match_params(cur, found), "before": before, "floor": floor, "limit": limit + 1}
         await cur.execute(queries.active().SEARCH, params)
         rows = await cur.fetchall()
     items = [control.job_summary(r) for r in rows[:limit]]
@@ -86,7 +97,7 @@ async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = 
 )
 async def count(conn: Conn, found: Filter) -> dict[str, Any]:
     async with conn.cursor() as cur:
-        await cur.execute(queries.active().COUNT_CAPPED, {**found.params(), "limit": BULK_MAX + 1})
+        await cur.execute(queries.active().COUNT_CAPPED, {**await match_params(cur, found), "limit": BULK_MAX + 1})
         row = await cur.fetchone()
     total = int(row[0]) if row else 0
     return {"count": min(total, BULK_MAX), "more": total > BULK_MAX, "limit": BULK_MAX}

@@ -82,6 +82,9 @@ def test_filters_and_the_capped_count(
             "limit": 3,
         }
         assert client.get("/api/v1/dashboard/jobs/count", params={"queue": "apiq"}).json()["count"] == 1
+        # a state without a queue goes through every queue's names (queue = ANY(...)): all of them
+        by_state = client.get("/api/v1/dashboard/jobs", params={"state": "pending"}).json()
+        assert [j["id"] for j in by_state["items"]] == [*new[::-1], old]
         naive = client.get("/api/v1/dashboard/jobs", params={"since": "2026-01-01T00:00:00"})
         assert naive.status_code == 400 and naive.json()["error"]["details"]["field"] == "since"
 
