@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from postbox.app.api.main import create_app
 from postbox.app.dashboard import search, session
@@ -185,3 +186,20 @@ def test_queue_counts_are_those_of_the_rest_api(settings: Settings, conn: psycop
     assert {"apiq", "idle", "other"} <= set(rest) and "donequeue" not in rest
     assert (rest["other"]["scheduled"], rest["other"]["dead"], rest["other"]["discarded"]) == (1, 1, 1)
     assert (rest["apiq"]["backlog"], rest["apiq"]["retrying"]) == (2, 2)
+
+
+def test_with_the_key_needed_for_reads_the_cookie_opens_reads_and_the_websocket(settings: Settings) -> None:
+    with make_client(settings, api_key=API_KEY, api_key_for_all=True) as client:
+        assert client.get("/ui/session").json()["reads_need_key"] is True
+        assert client.get("/api/v1/dashboard/overview").status_code == 401
+        with pytest.raises(WebSocketDisconnect), client.websocket_connect("/ws/events"):
+            pass
+        client.cookies.set(session.COOKIE, API_KEY)
+        assert client.get("/api/v1/dashboard/overview").status_code == 200
+        with client.websocket_connect("/ws/events", headers={"host": "testserver", "origin": "http://testserver"}):
+            pass  # accepted
+        with (
+            pytest.raises(WebSocketDisconnect),
+            client.websocket_connect("/ws/events", headers={"origin": "http://evil.example"}),
+        ):
+            pass

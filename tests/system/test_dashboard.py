@@ -403,9 +403,31 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         page.click("#confirm-ok")
         expect(row).to_contain_text("paused")
         _shot(page, "schedules")
+        row.locator("button", has_text="Run now").click()
+        expect(page.locator("#confirm-text")).to_have_text("trigger schedule echo-hourly?")
+        page.click("#confirm-ok")
+        expect(row.locator("a")).to_have_count(1)  # the last job, linked
         _go(page, "#/dlq", "dlq")
         expect(page.locator("tr[data-state=dead]")).to_have_count(3)
         _shot(page, "dead-letters")
+
+        # Dead letters: discard the selected one, then purge the queue's discarded letters (counted first).
+        page.locator(f"tr[data-id='{seeded['dead'][0]}'] input.row-select").check()
+        page.click("#bulk-discard")
+        expect(page.locator("#confirm-text")).to_have_text("Discard: discard 1 selected job?")
+        page.click("#confirm-ok")
+        expect(page.locator("#bulk-result")).to_have_text("Discard: 1 of 1 done.")
+        expect(page.locator(f"tr[data-id='{seeded['dead'][0]}'] .state")).to_have_text("dead discarded")
+        page.fill("#purge-queue", "apiq")
+        page.check("#purge-discarded")
+        page.click("#purge button[type=submit]")
+        expect(page.locator("#confirm-text")).to_have_text("Purge: delete 1 dead letters of queue apiq for good?")
+        page.click("#confirm-ok")
+        expect(page.locator("#bulk-result")).to_have_text("Purged 1 dead letters of apiq.")
+        expect(page.locator("tr[data-state=dead]")).to_have_count(2)
+        with psycopg.connect(database_url) as conn:
+            actions = [r[0] for r in conn.execute("SELECT action FROM postbox.audit_log ORDER BY id").fetchall()]
+        assert actions == ["queue.pause", "schedule.pause", "schedule.trigger", "dlq.discard", "dlq.purge"]
 
         # Log out: the cookie is gone and actions are disabled again.
         page.click("#logout")

@@ -66,6 +66,8 @@ def test_the_wheel_installs_only_the_postbox_package(wheel: Path) -> None:
     assert "postbox/py.typed" in names
     assert "postbox/migrations/versions/0001_postbox.py" in names
     assert "postbox/app/stagedoor/tasks.py" in names  # the example ships as postbox.app.stagedoor, at the edge
+    dashboard = {f"postbox/app/dashboard/static/{name}" for name in ("index.html", "app.js", "style.css")}
+    assert dashboard <= set(names)  # the web dashboard's assets, served by `postbox api run`
     assert not [n for n in names if n.startswith(("postbox/stagedoor", "tests/"))]
     assert "postbox = postbox.app.cli:main" in entry_points
 

@@ -807,6 +807,10 @@ function route() {
   const params = new URLSearchParams(search || "");
   const parts = path.split("/").filter(Boolean);
   let page;
+  if (session.reads_need_key && !session.logged_in && parts[0] !== "login") {
+    window.location.hash = "#/login"; // POSTBOX_API_KEY_FOR_ALL: nothing to show before logging in
+    return;
+  }
   if (parts.length === 0) page = overviewPage();
   else if (parts[0] === "jobs" && parts.length === 2) page = jobPage(parts[1]);
   else if (parts[0] === "jobs") page = jobListPage("jobs", params);
