@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("postbox.app.migrate_cli:main", "upgrade the database to the latest schema (alembic head)"),
     "relay": ("postbox.relay.cli:main", "relay run: publish committed jobs from the outbox to Redis"),
     "worker": ("postbox.worker.cli:main", "worker run: consume jobs and run their handlers"),
-    "api": ("postbox.app.api_cli:main", "api run: the REST API and /metrics"),
+    "api": ("postbox.app.api_cli:main", "api run: the REST API, /metrics and the web dashboard at /"),
     "provider": ("postbox.app.provider.cli:main", "provider run: the example mail provider (HTTP)"),
     "jobs": ("postbox.app.admin.jobs_cli:main", "jobs get|list|cancel|enqueue"),
     "dlq": ("postbox.app.admin.dlq_cli:main", "dlq list|show|requeue|discard|purge"),

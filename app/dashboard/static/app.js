@@ -184,6 +184,8 @@ function scheduleRefresh() {
     live.pending = true;
     return;
   }
+  // A busy system sends many events: a page re-reads at most every `every` ms (the overview, heavier, less often).
+  const every = (current && current.every) || 400;
   live.timer = setTimeout(async () => {
     live.timer = null;
     if (current && !document.getElementById("confirm").open) await current.refresh();
@@ -191,7 +193,7 @@ function scheduleRefresh() {
       live.pending = false;
       scheduleRefresh();
     }
-  }, 400);
+  }, every);
 }
 
 // ---- session ---------------------------------------------------------------------------
@@ -336,7 +338,7 @@ function overviewPage() {
       ),
     );
   }
-  return { name: "overview", refresh, onEvent: scheduleRefresh };
+  return { name: "overview", refresh, onEvent: scheduleRefresh, every: 1500 };
 }
 
 // ---- job lists (jobs and dead letters) ------------------------------------------------
