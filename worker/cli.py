@@ -36,6 +36,11 @@ def main(argv: Sequence[str]) -> int:
     settings = process_settings("worker", tasks=args.tasks, queues=args.queues, concurrency=args.concurrency)
     if settings is None:
         return 2
+    # A stop signal while starting (importing task modules, connecting) is kept
+    # and honoured once the event loop's handlers are in place.
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
     try:
         load_task_modules(settings.tasks)
     except TaskModuleError as exc:
@@ -56,12 +61,16 @@ def main(argv: Sequence[str]) -> int:
         from postbox.periodic import default_schedules
         from postbox.registry import default_registry
 
-        # Periodic jobs follow the code: this worker's tasks' schedules (docs/periodic-jobs.md).
-        await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
+        # Signals first: a SIGTERM while starting (the schedules' sync waits on the
+        # database) stops the worker cleanly, as one later does.
         loop = asyncio.get_running_loop()
         guard = ShutdownGuard(worker, settings.drain_timeout)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, guard.on_signal)
+        for _ in early:
+            guard.on_signal()
+        # Periodic jobs follow the code: this worker's tasks' schedules (docs/periodic-jobs.md).
+        await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
         if settings.worker_metrics_port:
             worker.metrics.serve(settings.worker_metrics_port)
         await worker.run()  # the guard's deadline stands until the process has exited
