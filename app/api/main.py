@@ -22,6 +22,7 @@ from postbox import migrate
 from postbox.app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_schedules, routes_system
 from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
+from postbox.app.api.json_body import JsonGuard
 from postbox.app.api.metrics import ApiMetrics
 from postbox.app.api.observer import Observer
 from postbox.app.api.shedder import LoopLag, Shedder
@@ -96,6 +97,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
     errors.install(app)
 
     # Outermost last: the observer counts what the guards answer.
+    app.add_middleware(JsonGuard)
     app.add_middleware(BodyGuard, limit=settings.max_payload_bytes + BODY_SLACK, timeout=settings.api_body_timeout)
     app.add_middleware(Shedder, limit=settings.api_max_in_flight, lag=lag, max_lag=settings.api_max_loop_lag)
     app.add_middleware(Observer, metrics=metrics)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi import APIRouter, FastAPI
@@ -106,3 +107,23 @@ def test_every_response_is_counted_500s_and_413s_too(settings: Settings) -> None
         assert c.post("/api/v1/jobs", content=b" " * (BODY_LIMIT + 1)).status_code == 413
         assert _count(c, "/api/v1/boom", 500) == 1.0
         assert _count(c, "unmatched", 413) == 1.0
+
+
+def test_a_route_that_parses_with_python_json_is_guarded_too(settings: Settings) -> None:
+    """An application's plain router (no StrictJsonRoute): the app-wide JSON guard refuses the body first."""
+    plain = APIRouter()
+
+    @plain.post("/notes")
+    async def note(body: dict[str, Any]) -> dict[str, int]:
+        return {"keys": len(body)}
+
+    app = create_app(settings, registry=default_registry, routers=[plain])
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for name, value in BAD_VALUES.items():
+            r = c.post("/api/v1/notes", content=b'{"v": ' + value + b"}", headers={"Content-Type": "application/json"})
+            assert r.status_code == 422, (name, r.status_code, r.text)
+            assert r.json()["error"]["details"]["field"] == "body"
+        untyped = c.post("/api/v1/notes", content=b'{"v": NaN}')  # no Content-Type: FastAPI would parse it
+        assert untyped.status_code == 422
+        ok = c.post("/api/v1/notes", json={"a": 1, "b": [1, 2]})
+        assert (ok.status_code, ok.json()) == (200, {"keys": 2})
