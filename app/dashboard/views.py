@@ -1,7 +1,8 @@
 """``/api/v1/dashboard``: the reads the dashboard needs beyond the REST resources.
 
-The overview's last hour, the job search (time range, text match on args), the
-bounded count behind "select all matching", and one job with its headers. They
+The overview's last hour, queue counts that use the (queue, state) index, the
+job search (time range, text match on args), the bounded count behind "select
+all matching", and one job with its headers. They
 follow the API's read policy; the args (and a text search in them) follow its
 contents policy, as ``GET /api/v1/jobs/{id}`` does.
 """
@@ -25,6 +26,7 @@ from postbox.settings import QUEUE_NAME_RE
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], dependencies=[Depends(read_access)])
 Conn = Annotated[AsyncConnection[Any], Depends(db)]
+COUNT_FIELDS = ("backlog", "scheduled", "queued", "in_flight", "retrying", "dead", "discarded")
 
 
 def job_filter(
@@ -146,11 +148,8 @@ async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict
     return out
 
 
-COUNT_FIELDS = ("backlog", "scheduled", "queued", "in_flight", "retrying", "dead", "discarded")
-
-
 @router.get("/queues", summary="Every queue's stats (as GET /api/v1/queues)", responses=responses(401))
-async def queues_(request: Request, conn: Conn) -> list[dict[str, Any]]:
+async def list_queues(request: Request, conn: Conn) -> list[dict[str, Any]]:
     return await queue_stats(request, conn)
 
 
