@@ -698,51 +698,29 @@ class Statements:
     SELECT id, queue, task, state, attempts FROM {schema}.outbox WHERE id = %(id)s
     """
 
+    # The API's enqueue: the new row's public columns come back with the INSERT, so
+    # the answer needs no second read. Nothing back on a live dedup key's conflict.
+    OPS_ENQUEUE: LiteralString = """
+    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
+                        expires_at, timeout_seconds, keep_result)
+    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
+            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+              started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+              last_error_class, last_error, claimed_by, args, result
+    """
+
+    # Serialises the API's depth-checked enqueues of one queue until COMMIT, so that
+    # POSTBOX_MAX_QUEUE_DEPTH is exact: the count and the insert happen under the lock.
+    # Two-key form (class, hash of the queue): apart from the relay's one-key lock.
+    OPS_LOCK_QUEUE_DEPTH: LiteralString = """
+    SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(queue)s))
+    """
+
     # Waiting jobs of one queue, counted no further than the limit (cheap at any depth).
-    # The API's enqueue: the new row's public columns come back with the INSERT, so
-    # the answer needs no second read. Nothing back on a live dedup key's conflict.
-    OPS_ENQUEUE: LiteralString = """
-    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                        expires_at, timeout_seconds, keep_result)
-    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
-            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-              started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-              last_error_class, last_error, claimed_by, args, result
-    """
-
-    # Serialises the API's depth-checked enqueues of one queue until COMMIT, so that
-    # POSTBOX_MAX_QUEUE_DEPTH is exact: the count and the insert happen under the lock.
-    # Two-key form (class, hash of the queue): apart from the relay's one-key lock.
-    OPS_LOCK_QUEUE_DEPTH: LiteralString = """
-    SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(queue)s))
-    """
-
-    # The API's enqueue: the new row's public columns come back with the INSERT, so
-    # the answer needs no second read. Nothing back on a live dedup key's conflict.
-    OPS_ENQUEUE: LiteralString = """
-    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                        expires_at, timeout_seconds, keep_result)
-    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
-            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-              started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-              last_error_class, last_error, claimed_by, args, result
-    """
-
-    # Serialises the API's depth-checked enqueues of one queue until COMMIT, so that
-    # POSTBOX_MAX_QUEUE_DEPTH is exact: the count and the insert happen under the lock.
-    # Two-key form (class, hash of the queue): apart from the relay's one-key lock.
-    OPS_LOCK_QUEUE_DEPTH: LiteralString = """
-    SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(queue)s))
-    """
-
     OPS_QUEUE_DEPTH: LiteralString = """
     SELECT count(*) FROM (
         SELECT 1 FROM {schema}.outbox
