@@ -203,3 +203,29 @@ def test_with_the_key_needed_for_reads_the_cookie_opens_reads_and_the_websocket(
             client.websocket_connect("/ws/events", headers={"origin": "http://evil.example"}),
         ):
             pass
+
+
+def test_bulk_cancel_by_filter_cancels_the_waiting_jobs_and_skips_the_finished(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    waiting = [insert_job(conn, task="api_sum") for _ in range(2)]
+    finished = insert_job(conn, task="api_sum", state="succeeded")
+    other = insert_job(conn, task="api_echo")
+    with make_client(settings, api_key=API_KEY) as client:
+        done = client.post(
+            "/api/v1/bulk/cancel", json={"filter": {"task": "api_sum"}}, headers={"X-API-Key": API_KEY}
+        ).json()
+    assert done == {
+        "action": "cancel",
+        "matched": 3,
+        "done": 2,
+        "skipped": {"CONFLICT": 1},
+        "done_ids": [waiting[1], waiting[0]],
+    }
+    assert [job_state(conn, j) for j in (*waiting, finished, other)] == [
+        "cancelled",
+        "cancelled",
+        "succeeded",
+        "pending",
+    ]
+    assert [(r[1], r[2]) for r in audit_rows(conn)] == [("job.cancel", f"job:{j}") for j in waiting[::-1]]
