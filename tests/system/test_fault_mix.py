@@ -165,7 +165,18 @@ def test_the_fault_mix_loses_nothing_doubles_nothing_and_takes_over_in_time(
     leader = next(p for p in cluster.relays if p.pid == leader_pid)
     leader.kill()
     leader.wait(10)
+    killed_leader = time.monotonic()
     cluster.relays.append(fleet.relay())
+    new_leader = "SELECT count(*) FROM postbox.relays WHERE role = 'leader' AND pid <> %s"
+    cluster.wait(lambda: one(db, new_leader, (leader_pid,)) == 1, 30, "a new leader")
+    costs = {"leader SIGKILL -> new leader": time.monotonic() - killed_leader}
+    claimed_since = "SELECT count(*) FROM postbox.outbox WHERE started_at > %s"
+
+    def progress_after(fault: str, started: float) -> None:
+        """Seconds from ``fault`` to the next claim (a job started after it)."""
+        at = one(db, "SELECT now()")
+        cluster.wait(lambda: one(db, claimed_since, (at,)) > 0, 30, f"a claim after {fault}")
+        costs[f"{fault} -> next claim"] = time.monotonic() - started
 
     # 4. Redis loses everything (FLUSHALL), later restarts empty.
     client = private_redis.client()
@@ -173,6 +184,7 @@ def test_the_fault_mix_loses_nothing_doubles_nothing_and_takes_over_in_time(
         client.flushall()
     finally:
         client.close()
+    progress_after("FLUSHALL", time.monotonic())
 
     # 5. The workers' PostgreSQL sessions are terminated.
     ended = db.execute(
@@ -180,10 +192,13 @@ def test_the_fault_mix_loses_nothing_doubles_nothing_and_takes_over_in_time(
         " WHERE datname = current_database() AND application_name LIKE 'postbox-worker-%'"
     ).fetchone()
     assert ended is not None and ended[0] > 0
+    progress_after("pg_terminate_backend of the workers' sessions", time.monotonic())
 
     cluster.wait(lambda: time.monotonic() - time_stopped >= 2 * VISIBILITY, 30, "twice the visibility timeout")
     stopped.send_signal(signal.SIGCONT)
     private_redis.restart()
+    progress_after("Redis restart (empty)", time.monotonic())
+    print(f"what each fault cost: { {k: round(v, 2) for k, v in costs.items()} }")
 
     # After the last fault: everything ends.
     finished = "SELECT count(*) FROM postbox.outbox WHERE state IN ('succeeded', 'dead', 'cancelled', 'expired')"
