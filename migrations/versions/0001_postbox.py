@@ -218,6 +218,12 @@ BEGIN
     IF args IS NULL OR jsonb_typeof(args) <> 'object' THEN
         RAISE EXCEPTION 'postbox.enqueue: args must be a JSON object' USING ERRCODE = '22023';
     END IF;
+    -- The worker's handlers (Python) take only 64-bit integers: refuse what they would refuse.
+    IF jsonb_path_exists(args, 'strict $.** ? (@.type() == "number" && (@ > 9223372036854775807
+                                                || @ < -9223372036854775808))') THEN
+        RAISE EXCEPTION 'postbox.enqueue: args hold a number outside the signed 64-bit range'
+            USING ERRCODE = '22003';
+    END IF;
     IF headers IS NOT NULL AND jsonb_typeof(headers) <> 'object' THEN
         RAISE EXCEPTION 'postbox.enqueue: headers must be a JSON object' USING ERRCODE = '22023';
     END IF;

@@ -99,3 +99,18 @@ def test_rest_accepts_the_largest_integer_exactly(client: TestClient) -> None:
     r = client.post("/api/v1/jobs", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 201, r.text
     assert r.json()["args"] == {"a": 2**63 - 1, "b": -(2**63)}
+
+
+@pytest.mark.parametrize(
+    "args",
+    ['{"n": 9223372036854775808}', '{"a": {"b": [1, -9223372036854775809]}}', '{"x": 1.5e300}'],
+)
+def test_the_sql_function_refuses_what_the_worker_would(conn: psycopg.Connection[Any], args: str) -> None:
+    with pytest.raises(psycopg.errors.NumericValueOutOfRange, match="outside the signed 64-bit range"):
+        conn.execute("SELECT postbox.enqueue('range_any', %s::jsonb)", (args,))
+    conn.rollback()
+    edge = '{"n": 9223372036854775807, "m": [-9223372036854775808, 1.5]}'
+    job = conn.execute("SELECT postbox.enqueue('range_any', %s::jsonb)", (edge,)).fetchone()[0]  # type: ignore[index]
+    assert conn.execute("SELECT args FROM postbox.outbox WHERE id = %s", (job,)).fetchone() == (
+        {"n": 9223372036854775807, "m": [-9223372036854775808, 1.5]},
+    )
