@@ -106,6 +106,30 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         assert f"'{state}'" in states
 
 
+def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: str) -> None:
+    """Queue counts (GET /api/v1/queues) read the unfinished and dead rows through a partial index."""
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'postbox' AND tablename = 'outbox'"
+        ).fetchall()
+    indexes = dict(rows)
+    assert set(indexes) == {
+        "outbox_pkey",
+        "outbox_unpublished_id",
+        "outbox_unpublished_due",
+        "outbox_inflight",
+        "outbox_dedup",
+        "outbox_queue_state",
+        "outbox_live_state",
+        "outbox_finished",
+        "outbox_result_expiry",
+    }
+    assert indexes["outbox_live_state"] == (
+        "CREATE INDEX outbox_live_state ON postbox.outbox USING btree (state, queue) WHERE (state = ANY "
+        "(ARRAY['pending'::text, 'queued'::text, 'running'::text, 'retrying'::text, 'dead'::text]))"
+    )
+
+
 def test_an_application_with_its_own_tables_and_alembic_history_is_left_alone(empty_database_url: str) -> None:
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int)")
