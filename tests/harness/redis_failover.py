@@ -52,7 +52,7 @@ def wait_synced(primary: syncredis.Redis, replica: syncredis.Redis, timeout: flo
 class RedisPair:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.primary = RedisServer(workdir / "primary")
+        self.primary = RedisServer(workdir / "primary", extra=["--repl-diskless-sync-delay", "0"])
         self.replica = RedisServer(workdir / "replica")
         self.replica.extra = ["--replicaof", "127.0.0.1", str(self.primary.port)]
 

@@ -1,5 +1,8 @@
 """PostgreSQL restarts (fast and immediate shutdown) under two relays and two busy workers.
 
+The three-restart measurement runs with ``-m soak``; the promoted standby runs by
+default (and so does tests/system/test_stagedoor_postgres_restart.py).
+
 A private PostgreSQL server (system binaries, see tests/harness/postgres_server.py)
 is restarted three times while a producer keeps enqueueing: ``pg_ctl -m fast``
 (clients are told the server is shutting down), ``-m immediate`` (a crash: no
@@ -42,6 +45,7 @@ def leader_count(url: str) -> int:
     return int(one(url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"))
 
 
+@pytest.mark.soak  # ~20 s; the Stagedoor restart test covers fast + immediate in the default run
 @pytest.mark.timeout(240)
 def test_postgres_fast_and_immediate_restarts_under_load(
     private_pg: PostgresServer, child_env: dict[str, str], tmp_path: Path
