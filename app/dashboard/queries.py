@@ -23,6 +23,8 @@ _MATCH: LiteralString = """
        AND (%(until)s::timestamptz IS NULL OR created_at < %(until)s)
        AND (%(text)s::text IS NULL OR args::text ILIKE %(text)s ESCAPE '\\')
        AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s))
+       AND (%(id_from)s::bigint IS NULL OR id >= %(id_from)s)
+       AND (%(id_below)s::bigint IS NULL OR id < %(id_below)s)
 """
 
 _COLUMNS: LiteralString = """
@@ -49,6 +51,23 @@ class DashboardStatements:
 
     NEWEST_ID: LiteralString = """
     SELECT coalesce(max(id), 0) FROM {schema}.outbox
+    """
+
+    # The first id created at or after a time, by a binary search over the primary key (ids grow with
+    # created_at): the values between lo and hi hold the answer; each step reads the first row at or
+    # above the middle. ~20 index probes at 1M rows, where a created_at bound alone walks the table.
+    # Gives max(id) + 1 when every row is older.
+    ID_AT: LiteralString = """
+    WITH RECURSIVE span AS (
+        SELECT coalesce(min(id), 1) AS lo, coalesce(max(id), 0) + 1 AS hi FROM {schema}.outbox
+        UNION ALL
+        SELECT CASE WHEN p.id IS NULL OR p.created_at >= %(at)s THEN s.lo ELSE p.id + 1 END,
+               CASE WHEN p.id IS NULL OR p.created_at >= %(at)s THEN s.mid ELSE s.hi END
+          FROM (SELECT lo, hi, lo + (hi - lo) / 2 AS mid FROM span WHERE lo < hi) AS s
+          LEFT JOIN LATERAL (SELECT o.id, o.created_at FROM {schema}.outbox o
+                              WHERE o.id >= s.mid ORDER BY o.id LIMIT 1) AS p ON true
+    )
+    SELECT lo FROM span WHERE lo >= hi
     """
 
     # Ids matching the filter, newest first, at most ``limit``: the count and the bulk actions.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from postbox import control
@@ -13,6 +13,11 @@ TEXT_MAX = 200
 # A text match reads the args of every row it passes (no index can serve a substring of JSON), so
 # one page of a text search looks at this many ids at most, then offers to go on below them.
 TEXT_WINDOW = 50_000
+# A creation-time bound is turned into an id bound (ids grow with created_at), then widened by this
+# much: created_at is the enqueuing transaction's start, so a row inserted late in a long transaction
+# has an older created_at than the rows before it. Only a transaction open longer than this across
+# a bound can leave its job out of a time-filtered search.
+CREATION_SLACK = timedelta(minutes=5)
 
 
 def like_pattern(text: str) -> str:

@@ -9,7 +9,7 @@ contents policy, as ``GET /api/v1/jobs/{id}`` does.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -21,11 +21,14 @@ from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.state import Contents, api_state, db, read_access, redacted
 from postbox.app.dashboard import queries
-from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, TEXT_WINDOW, JobFilter
+from postbox.app.dashboard.search import BULK_MAX, CREATION_SLACK, TEXT_MAX, TEXT_WINDOW, JobFilter
 from postbox.settings import QUEUE_NAME_RE
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], dependencies=[Depends(read_access)])
 Conn = Annotated[AsyncConnection[Any], Depends(db)]
+# Bounds this far out are left to the created_at condition alone (widening them would overflow).
+EARLIEST = datetime(2, 1, 1, tzinfo=UTC)
+LATEST = datetime(9998, 1, 1, tzinfo=UTC)
 COUNT_FIELDS = ("backlog", "scheduled", "queued", "in_flight", "retrying", "dead", "discarded")
 
 
@@ -50,11 +53,22 @@ def job_filter(
 Filter = Annotated[JobFilter, Depends(job_filter)]
 
 
+async def id_at(cur: Any, at: datetime) -> int:
+    """The first id created at or after ``at`` (see ID_AT)."""
+    await cur.execute(queries.active().ID_AT, {"at": at})
+    row = await cur.fetchone()
+    return int(row[0] if isinstance(row, tuple) else next(iter(row.values())))
+
+
 async def match_params(cur: Any, found: JobFilter) -> dict[str, Any]:
-    """The filter's parameters, with every queue name when it names a state but no queue (see QUEUE_NAMES)."""
+    """The filter's parameters, with every queue name when it names a state but no queue (see QUEUE_NAMES),
+    and its creation-time bounds as an id range (see ID_AT), widened by ``CREATION_SLACK``."""
     params = found.params()
     params["queues"] = None
     await cur.execute(queries.active().NO_JIT)
+    since, until = found.since, found.until
+    params["id_from"] = None if since is None or since < EARLIEST else await id_at(cur, since - CREATION_SLACK)
+    params["id_below"] = None if until is None or until > LATEST else await id_at(cur, until + CREATION_SLACK)
     if found.state is not None and found.queue is None:
         await cur.execute(queries.active().QUEUE_NAMES)
         params["queues"] = [row[0] if isinstance(row, tuple) else row["queue"] for row in await cur.fetchall()]

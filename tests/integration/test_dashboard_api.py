@@ -8,6 +8,7 @@ attributes under a path prefix, and what the middleware lets through.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from postbox.app.api.main import create_app
-from postbox.app.dashboard import search, session
+from postbox.app.dashboard import queries, search, session
 from postbox.registry import default_registry
 from postbox.settings import Settings
 from tests.integration.api_support import API_KEY, audit_rows, insert_job, job_state, make_client, make_dead
@@ -88,6 +89,42 @@ def test_filters_and_the_capped_count(
         assert [j["id"] for j in by_state["items"]] == [*new[::-1], old]
         naive = client.get("/api/v1/dashboard/jobs", params={"since": "2026-01-01T00:00:00"})
         assert naive.status_code == 400 and naive.json()["error"]["details"]["field"] == "since"
+
+
+def test_a_creation_time_bound_becomes_an_id_bound_found_by_binary_search(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    base = datetime(2026, 3, 1, tzinfo=UTC)
+    ids = [insert_job(conn, created_at=base + timedelta(hours=i)) for i in range(12)]
+    conn.execute("DELETE FROM postbox.outbox WHERE id = ANY(%s)", ([ids[2], ids[3], ids[7]],))  # gaps in the ids
+    conn.commit()
+    kept = [job_id for i, job_id in enumerate(ids) if i not in (2, 3, 7)]
+    id_at = queries.statements("postbox").ID_AT
+    for hours in range(-1, 13):
+        at = base + timedelta(hours=hours, minutes=-30)
+        row = conn.execute(id_at, {"at": at}).fetchone()
+        assert row is not None
+        # every job below the id is older, every job from it on is not (deleted ids may fall either side)
+        assert [job_id >= row[0] for job_id in kept] == [i >= hours for i, job_id in enumerate(ids) if job_id in kept]
+        assert row[0] <= ids[-1] + 1
+    # A job whose (long) transaction began 2 minutes before its predecessor's: within the slack.
+    late = insert_job(conn, created_at=base + timedelta(hours=11, minutes=-2))
+    with make_client(settings) as client:
+
+        def found(**params: str) -> list[int]:
+            page = client.get("/api/v1/dashboard/jobs", params={**params, "limit": "100"}).json()
+            return [j["id"] for j in page["items"]]
+
+        def counted(**params: str) -> int:
+            return int(client.get("/api/v1/dashboard/jobs/count", params=params).json()["count"])
+
+        four, ten, eleven = (str(base + timedelta(hours=h)).replace(" ", "T") for h in (4, 10, 11))
+        assert found(until=four) == [ids[1], ids[0]]
+        assert found(since=four) == [late, ids[11], ids[10], ids[9], ids[8], ids[6], ids[5], ids[4]]
+        assert found(since=four, until=ten) == [ids[9], ids[8], ids[6], ids[5], ids[4]]
+        assert found(until=eleven) == [late, *kept[-2::-1]]
+        assert (counted(until=four), counted(since=four), counted(until=eleven)) == (2, 8, 9)
+        assert found(since=eleven) == [ids[11]]
 
 
 def test_bulk_by_ids_and_by_filter_each_audited_refusals_counted(
