@@ -304,6 +304,18 @@ class Statements:
      LIMIT %(limit)s
     """
 
+    # The stream entries of the newest in-flight rows (by id, through the outbox_inflight
+    # index): a new leader's high-water marks, so a failover that lost the tail of a
+    # stream before this term began is still noticed (relay/watermark.py).
+    RELAY_RECENT_STREAM_IDS: LiteralString = """
+    SELECT queue, priority, stream_id
+      FROM (SELECT queue, priority, stream_id FROM {schema}.outbox
+             WHERE state IN ('queued', 'running')
+             ORDER BY id DESC
+             LIMIT %(limit)s) recent
+     WHERE stream_id IS NOT NULL
+    """
+
     # The rows of a republish that still have no outcome, re-read right before the XADD.
     RELAY_STILL_UNFINISHED: LiteralString = """
     SELECT id FROM {schema}.outbox

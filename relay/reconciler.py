@@ -11,7 +11,9 @@ PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
    went stale. A failover to a replica that missed the last writes keeps the
    epoch and the streams but not their newest entries: each stream's
    ``last-generated-id`` older than the newest id the relay wrote to it
-   (:mod:`relay.watermark`) is a loss too, found by the same check. While
+   (:mod:`relay.watermark`) is a loss too, found by the same check. A new
+   leader starts its marks from the entries recorded for the newest in-flight
+   rows, so a tail lost together with the previous leader is noticed too. While
    a recovery runs the key reads ``recovering:<token>``; a leader that finds
    it so (the previous one died mid-way) starts the recovery again.
 2. **Entry sweep** (:meth:`Reconciler.sweep`, every ``sweep_interval``): for a
@@ -100,6 +102,7 @@ class Reconciler:
         sweep_interval: float = 5.0,
         sweep_min_age: float = 5.0,
         sweep_batch: int = 500,
+        seed_rows: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         on_republished: Callable[[list[int]], None] | None = None,
         on_loss: Callable[[], None] | None = None,
@@ -112,6 +115,7 @@ class Reconciler:
         self.sweep_interval = sweep_interval
         self.sweep_min_age = sweep_min_age
         self.sweep_batch = sweep_batch
+        self.seed_rows = seed_rows
         self.clock = clock
         self.on_republished = on_republished
         self.on_loss = on_loss
@@ -152,6 +156,13 @@ class Reconciler:
             return False
         if current is not None and self.token is None and not current.startswith(RECOVERING):
             self.token = current  # a new term, and Redis kept its data: adopt the epoch
+            # ...unless it lost the tail of a stream before this term (the leader died with it).
+            await self._seed_marks(conn)
+            lost = await self._tails_lost()
+            if lost:
+                log.warning("Redis lost the newest entries of streams (a failover?)", extra={"count": len(lost)})
+                await self._start_recovery(conn, "stream tail lost")
+                return True
             return False
         reason = "epoch key missing" if current is None else "epoch changed or recovery unfinished"
         await self._start_recovery(conn, reason)
@@ -166,6 +177,13 @@ class Reconciler:
             pipe.exists(key)
         found = await pipe.execute()
         return any(int(n) == 0 for n in found)
+
+    async def _seed_marks(self, conn: AsyncConnection[Any]) -> None:
+        """High-water marks from the entries PostgreSQL recorded for the newest in-flight rows."""
+        cur = await conn.execute(sql.active().RELAY_RECENT_STREAM_IDS, {"limit": self.seed_rows})
+        rows = await cur.fetchall()
+        prefix = self.publisher.prefix
+        self.publisher.high_water.record([stream_key(prefix, q, p) for q, p, _sid in rows], [r[2] for r in rows])
 
     async def _tails_lost(self) -> list[str]:
         """Streams whose last generated id is older than the newest id this relay wrote to them."""

@@ -63,3 +63,28 @@ async def test_the_sweep_republishes_a_job_whose_entry_id_now_holds_another_job(
         assert got == [first]
     assert conn.execute("SELECT publish_count FROM postbox.outbox WHERE id = %s", (first,)).fetchone() == (2,)
     assert sorted(int(e["id"]) for e in await entries(redis, prefix)) == [first, second]
+
+
+async def test_a_new_leader_notices_a_tail_lost_before_its_term_began(
+    settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
+) -> None:
+    """The previous leader died with the Redis primary: its marks died with it; the new one's come from PostgreSQL."""
+    prefix = settings.redis_prefix
+    async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (relay, _signals):
+        ids = enqueue_sql(conn, 6)
+        await wait_until(lambda: relay.published_total == 6, 10, what="6 published")
+    sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
+    conn.commit()
+    key = stream_key(prefix, "default", 5)
+    assert await redis.xdel(key, *sids[3:]) == 3
+    await redis.execute_command("XSETID", key, sids[2])
+    await redis.execute_command("XGROUP", "SETID", key, GROUP, sids[2])
+    async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (_relay, signals):
+        await event_within(signals.redis_loss, 10)
+        found: list[dict[str, Any]] = []
+
+        async def refresh() -> bool:
+            found[:] = await entries(redis, prefix)
+            return set(ids[3:]) <= {int(e["id"]) for e in found}
+
+        await wait_until(refresh, 10, what="the lost tail back in the stream")
