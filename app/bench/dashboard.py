@@ -111,6 +111,8 @@ def requests(ids: dict[str, int]) -> list[tuple[str, str]]:
         ("jobs: args text, next window", "/api/v1/dashboard/jobs?text=nobody-at-all&limit=50&cursor=" + cursor_below),
         ("jobs: count all (capped)", "/api/v1/dashboard/jobs/count"),
         ("jobs: count state=dead", "/api/v1/dashboard/jobs/count?state=dead"),
+        ("jobs: count args text (newest window)", "/api/v1/dashboard/jobs/count?text=user17%40"),
+        ("jobs: count created > 48 h ago", f"/api/v1/dashboard/jobs/count?until={two_days_ago}"),
         ("job (deep link)", f"/api/v1/dashboard/jobs/{ids['dead']}"),
         ("dead letters", "/api/v1/dashboard/jobs?state=dead&discarded=false&limit=50"),
         ("queues", "/api/v1/dashboard/queues"),

@@ -4,7 +4,8 @@ Each job goes through the same operation as its REST call (``POST
 /api/v1/jobs/{id}/cancel``, ``/dlq/{id}/requeue``, ``/dlq/{id}/discard``), in its
 own transaction with its own audit row; a job the operation refuses (finished,
 not a dead letter...) is counted as skipped with the refusal's code, and the
-others go on. A filter selects at most ``BULK_MAX`` jobs, newest first.
+others go on. A filter selects at most ``BULK_MAX`` jobs, newest first; with a text match, among
+the newest ``TEXT_WINDOW`` ids of the filter only, as its count does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.state import Contents, Destructive, api_state, db, read_access
 from postbox.app.dashboard import queries
 from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, JobFilter
-from postbox.app.dashboard.views import match_params
+from postbox.app.dashboard.views import match_params, text_window
 from postbox.control import Actor
 
 router = APIRouter(prefix="/bulk", tags=["bulk"], dependencies=[Depends(read_access)])
@@ -84,7 +85,9 @@ async def bulk(
             raise ApiError(403, "FORBIDDEN", "a text match on args needs the API key")
         found = JobFilter(**body.filter.model_dump())
         async with conn.cursor() as cur:
-            await cur.execute(queries.active().MATCH_IDS, {**await match_params(cur, found), "limit": BULK_MAX})
+            params = await match_params(cur, found)
+            await text_window(cur, found, params)  # the jobs "select all matching" counted
+            await cur.execute(queries.active().MATCH_IDS, {**params, "limit": BULK_MAX})
             ids = [int(row[0]) for row in await cur.fetchall()]
     await conn.commit()  # each job below runs in its own transaction
     st = api_state(request)

@@ -12,7 +12,7 @@ BULK_MAX = 10_000  # rows one bulk action touches at most (and where "select all
 TEXT_MAX = 200
 # A text match reads the args of every row it passes (no index can serve a substring of JSON), so
 # one page of a text search looks at this many ids at most, then offers to go on below them.
-TEXT_WINDOW = 50_000
+TEXT_WINDOW = 20_000
 # A creation-time bound is turned into an id bound (ids grow with created_at), then widened by this
 # much: created_at is the enqueuing transaction's start, so a row inserted late in a long transaction
 # has an older created_at than the rows before it. Only a transaction open longer than this across

@@ -75,6 +75,32 @@ async def match_params(cur: Any, found: JobFilter) -> dict[str, Any]:
     return params
 
 
+async def newest_id(cur: Any) -> int:
+    await cur.execute(queries.active().NEWEST_ID)
+    row = await cur.fetchone()
+    return int(row[0] if isinstance(row, tuple) else next(iter(row.values()))) if row else 0
+
+
+def window_floor(top: int, params: dict[str, Any]) -> int | None:
+    """The lowest id a text match below ``top`` reads (``TEXT_WINDOW`` ids), or None when the window
+    reaches the bottom of the filter's id range (the whole range is read)."""
+    floor = top - TEXT_WINDOW
+    if floor <= 1 or (params["id_from"] is not None and floor <= params["id_from"]):
+        return None
+    return floor
+
+
+async def text_window(cur: Any, found: JobFilter, params: dict[str, Any]) -> int | None:
+    """For a count or a bulk action with a text match: limit ``params`` to the newest window of the
+    filter's id range, as the first page of its search reads. Returns the window's floor (None: all read)."""
+    if found.text is None:
+        return None
+    floor = window_floor(params["id_below"] or await newest_id(cur) + 1, params)
+    if floor is not None:
+        params["id_from"] = floor
+    return floor
+
+
 @router.get(
     "/jobs",
     summary="Jobs matching a filter, newest first (a text match looks at a window of ids per page)",
@@ -86,19 +112,18 @@ async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = 
     before = control.decode_cursor(cursor)
     floor = None
     async with conn.cursor(row_factory=dict_row) as cur:
+        params = await match_params(cur, found)
         if found.text is not None:
-            if before is None:
-                await cur.execute(queries.active().NEWEST_ID)
-                newest = await cur.fetchone()
-                before = int(next(iter(newest.values()))) + 1 if newest else 1
-            floor = max(1, before - TEXT_WINDOW)
-        params = {**await match_params(cur, found), "before": before, "floor": floor, "limit": limit + 1}
-        await cur.execute(queries.active().SEARCH, params)
+            top = before if before is not None else await newest_id(cur) + 1
+            if params["id_below"] is not None:
+                top = min(top, params["id_below"])
+            floor = window_floor(top, params)
+        await cur.execute(queries.active().SEARCH, {**params, "before": before, "floor": floor, "limit": limit + 1})
         rows = await cur.fetchall()
     items = [control.job_summary(r) for r in rows[:limit]]
     if len(rows) > limit:
         next_cursor: str | None = control.encode_cursor(int(items[-1]["id"]))
-    elif floor is not None and floor > 1:
+    elif floor is not None:
         next_cursor = control.encode_cursor(floor)  # nothing more in this window: go on below it
     else:
         next_cursor = None
@@ -108,15 +133,19 @@ async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = 
 
 @router.get(
     "/jobs/count",
-    summary=f"How many jobs match a filter (exact up to {BULK_MAX}, then 'more')",
+    summary=f"How many jobs match a filter (exact up to {BULK_MAX}, then 'more'; a text match: in the newest window)",
     responses=responses(400, 401, 403, 422),
 )
 async def count(conn: Conn, found: Filter) -> dict[str, Any]:
+    """With a text match only the newest ``TEXT_WINDOW`` ids of the filter are read (a text match reads
+    every row it passes): ``searched_down_to`` is then the lowest id counted, older jobs are not."""
     async with conn.cursor() as cur:
-        await cur.execute(queries.active().COUNT_CAPPED, {**await match_params(cur, found), "limit": BULK_MAX + 1})
+        params = await match_params(cur, found)
+        searched = await text_window(cur, found, params)
+        await cur.execute(queries.active().COUNT_CAPPED, {**params, "limit": BULK_MAX + 1})
         row = await cur.fetchone()
     total = int(row[0]) if row else 0
-    return {"count": min(total, BULK_MAX), "more": total > BULK_MAX, "limit": BULK_MAX}
+    return {"count": min(total, BULK_MAX), "more": total > BULK_MAX, "limit": BULK_MAX, "searched_down_to": searched}
 
 
 @router.get("/jobs/{job_id}", summary="A job with its headers and history", responses=responses(401, 404, 422))

@@ -65,6 +65,20 @@ def test_text_search_pages_through_windows_of_ids(
         assert [j["id"] for j in third["items"]] == [ids[2]]
         # % and _ are matched literally
         assert client.get("/api/v1/dashboard/jobs", params={"text": "n%e"}, headers=headers).json()["items"] == []
+        # "select all matching" counts in the newest window only, says so, and a bulk action takes the same jobs
+        assert client.get("/api/v1/dashboard/jobs/count", params={"text": "needle"}, headers=headers).json() == {
+            "count": 1,
+            "more": False,
+            "limit": search.BULK_MAX,
+            "searched_down_to": ids[-1] + 1 - 10,
+        }
+        until = client.get(
+            "/api/v1/dashboard/jobs/count", params={"text": "needle", "until": "2100-01-01T00:00:00Z"}, headers=headers
+        ).json()
+        assert (until["count"], until["searched_down_to"]) == (1, ids[-1] + 1 - 10)
+        cancelled = client.post("/api/v1/bulk/cancel", json={"filter": {"text": "needle"}}, headers=headers).json()
+        assert cancelled["done_ids"] == [ids[25]]
+    assert job_state(conn, ids[2]) == "pending"
 
 
 def test_filters_and_the_capped_count(
@@ -82,6 +96,7 @@ def test_filters_and_the_capped_count(
             "count": 3,
             "more": True,
             "limit": 3,
+            "searched_down_to": None,
         }
         assert client.get("/api/v1/dashboard/jobs/count", params={"queue": "apiq"}).json()["count"] == 1
         # a state without a queue goes through every queue's names (queue = ANY(...)): all of them

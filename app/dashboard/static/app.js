@@ -423,7 +423,7 @@ function jobListPage(kind, params) {
 
   async function runBulk(spec) {
     const count = allMatching ? allMatching.count : selected.size;
-    const what = allMatching ? `all ${num(count)}${allMatching.more ? " (the newest; more match)" : ""} jobs matching the filter` : `${num(count)} selected job${count === 1 ? "" : "s"}`;
+    const what = allMatching ? `all ${num(count)}${allMatching.more ? " (the newest; more match)" : ""} jobs matching the filter${searchedNote(allMatching)}` : `${num(count)} selected job${count === 1 ? "" : "s"}`;
     if (!(await confirmDialog(`${spec.label}: ${spec.verb} ${what}?`))) return;
     const body = allMatching ? { filter: apiFilter() } : { ids: [...selected] };
     const result = await act(spec.label, () => api(`api/v1/bulk/${spec.action}`, { method: "POST", body }));
@@ -446,7 +446,7 @@ function jobListPage(kind, params) {
   function renderToolbar() {
     const count = allMatching ? allMatching.count : selected.size;
     const label = allMatching
-      ? `All ${num(allMatching.count)}${allMatching.more ? "+" : ""} matching the filter selected`
+      ? `All ${num(allMatching.count)}${allMatching.more ? "+" : ""} matching the filter${searchedNote(allMatching)} selected`
       : `${selected.size} selected`;
     toolbar.replaceChildren(
       h("span", { id: "selection" }, label),
@@ -457,6 +457,11 @@ function jobListPage(kind, params) {
         h("button", { class: "danger", id: `bulk-${spec.action}`, disabled: !count || !session.can_act, title: session.can_act ? null : "log in first", onclick: () => runBulk(spec) }, `${spec.label}…`),
       ),
     );
+  }
+
+  // A count with a text match reads the newest jobs only (down to searched_down_to): say so.
+  function searchedNote(found) {
+    return found.searched_down_to ? ` among jobs from #${found.searched_down_to} up (older ones not searched)` : "";
   }
 
   async function selectAllMatching() {
