@@ -180,6 +180,7 @@ def history_entries(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "outcome": row["outcome"],
                 "error_class": row["error_class"],
                 "error": row["error"],
+                "traceback": row.get("traceback"),
             }
         )
     out.sort(key=lambda e: (e["life"], e["attempt"]))

@@ -481,13 +481,13 @@ class Statements:
         -- One row per ended attempt, written once. ON CONFLICT: a row written at the
         -- claim by an older postbox (before migration 0003), finished here.
         INSERT INTO {schema}.job_attempts AS a
-               (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error)
+               (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback)
         SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, now()), now(), (%(outcomes)s::text[])[d.i],
-               (%(error_classes)s::text[])[d.i], (%(errors)s::text[])[d.i]
+               (%(error_classes)s::text[])[d.i], (%(errors)s::text[])[d.i], (%(tracebacks)s::text[])[d.i]
           FROM done d
         ON CONFLICT (outbox_id, attempt) DO UPDATE
            SET finished_at = excluded.finished_at, outcome = excluded.outcome,
-               error_class = excluded.error_class, error = excluded.error
+               error_class = excluded.error_class, error = excluded.error, traceback = excluded.traceback
     ), woken AS (
         -- Off inside a handler's ctx.transaction(): PostgreSQL serializes the commits
         -- of transactions that NOTIFY, which would undo group commit across jobs.
@@ -654,10 +654,10 @@ class Statements:
     # Ended attempts from job_attempts, and the attempt running now from the outbox
     # row (its history row is written when it ends).
     OPS_JOB_HISTORY: LiteralString = """
-    SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error
+    SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback
       FROM {schema}.job_attempts WHERE outbox_id = %(id)s
     UNION ALL
-    SELECT o.attempts, o.claimed_by, o.started_at, NULL, NULL, NULL, NULL
+    SELECT o.attempts, o.claimed_by, o.started_at, NULL, NULL, NULL, NULL, NULL
       FROM {schema}.outbox o
      WHERE o.id = %(id)s AND o.state = 'running'
        AND NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a WHERE a.outbox_id = o.id AND a.attempt = o.attempts)

@@ -35,8 +35,9 @@ import orjson
 from psycopg import AsyncConnection, Connection
 
 from postbox import pgarray, sql
-from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled, PermanentError
+from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled, PermanentError, RetryLater
 from postbox.registry import Registry, UnknownTaskError, default_registry
+from postbox.text import traceback_text
 
 INLINE_WORKER = "worker-inline0"
 LEASE_SECONDS = 3600.0
@@ -68,6 +69,7 @@ class JobRun:
     result: Any = None
     error_class: str | None = None
     error: str | None = None
+    traceback: str | None = None  # a failed run's, bounded (as the attempt history keeps it)
 
 
 # --- what was enqueued ----------------------------------------------------------------
@@ -283,7 +285,7 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
     cur = await conn.execute(sql.active().TESTING_JOB, {"id": job_id})
     name, queue, args, headers = await cur.fetchone()  # type: ignore[misc]
     ctx = InlineContext(conn, job_id, name, queue, attempt, max_attempts, headers or {}, registry)
-    state, kind, result, cls, message = "succeeded", "succeeded", None, None, None
+    state, kind, result, cls, message, trace = "succeeded", "succeeded", None, None, None, None
     try:
         spec = registry.get(name)
         call_args = spec.call_args(args)
@@ -298,6 +300,7 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
         state, kind = "cancelled", "cancelled"
     except Exception as exc:
         cls, message = type(exc).__name__, str(exc) or type(exc).__name__
+        trace = None if isinstance(exc, RetryLater) else traceback_text(exc)
         permanent = isinstance(exc, PermanentError | InvalidArgsError | UnknownTaskError)
         if permanent or attempt >= max_attempts:
             state, kind = "dead", "dead"
@@ -318,12 +321,13 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
         "result_ttls": pgarray.floats([RESULT_TTL]),
         "error_classes": pgarray.texts_or_null([cls]),
         "errors": pgarray.texts_or_null([message]),
+        "tracebacks": pgarray.texts_or_null([trace]),
         "outcomes": pgarray.words([kind]),
         "notify": False,
         "also_notify": None,
     }
     await conn.execute(sql.active().WORKER_RECORD_OUTCOMES, params)
-    return JobRun(job_id, name, attempt, state, result, cls, message)
+    return JobRun(job_id, name, attempt, state, result, cls, message, trace)
 
 
 # --- the pytest plugin ----------------------------------------------------------------

@@ -9,9 +9,11 @@ surrogate as its escape (``\\udcff``, still readable) and drops NULs.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 MAX_DEPTH = 64  # deeper structures in a result are stored as their repr
+MAX_TRACEBACK_CHARS = 8_000  # the end of a traceback, where the raising frame is
 
 
 def safe_text(text: str) -> str:
@@ -44,3 +46,16 @@ def safe_value(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list | tuple):
         return [safe_value(v, depth + 1) for v in value]
     return safe_text(repr(value))
+
+
+def traceback_text(exc: BaseException) -> str:
+    """``exc``'s formatted traceback: safe text, its last MAX_TRACEBACK_CHARS characters."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception:  # a broken __str__ or __traceback__: the class is still worth keeping
+        text = f"{type(exc).__name__} (its traceback could not be formatted)\n"
+    text = safe_text(text)
+    if len(text) > MAX_TRACEBACK_CHARS:
+        cut = len(text) - MAX_TRACEBACK_CHARS
+        text = f"… ({cut} characters cut)\n" + text[cut:]
+    return text

@@ -65,7 +65,9 @@ def _link(headers: Mapping[str, Any] | str | None) -> Any:
 
 
 @contextmanager
-def process_span(job_id: int, task: str, queue: str, attempt: int, headers: Mapping[str, Any] | None) -> Iterator[Any]:
+def process_span(
+    job_id: int, task: str, queue: str, attempt: int, headers: Mapping[str, Any] | str | None
+) -> Iterator[Any]:
     """The worker's run of one job, linked to the producer's trace."""
     if not available():
         yield None

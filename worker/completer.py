@@ -67,6 +67,7 @@ def outcome_params(
         "result_ttls": None if results is None else pgarray.floats(result_ttl(job) for job, _ in items),
         "error_classes": pgarray.texts_or_null([outcome.error_class for outcome in outcomes]),
         "errors": pgarray.texts_or_null([outcome.error for outcome in outcomes]),
+        "tracebacks": pgarray.texts_or_null([outcome.traceback for outcome in outcomes]),
         "outcomes": pgarray.words(outcome.kind for outcome in outcomes),
         "notify": notify,
         "also_notify": ",".join(map(str, also_notify)) if (notify and also_notify) else None,

@@ -20,6 +20,7 @@ import orjson
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from postbox import hooks, tracing
 from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
 from postbox.registry import Registry, TaskSpec
 from postbox.settings import Settings
@@ -93,7 +94,27 @@ class Executor:
             return exc
 
     async def run(self, job: Job) -> Outcome:
-        """Run the attempt; never raises except CancelledError from a shutdown."""
+        """Run the attempt; never raises except CancelledError from a shutdown.
+
+        With hooks registered (:mod:`postbox.hooks`) they are called around the
+        run; with OpenTelemetry installed the run is a span (:mod:`postbox.tracing`).
+        """
+        if not hooks.registered and not tracing.available():
+            return await self._run(job, None)
+        delivery = job.delivery
+        info = hooks.JobRun(job.id, delivery.task, delivery.queue, job.attempt, job.max_attempts, self._worker_id)
+        failures: list[BaseException] = []
+        started = time.monotonic()
+        with tracing.process_span(job.id, delivery.task, delivery.queue, job.attempt, delivery.headers):
+            await hooks.call(hooks.registered.before, info)
+            outcome = await self._run(job, failures)
+            info.state, info.duration = outcome.state, time.monotonic() - started
+            for exc in failures:
+                await hooks.call(hooks.registered.failure, info, exc)
+            await hooks.call(hooks.registered.after, info)
+        return outcome
+
+    async def _run(self, job: Job, failures: list[BaseException] | None) -> Outcome:
         delivery = job.delivery
         handler = self._handler(delivery.task)
         if handler is None:
@@ -155,13 +176,12 @@ class Executor:
             if ctx.committed:
                 return _committed(None, keep_result=False)
             timed_out = JobTimeout(f"handler ran past its {timeout}s timeout") if timeout else exc
-            return self._failed(job, spec, timed_out)
+            return self._failed_run(ctx, job, spec, timed_out, failures)
         except Exception as exc:
             if ctx.committed:
                 ctx.log.warning("handler raised after its transaction committed; the job stays succeeded")
                 return _committed(None, keep_result=False)
-            ctx.log.info("run failed: %s", outcomes.error_class(exc))
-            return self._failed(job, spec, exc)
+            return self._failed_run(ctx, job, spec, exc, failures)
         if ctx.committed:
             return _committed(value, keep_result=job.keep_result)
         return outcomes.succeeded(value, keep_result=job.keep_result)
@@ -175,6 +195,22 @@ class Executor:
         if spec is None:
             return outcomes.dead(outcomes.error_class(exc), outcomes.error_text(exc))
         return self._failed(job, spec, exc)
+
+    def _failed_run(
+        self,
+        ctx: WorkerJobContext,
+        job: Job,
+        spec: TaskSpec,
+        exc: BaseException,
+        failures: list[BaseException] | None,
+    ) -> Outcome:
+        """A run whose handler raised: its outcome, logged with its bounded traceback."""
+        outcome = self._failed(job, spec, exc)
+        trace = f"\n{outcome.traceback}" if outcome.traceback else ""
+        ctx.log.warning("run failed (%s): %s: %s%s", outcome.kind, outcome.error_class, outcome.error, trace)
+        if failures is not None:
+            failures.append(exc)
+        return outcome
 
     def _failed(self, job: Job, spec: TaskSpec, exc: BaseException) -> Outcome:
         s = self._settings

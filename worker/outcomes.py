@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from postbox.errors import InvalidArgsError, PermanentError, RetryLater, UnknownTaskError
-from postbox.text import safe_text, safe_value
+from postbox.text import safe_text, safe_value, traceback_text
 
 MAX_ERROR_CHARS = 500
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
@@ -38,6 +38,7 @@ class Outcome:
     error_class: str | None = None
     error: str | None = None
     committed: bool = False  # already recorded inside the handler's ctx.transaction()
+    traceback: str | None = None  # the failed attempt's, bounded (attempt history only)
 
     @property
     def metric(self) -> str:
@@ -130,12 +131,13 @@ def failed(
     """The outcome of a run that raised ``exc``."""
     cls = error_class(exc)
     message = error_text(exc)
+    trace = None if isinstance(exc, RetryLater) else traceback_text(exc)  # a RetryLater is a decision, not a bug
     if isinstance(exc, PERMANENT):
-        return dead(cls, message)
-    if attempt >= max_attempts:
-        return dead(cls, f"attempts exhausted ({attempt}/{max_attempts}): {message}")
-    if isinstance(exc, RetryLater):
-        delay = exc.seconds
+        outcome = dead(cls, message)
+    elif attempt >= max_attempts:
+        outcome = dead(cls, f"attempts exhausted ({attempt}/{max_attempts}): {message}")
     else:
-        delay = next_delay(attempt, base, cap, jitter, rand)
-    return Outcome("retrying", "retry", delay=delay, error_class=cls, error=sanitize(message))
+        delay = exc.seconds if isinstance(exc, RetryLater) else next_delay(attempt, base, cap, jitter, rand)
+        outcome = Outcome("retrying", "retry", delay=delay, error_class=cls, error=sanitize(message))
+    outcome.traceback = trace
+    return outcome

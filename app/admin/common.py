@@ -113,6 +113,10 @@ def show_job(job: dict[str, Any], as_json: bool, out: TextIO) -> None:
     details(job, out, skip=("history",))
     print("\nhistory:", file=out)
     table(job["history"], HISTORY_COLUMNS, out)
+    for entry in job["history"]:
+        if entry.get("traceback"):
+            heading = f"attempt {entry['attempt']} (life {entry['life']}) traceback:"
+            print(f"\n{heading}\n{entry['traceback'].rstrip()}", file=out)
 
 
 def show_page(

@@ -45,6 +45,9 @@ class Attempt(BaseModel):
     outcome: str | None = Field(description="succeeded, retry, dead, cancelled, lost, duplicate; null while running.")
     error_class: str | None
     error: str | None
+    traceback: str | None = Field(
+        default=None, description="The failed attempt's traceback, its last 8,000 characters; null otherwise."
+    )
 
 
 class JobSummary(BaseModel):

@@ -95,6 +95,7 @@ CREATE TABLE {schema}.job_attempts (
     outcome     text,       -- succeeded, retry, dead, cancelled, lost (claim taken over), duplicate
     error_class text,
     error       text,
+    traceback   text,       -- a failed attempt's, bounded (postbox/text.py)
     PRIMARY KEY (outbox_id, attempt)
 );
 

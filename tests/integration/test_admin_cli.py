@@ -232,3 +232,20 @@ def test_the_postbox_command_runs_a_subcommand(child_env: dict[str, str], conn: 
     assert proc.returncode == 1
     assert "no terminal to confirm on: pass --yes" in proc.stderr
     assert _count(conn, "SELECT count(*) FROM postbox.outbox WHERE state = 'dead'") == 1
+
+
+def test_jobs_get_shows_each_failed_attempts_traceback(
+    conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = insert_job(conn, "api_sum", "apiq")
+    conn.execute(
+        "INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, finished_at, outcome, error_class, error,"
+        " traceback) VALUES (%s, 1, 'worker-1', now(), 'retry', 'KeyError', '''k''',"
+        " 'Traceback (most recent call last):\n  File \"shop/tasks.py\", line 9, in charge\nKeyError: ''k''\n')",
+        (job,),
+    )
+    conn.commit()
+    assert jobs_cli.main(["get", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "attempt 1 (life 1) traceback:\nTraceback (most recent call last):" in out
+    assert 'File "shop/tasks.py", line 9, in charge' in out
