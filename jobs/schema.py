@@ -68,3 +68,18 @@ def render(template: LiteralString, schema_name: str) -> LiteralString:
     """
     rendered = sql.SQL(template).format(schema=sql.Identifier(schema_name)).as_string(None)
     return cast(LiteralString, rendered)
+
+
+class Templates:
+    """A class of SQL templates (its upper-case attributes); an instance holds them rendered for one schema.
+
+    ``postbox.sql.Statements`` is one; an edge module with SQL of its own (the
+    dashboard's) subclasses it the same way.
+    """
+
+    def __init__(self, schema_name: str) -> None:
+        self.schema = schema_name
+        for cls in reversed(type(self).__mro__):
+            for name, template in vars(cls).items():
+                if name.isupper():
+                    setattr(self, name, render(template, schema_name))

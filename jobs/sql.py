@@ -21,7 +21,7 @@ from typing import LiteralString
 from postbox import schema
 
 
-class Statements:
+class Statements(schema.Templates):
     """The statements as templates (class attributes) and, on an instance, rendered for one schema."""
 
     # --- producer ------------------------------------------------------------------
@@ -1061,12 +1061,6 @@ class Statements:
     SCHEDULE_SET_LAST: LiteralString = """
     UPDATE {schema}.schedules SET last_run_at = %(at)s, last_job_id = %(job)s WHERE name = %(name)s
     """
-
-    def __init__(self, schema_name: str) -> None:
-        self.schema = schema_name
-        for name, template in vars(Statements).items():
-            if name.isupper():
-                setattr(self, name, schema.render(template, schema_name))
 
 
 @functools.cache

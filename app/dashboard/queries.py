@@ -35,7 +35,7 @@ _COLUMNS: LiteralString = """
 """
 
 
-class DashboardStatements:
+class DashboardStatements(schema.Templates):
     """Templates as class attributes; an instance holds them rendered for one schema."""
 
     SEARCH: LiteralString = (
@@ -185,11 +185,6 @@ class DashboardStatements:
              WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
              ORDER BY available_at LIMIT 10001) AS due
     """
-
-    def __init__(self, schema_name: str) -> None:
-        for name, template in vars(DashboardStatements).items():
-            if name.isupper():
-                setattr(self, name, schema.render(template, schema_name))
 
 
 @functools.cache
