@@ -127,6 +127,7 @@ async def enqueued_async(
 
 
 def _check(found: list[EnqueuedJob], everything: list[EnqueuedJob], what: str, count: int | None) -> None:
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     if (count is None and found) or (count is not None and len(found) == count):
         return
     listing = "\n".join(
@@ -152,6 +153,7 @@ def assert_enqueued(
     count: int | None = None,
 ) -> list[EnqueuedJob]:
     """Fail unless jobs matching the filters were enqueued (``count`` of them, if given); return them."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     everything = enqueued(conn)
     found = [j for j in everything if _matches(j, task, queue, args, priority=priority)]
     _check(found, everything, _describe(task, queue=queue, args=args, priority=priority), count)
@@ -160,6 +162,7 @@ def assert_enqueued(
 
 def assert_not_enqueued(conn: Connection[Any], task: Any = None, **filters: Any) -> None:
     """Fail if a job matching the filters was enqueued."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     assert_enqueued(conn, task, count=0, **filters)
 
 
@@ -173,6 +176,7 @@ async def assert_enqueued_async(
     count: int | None = None,
 ) -> list[EnqueuedJob]:
     """The async twin of :func:`assert_enqueued`."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     everything = await enqueued_async(conn)
     found = [j for j in everything if _matches(j, task, queue, args, priority=priority)]
     _check(found, everything, _describe(task, queue=queue, args=args, priority=priority), count)
@@ -181,6 +185,7 @@ async def assert_enqueued_async(
 
 async def assert_not_enqueued_async(conn: AsyncConnection[Any], task: Any = None, **filters: Any) -> None:
     """The async twin of :func:`assert_not_enqueued`."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     await assert_enqueued_async(conn, task, count=0, **filters)
 
 
