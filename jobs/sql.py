@@ -479,7 +479,7 @@ class Statements(schema.Templates):
      RETURNING j.id, j.state, j.attempts, f.i, j.started_at
     ), history AS (
         -- One row per ended attempt, written once. ON CONFLICT: a row written at the
-        -- claim by an older postbox (before migration 0003), finished here.
+        -- claim (an isolated run's, written at its start), finished here.
         INSERT INTO {schema}.job_attempts AS a
                (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback)
         SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, now()), now(), (%(outcomes)s::text[])[d.i],
@@ -528,9 +528,6 @@ class Statements(schema.Templates):
     RETURNING id
     """
 
-    # Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
-    # jobs publishable again. Queued rows go back to the relay's work list; running
-    # rows under a stale claim too (their lost attempt stays counted).
     # --- postbox.testing (an application's own tests; on the test's connection) ------------
 
     TESTING_LIST_JOBS: LiteralString = """
@@ -548,6 +545,9 @@ class Statements(schema.Templates):
     SELECT task, queue, args, headers FROM {schema}.outbox WHERE id = %(id)s
     """
 
+    # Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
+    # jobs publishable again. Queued rows go back to the relay's work list; running
+    # rows under a stale claim too (their lost attempt stays counted).
     WORKER_REPUBLISH_LOST: LiteralString = """
     WITH target AS (
         SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
@@ -822,7 +822,7 @@ class Statements(schema.Templates):
     """
 
     # The purged jobs' attempts go in the same statement (job_attempts has no foreign
-    # key to the outbox: migration 0003). Returns how many jobs were purged.
+    # key to the outbox). Returns how many jobs were purged.
     OPS_PURGE: LiteralString = """
     WITH gone AS (
         DELETE FROM {schema}.outbox
@@ -862,7 +862,7 @@ class Statements(schema.Templates):
     # production (the database clock) and a fixed time in tests.)
 
     # Finished jobs (never dead letters: those wait for an operator's discard + purge).
-    # Their job_attempts go in the same statement (no foreign key: migration 0003);
+    # Their job_attempts go in the same statement (job_attempts has no foreign key);
     # results live in the outbox row.
     RETENTION_DELETE_FINISHED: LiteralString = """
     WITH doomed AS (

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg import AsyncConnection
 from psycopg.errors import UndefinedTable
@@ -41,6 +42,7 @@ LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600)
 RUN_RETENTION_SECONDS = 7 * 86_400.0
 PRUNE_EVERY_SECONDS = 3600.0
 MIN_WAIT = 0.02  # seconds
+FAILED_TICK_RETRY = 60.0  # seconds before a tick that raised (not a database error) is tried again
 
 
 class ScheduleMetrics:
@@ -118,9 +120,25 @@ class ScheduleDuty:
         return max(0.0, self.next_look - self.monotonic())
 
     async def step(self, conn: AsyncConnection[Any]) -> int:
-        """Tick if something may be due; returns the occurrences enqueued."""
+        """Tick if something may be due; returns the occurrences enqueued.
+
+        A database error propagates (the relay's session loop decides about its
+        session and its leadership). Any other error is a bug in evaluating a
+        schedule: logged, and the duty looks again after FAILED_TICK_RETRY
+        seconds, so publishing goes on and no leader after this one dies of it.
+        """
         if self.disabled or self.monotonic() < self.next_look:
             return 0
+        try:
+            return await self._step(conn)
+        except psycopg.Error:
+            raise
+        except Exception:
+            log.exception("periodic jobs: a tick failed; looking again in %.0f s", FAILED_TICK_RETRY)
+            self.next_look = self.monotonic() + FAILED_TICK_RETRY
+            return 0
+
+    async def _step(self, conn: AsyncConnection[Any]) -> int:
         enqueued = 0
         while True:
             now = self.clock() if self.clock is not None else None

@@ -495,12 +495,16 @@ class Worker:
         self.capacity.block()
         try:
             while self._isolated and not self._stopping.is_set():
-                await self._nothing_executing.wait()
+                alone = await self._wait_alone()
+                if self._stopping.is_set():  # a stop came while waiting: start nothing new
+                    break
                 job = self._isolated.popleft()
                 if self.running.get(job.id) is not job:
                     continue
                 log.warning(
-                    "running a job taken over from a lost run alone",
+                    "running a job taken over from a lost run alone"
+                    if alone
+                    else "running a job taken over from a lost run beside others: they did not end in time",
                     extra={
                         "outbox_id": job.id,
                         "task": job.delivery.task,
@@ -509,10 +513,12 @@ class Worker:
                     },
                 )
                 try:
-                    async with self._pool.connection() as conn:
-                        await conn.execute(
-                            sql.active().WORKER_MARK_ISOLATED, {"id": job.id, "attempt": job.attempt, "worker": self.id}
-                        )
+                    if alone:  # only a run alone is charged for a crash (WORKER_CLAIM)
+                        async with self._pool.connection() as conn:
+                            await conn.execute(
+                                sql.active().WORKER_MARK_ISOLATED,
+                                {"id": job.id, "attempt": job.attempt, "worker": self.id},
+                            )
                 except Exception:
                     log.exception("marking an isolated run failed; running it anyway", extra={"outbox_id": job.id})
                 job.task = asyncio.create_task(self._execute(job))
@@ -526,6 +532,18 @@ class Worker:
                     job.task = asyncio.create_task(self._execute(job))
             if self._isolated and not self._stopping.is_set():
                 self._isolation = asyncio.create_task(self._run_isolated(), name="isolation")
+
+    async def _wait_alone(self) -> bool:
+        """Wait until nothing else runs here; True if that came within the visibility timeout.
+
+        A long or hung handler must not freeze the worker: past the bound the
+        isolated job runs beside it (its crash, if any, then charges nobody).
+        """
+        try:
+            await asyncio.wait_for(self._nothing_executing.wait(), timeout=self.settings.visibility_timeout)
+        except TimeoutError:
+            return False
+        return True
 
     # --- running ---------------------------------------------------------------------
 

