@@ -127,6 +127,7 @@ class Reconciler:
         self.republished_total = 0
         self.sweeps = 0  # sweeps completed (tests wait on it)
         self._recovered = 0
+        self._xinfo_refused = False  # said once: this server refuses XINFO
 
     @property
     def recovering(self) -> bool:
@@ -198,9 +199,15 @@ class Reconciler:
         reported: dict[str, EntryId | None] = {}
         for key, info in zip(keys, found, strict=True):
             if isinstance(info, BaseException):
-                if "no such key" not in str(info).lower():
-                    raise info
-                reported[key] = None  # gone: _streams_missing says so too
+                if "no such key" in str(info).lower():
+                    reported[key] = None  # gone: _streams_missing says so too
+                elif not self._xinfo_refused:
+                    # A server that refuses XINFO (an ACL, a managed Redis) cannot tell us about
+                    # lost tails; it must not stop publishing. The sweep still finds lost entries.
+                    self._xinfo_refused = True
+                    log.warning(
+                        "XINFO refused: a lost stream tail is found by the sweep only", extra={"error": str(info)}
+                    )
                 continue
             fields = dict(zip(info[::2], info[1::2], strict=True)) if isinstance(info, list) else dict(info)
             value = fields.get(b"last-generated-id", fields.get("last-generated-id"))

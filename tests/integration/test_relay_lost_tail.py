@@ -88,3 +88,28 @@ async def test_a_new_leader_notices_a_tail_lost_before_its_term_began(
             return set(ids[3:]) <= {int(e["id"]) for e in found}
 
         await wait_until(refresh, 10, what="the lost tail back in the stream")
+
+
+async def test_a_server_that_refuses_xinfo_does_not_stop_publishing(
+    settings: Settings, conn: psycopg.Connection[Any], private_redis: Any
+) -> None:
+    """An ACL (or a managed Redis) without XINFO: the tail check is skipped, publishing goes on."""
+    admin = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
+
+    async def xinfo_refused() -> int:
+        stats = await admin.info("commandstats")
+        return sum(int(v.get("rejected_calls", 0)) for k, v in stats.items() if k.startswith("cmdstat_xinfo"))
+
+    try:
+        await admin.execute_command("ACL", "SETUSER", "relay", "on", ">pw", "~*", "&*", "+@all", "-xinfo")
+        limited = settings.model_copy(
+            update={"redis_url": private_redis.url.replace("redis://", "redis://relay:pw@", 1)}
+        )
+        async with running_relay(limited, epoch_check_interval=0.05) as (relay, _):
+            enqueue_sql(conn, 3)
+            await wait_until(lambda: relay.published_total == 3, 10, what="first 3 published")
+            await wait_until(xinfo_refused, 10, what="a tail check refused by the ACL")
+            enqueue_sql(conn, 3)
+            await wait_until(lambda: relay.published_total == 6, 10, what="3 more published after the refusal")
+    finally:
+        await admin.aclose()
