@@ -70,6 +70,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=_positive_int, default=3, help="repetitions per figure (default 3)")
     p.add_argument("--batch", type=_positive_int, default=10_000, help="enqueue_many batch size (default 10000)")
     p.add_argument("--peers", action="store_true", help="also run PgQueuer, Procrastinate, arq and SAQ")
+    p.add_argument(
+        "--peer-config",
+        action="append",
+        default=[],
+        metavar="PEER=CONFIG",
+        help="run a peer in one of its configurations (e.g. pgqueuer=5x10; default: the adapter's best)",
+    )
+    p.add_argument(
+        "--peer-sweep",
+        action="store_true",
+        help="with --peers and worker: first measure every configuration of every peer, then pair the best",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
@@ -140,6 +152,19 @@ def main(argv: Sequence[str]) -> int:
         peers=args.peers,
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if args.peer_config or args.peer_sweep:
+        from postbox.app.bench.peers import parse_peer_configs
+
+        if not args.peers:
+            print("postbox bench: --peer-config and --peer-sweep need --peers", file=sys.stderr)
+            return 2
+        try:
+            chosen = parse_peer_configs(args.peer_config)
+        except (ValueError, ImportError) as exc:
+            print(f"postbox bench: --peer-config: {exc}", file=sys.stderr)
+            return 2
+    else:
+        chosen = {}
     progress = Progress(quiet=args.quiet)
     report = Report(machine=machine.describe(database_url, redis_url), parameters=params.describe())
     failed = False
@@ -152,7 +177,10 @@ def main(argv: Sequence[str]) -> int:
             from postbox.app.bench import peers as peer_runs
 
             progress.say("peers: installing")
-            peers = peer_runs.prepare_peers(box, params, progress, report)
+            peers = peer_runs.prepare_peers(box, params, progress, report, chosen)
+            if "worker" in names and args.peer_sweep:
+                progress.say("peers: configuration sweep")
+                peers = peer_runs.sweep(peers, params, progress, report)
             if "worker" in names:
                 drains = [peer_runs.PeerDrain(peer, params, progress, report) for peer in peers]
         for name in names:

@@ -1,27 +1,43 @@
 """PgQueuer (PostgreSQL, SKIP LOCKED + LISTEN/NOTIFY), used as its docs recommend for throughput.
 
 Settings: the asyncpg driver (its docs: about twice psycopg's throughput);
-batch enqueue with list arguments to ``Queries.enqueue``; the worker runs 5
-queue managers in one process, each with its own connection and
-``batch_size=10`` (the shape of PgQueuer's own benchmark tool: ``-dq 5``,
-batch 10), so up to 50 jobs run at once; ``log_aggregation_interval=0`` keeps
-the per-job log rows (their ``created`` stamps time the run).
+batch enqueue with list arguments to ``Queries.enqueue``; one worker process
+running ``M`` queue managers, each with its own connection and
+``batch_size=B`` (configuration ``"MxB"``: the two knobs of PgQueuer's own
+benchmark tool, the number of dequeuers and their batch size), so up to
+``M*B`` jobs run at once.  Everything else is PgQueuer's default, log
+aggregation included.  The drain is timed by the handler's in-memory tally
+(``common.Probe``), not by PgQueuer's tables.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 from typing import Any
 
-from postbox.app.bench.outbox import Span
 from postbox.app.bench.peers.common import PeerConfig, Probe, load, paced
 from postbox.app.bench.steady import producers_for
 
 NAME = "pgqueuer"
 ENTRYPOINT = "bench_noop"
-DEQUEUERS = 5
-BATCH = 10
+# name -> (queue managers, batch_size each); any "MxB" name also works.
+CONFIGS = {
+    "1x50": (1, 50),  # its docs' shape: one QueueManager, batch_size = concurrency
+    "2x25": (2, 25),
+    "5x10": (5, 10),  # its benchmark tool's defaults
+    "10x5": (10, 5),
+}
+BEST = "1x50"
+
+
+def shape(cfg: PeerConfig) -> tuple[int, int]:
+    name = cfg.variant or BEST
+    if name in CONFIGS:
+        return CONFIGS[name]
+    managers, sep, batch = name.partition("x")
+    if sep and managers.isdigit() and batch.isdigit() and int(managers) > 0 and int(batch) > 0:
+        return int(managers), int(batch)
+    raise ValueError(f"unknown configuration {name!r}; one of {', '.join(CONFIGS)} or MxB")
 
 
 async def _connect(cfg: PeerConfig) -> Any:
@@ -87,26 +103,12 @@ async def remaining(cfg: PeerConfig) -> int:
         await conn.close()
 
 
-async def span(cfg: PeerConfig, ids: list[str]) -> Span:
-    conn = await _connect(cfg)
-    try:
-        row = await conn.fetchrow(
-            "SELECT min(created), max(created), count(*),"
-            " count(*) FILTER (WHERE created = (SELECT min(created) FROM pgqueuer_log WHERE status = 'successful'))"
-            " FROM pgqueuer_log WHERE status = 'successful'"
-        )
-    finally:
-        await conn.close()
-    if row is None or row[0] is None:
-        return Span(0.0, 0, 0)
-    return Span((row[1] - row[0]).total_seconds(), int(row[2]), int(row[3]))
-
-
 async def work(cfg: PeerConfig) -> None:
     pgq = load("pgqueuer")
     probe = Probe()
+    count, batch = shape(cfg)
     managers = []
-    for _ in range(DEQUEUERS):
+    for _ in range(count):
         qm = pgq.QueueManager(pgq.Queries(pgq.AsyncpgDriver(await _connect(cfg))))
 
         @qm.entrypoint(ENTRYPOINT)
@@ -114,9 +116,4 @@ async def work(cfg: PeerConfig) -> None:
             probe.hit(job.id)
 
         managers.append(qm)
-    await asyncio.gather(
-        *(
-            qm.run(batch_size=BATCH, dequeue_timeout=timedelta(seconds=30), log_aggregation_interval=timedelta(0))
-            for qm in managers
-        )
-    )
+    await asyncio.gather(*(qm.run(batch_size=batch) for qm in managers))

@@ -2,8 +2,9 @@
 
 Settings: ``Queue.from_url``; ``Queue.enqueue`` sent concurrently, 500 at a
 time (SAQ has no batch enqueue apart from ``map``, which also waits for the
-results); a worker with ``concurrency=50`` (default 10); finished jobs are
-kept for their default TTL, and their ``completed`` stamps (ms) time the run.
+results); a worker with the concurrency its configuration names (``"c10"``,
+the default, ``"c50"``, ``"c100"``); finished jobs are kept for their default
+TTL.  The drain is timed by the handler's in-memory tally.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from postbox.app.bench.outbox import Span
-from postbox.app.bench.peers.common import QUEUE, PeerConfig, Probe, load, paced
+from postbox.app.bench.peers.common import QUEUE, PeerConfig, Probe, load, paced, variant_of
 from postbox.app.bench.steady import producers_for
 
 NAME = "saq"
+CONFIGS = {"c10": 10, "c50": 50, "c100": 100}  # name -> worker concurrency
+BEST = "c50"
 _probe = Probe()
 
 
@@ -74,23 +76,9 @@ async def remaining(cfg: PeerConfig) -> int:
         await queue.disconnect()
 
 
-async def span(cfg: PeerConfig, ids: list[str]) -> Span:
-    queue = _queue(cfg)
-    try:
-        finished: list[int] = []
-        for start in range(0, len(ids), 1000):
-            jobs = await queue.jobs(ids[start : start + 1000])
-            finished += [job.completed for job in jobs if job is not None and job.completed]
-    finally:
-        await queue.disconnect()
-    if not finished:
-        return Span(0.0, 0, 0)
-    finished.sort()
-    first = sum(1 for t in finished if t == finished[0])
-    return Span((finished[-1] - finished[0]) / 1000, len(finished), first)
-
-
 async def work(cfg: PeerConfig) -> None:
     queue = _queue(cfg)
-    worker = load("saq").Worker(queue, functions=[("bench_noop", bench_noop)], concurrency=cfg.concurrency)
+    worker = load("saq").Worker(
+        queue, functions=[("bench_noop", bench_noop)], concurrency=variant_of(cfg, CONFIGS, BEST)
+    )
     await worker.start()
