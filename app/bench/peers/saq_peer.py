@@ -17,7 +17,7 @@ from postbox.app.bench.steady import producers_for
 
 NAME = "saq"
 CONFIGS = {"c10": 10, "c50": 50, "c100": 100}  # name -> worker concurrency
-BEST = "c50"
+BEST = "c10"
 _probe = Probe()
 
 
