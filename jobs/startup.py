@@ -48,7 +48,7 @@ def cluster_refusal(redis_url: str, timeout: float = 2.0) -> str | None:
     """
     client = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
-        info = client.info("cluster")
+        info: Any = client.info("cluster")  # typed differently across redis-py 5.3 .. 8
     except redis.RedisError:
         return None
     finally:
