@@ -143,6 +143,21 @@ def _describe(task: Any, **filters: Any) -> str:
     return " ".join(parts)
 
 
+def _assert(
+    everything: list[EnqueuedJob],
+    task: Any,
+    queue: str | None,
+    args: Mapping[str, Any] | None,
+    priority: int | None,
+    count: int | None,
+) -> list[EnqueuedJob]:
+    """The one check behind the sync and async assertions."""
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
+    found = [j for j in everything if _matches(j, task, queue, args, priority=priority)]
+    _check(found, everything, _describe(task, queue=queue, args=args, priority=priority), count)
+    return found
+
+
 def assert_enqueued(
     conn: Connection[Any],
     task: Any = None,
@@ -154,10 +169,7 @@ def assert_enqueued(
 ) -> list[EnqueuedJob]:
     """Fail unless jobs matching the filters were enqueued (``count`` of them, if given); return them."""
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
-    everything = enqueued(conn)
-    found = [j for j in everything if _matches(j, task, queue, args, priority=priority)]
-    _check(found, everything, _describe(task, queue=queue, args=args, priority=priority), count)
-    return found
+    return _assert(enqueued(conn), task, queue, args, priority, count)
 
 
 def assert_not_enqueued(conn: Connection[Any], task: Any = None, **filters: Any) -> None:
@@ -177,10 +189,7 @@ async def assert_enqueued_async(
 ) -> list[EnqueuedJob]:
     """The async twin of :func:`assert_enqueued`."""
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
-    everything = await enqueued_async(conn)
-    found = [j for j in everything if _matches(j, task, queue, args, priority=priority)]
-    _check(found, everything, _describe(task, queue=queue, args=args, priority=priority), count)
-    return found
+    return _assert(await enqueued_async(conn), task, queue, args, priority, count)
 
 
 async def assert_not_enqueued_async(conn: AsyncConnection[Any], task: Any = None, **filters: Any) -> None:
