@@ -42,6 +42,10 @@ TIMEOUT_MS = 20_000
 
 try:
     from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+    # expect() waits 5 s by default, whatever the page's timeout: too short for a busy 2-core
+    # machine where a worker must run the requeued jobs before the page can show them.
+    expect.set_options(timeout=TIMEOUT_MS)
 except ImportError:  # pragma: no cover - the dev extra installs it
     sync_playwright = None  # type: ignore[assignment]
 
