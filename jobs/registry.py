@@ -24,6 +24,7 @@ from postbox.errors import (
     TaskModuleError,
     UnknownTaskError,
 )
+from postbox.flow import FlowLimit, Rate
 from postbox.handle import Task
 from postbox.settings import QUEUE_NAME_RE
 
@@ -52,6 +53,7 @@ class TaskSpec:
     keep_result: bool
     result_ttl: float
     args_model: type[BaseModel] = field(repr=False)
+    limit: FlowLimit = field(default_factory=FlowLimit)  # flow control declared in code (postbox.flow)
 
     @property
     def is_async(self) -> bool:
@@ -106,6 +108,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, TaskSpec] = {}
+        self.queue_limits: dict[str, FlowLimit] = {}  # declared by limit_queue()
 
     def add(self, spec: TaskSpec) -> None:
         existing = self._tasks.get(spec.name)
@@ -203,6 +206,9 @@ def task(
     retry: RetryPolicy | None = None,
     keep_result: bool = False,
     result_ttl: float = 86_400.0,
+    concurrency: int | None = None,
+    rate: Rate | str | None = None,
+    partition_by: str | None = None,
     registry: Registry | None = None,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
@@ -218,6 +224,9 @@ def task(
     retry: RetryPolicy | None = None,
     keep_result: bool = False,
     result_ttl: float = 86_400.0,
+    concurrency: int | None = None,
+    rate: Rate | str | None = None,
+    partition_by: str | None = None,
     registry: Registry | None = None,
 ) -> Any:
     """Register ``async def handler(ctx, **typed_args)`` (or a sync one) as a task.
@@ -225,6 +234,11 @@ def task(
     Usable bare (``@task``) or with options (``@task(queue="mail", priority=7)``).
     Returns a :class:`~postbox.handle.Task`: callable as the handler, with typed
     ``.enqueue(conn, **args)`` / ``.enqueue_async(...)`` and ``.options(...)``.
+
+    Flow control (docs/flow-control.md): ``concurrency`` — at most this many run
+    at once across every worker; ``rate`` — at most so many starts per period
+    (``"50/s"``, ``"10/m"``, a :class:`~postbox.flow.Rate`); ``partition_by`` —
+    the name of an argument: each of its values gets those limits of its own.
     """
 
     def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -234,6 +248,11 @@ def task(
         check_max_attempts(max_attempts)
         if timeout is not None and timeout <= 0:
             raise ValueError(f"task {task_name!r}: timeout must be > 0")
+        limit = FlowLimit(
+            concurrency=concurrency, rate=None if rate is None else Rate.parse(rate), partition_by=partition_by
+        )
+        if limit.partition_by is not None and limit.empty:
+            raise ValueError(f"task {task_name!r}: partition_by needs a concurrency or a rate to partition")
         spec = TaskSpec(
             name=task_name,
             fn=func,
@@ -245,6 +264,7 @@ def task(
             keep_result=keep_result,
             result_ttl=result_ttl,
             args_model=build_args_model(func, task_name),
+            limit=limit,
         )
         (registry if registry is not None else default_registry).add(spec)
         func.__postbox_task__ = task_name  # type: ignore[attr-defined]
@@ -253,6 +273,25 @@ def task(
     if fn is not None:
         return register(fn)
     return register
+
+
+def limit_queue(
+    queue: str,
+    *,
+    concurrency: int | None = None,
+    rate: Rate | str | None = None,
+    registry: Registry | None = None,
+) -> FlowLimit:
+    """Declare a queue's limits, across every worker: at most ``concurrency`` of its jobs
+    run at once, at most ``rate`` start per period (``"20/s"``). Call it where the
+    tasks are defined (a worker applies what its task modules declare)::
+
+        postbox.limit_queue("mail", concurrency=20, rate="50/s")
+    """
+    check_queue(queue)
+    limit = FlowLimit(concurrency=concurrency, rate=None if rate is None else Rate.parse(rate))
+    (registry if registry is not None else default_registry).queue_limits[queue] = limit
+    return limit
 
 
 def load_task_modules(modules: Iterable[str], cwd: str | None = None) -> list[str]:
