@@ -33,9 +33,10 @@ _RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([a-z]+)\s*$")
 MAX_LIMIT = 1_000_000
 MAX_PARTITION_VALUE = 200  # characters of a partition key kept in the slot key (longer ones are hashed)
 
-# A rate reservation is honoured this long after its time; a job arriving later
-# (its publish was late) asks for a new one rather than start in a clump.
-RESERVATION_GRACE = 2.0
+# A rate reservation is honoured up to two intervals (at least this long) after its
+# time; a job arriving later (its publish was late) asks for a new one rather than
+# start in a clump with the jobs reserved after it.
+RESERVATION_GRACE = 0.05
 EARLY = 0.005  # a reserved job may start this much before its time (clock rounding)
 
 
@@ -319,7 +320,8 @@ def allocate(candidates: Sequence[Candidate], state: State) -> list[Decision]:
             continue
         at = now
         reserved = cand.reserved_at
-        if reserved is not None and reserved - EARLY <= now <= reserved + RESERVATION_GRACE:
+        grace = max(RESERVATION_GRACE, 2 * max((rate.interval for _, rate in cand.keys.rate), default=0.0))
+        if reserved is not None and reserved - EARLY <= now <= reserved + grace:
             pass  # its rate was counted when it was held back
         elif reserved is not None and reserved - EARLY > now:
             out.append(Reserve(cand.job_id, reserved))  # early (should not happen): keep its time
@@ -337,6 +339,18 @@ def allocate(candidates: Sequence[Candidate], state: State) -> list[Decision]:
             state.used[key] = state.used.get(key, 0) + 1
         out.append(Start(cand.job_id))
     return out
+
+
+def describe_text(limit: FlowLimit) -> str:
+    """``concurrency 3, rate 50/s, by customer_id``."""
+    parts = []
+    if limit.concurrency is not None:
+        parts.append(f"concurrency {limit.concurrency}")
+    if limit.rate is not None:
+        parts.append(f"rate {limit.rate}")
+    if limit.partition_by is not None:
+        parts.append(f"per {limit.partition_by}")
+    return ", ".join(parts) or "none"
 
 
 def describe(limit: FlowLimit) -> dict[str, Any]:

@@ -528,6 +528,158 @@ class Statements(schema.Templates):
     RETURNING id
     """
 
+    # --- flow control (worker/flow.py; docs/flow-control.md) ---------------------------
+    # A claim of jobs under limits is one transaction: the keys' locks (sorted; the
+    # two-int advisory form, apart from the relay's one-bigint leader lock), the jobs'
+    # rows (id order, as every claim locks them), the keys' state, the claim itself,
+    # then the slots and rate cells taken and the jobs held back.
+
+    FLOW_LOCK_KEYS: LiteralString = """
+    SELECT count(pg_advisory_xact_lock(1718382455, hashtext(k))) FROM unnest(%(keys)s::text[]) AS k
+    """
+
+    # Which of these jobs a claim would take now (WORKER_CLAIM's rule), locked; with
+    # the rate reservation each holds from an earlier hold-back.
+    FLOW_LOCK_JOBS: LiteralString = """
+    SELECT id, extract(epoch FROM flow_reserved_at)::float8
+      FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[])
+       AND ((state IN ('pending', 'queued', 'retrying') AND available_at <= now())
+            OR (state = 'running' AND lease_until < now()))
+       AND NOT coalesce(expires_at <= now(), false)
+     ORDER BY id
+       FOR UPDATE
+    """
+
+    # The database clock, the live slots of the concurrency keys (a slot counts while
+    # its job runs under a live claim: a lease, never a counter that leaks) and the
+    # rate cells. Dead slots of these keys are deleted on the way.
+    FLOW_STATE: LiteralString = """
+    WITH dead AS (
+        DELETE FROM {schema}.limit_slots s
+         WHERE s.key = ANY(%(conc_keys)s::text[])
+           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
+                              AND o.lease_until > clock_timestamp())
+    ), live AS (
+        SELECT s.key, count(*) AS n
+          FROM {schema}.limit_slots s JOIN {schema}.outbox o ON o.id = s.job_id
+         WHERE s.key = ANY(%(conc_keys)s::text[]) AND o.attempts = s.attempt AND o.state = 'running'
+           AND o.lease_until > clock_timestamp()
+         GROUP BY s.key
+    )
+    SELECT 'now', '', extract(epoch FROM clock_timestamp())::float8
+    UNION ALL
+    SELECT 'used', key, n::float8 FROM live
+    UNION ALL
+    SELECT 'tat', key, extract(epoch FROM tat)::float8 FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
+    """
+
+    # Slots taken by the jobs just claimed, rate cells moved, and the claimed jobs'
+    # hold-back marks cleared.
+    FLOW_TAKE: LiteralString = """
+    WITH slots AS (
+        INSERT INTO {schema}.limit_slots (key, job_id, attempt)
+        SELECT k, j, a FROM unnest(%(slot_keys)s::text[], %(slot_ids)s::int8[], %(slot_attempts)s::int4[]) AS u(k, j, a)
+        ON CONFLICT (key, job_id) DO UPDATE SET attempt = excluded.attempt, taken_at = now()
+    ), cells AS (
+        INSERT INTO {schema}.limit_rates (key, tat)
+        SELECT k, to_timestamp(t) FROM unnest(%(rate_keys)s::text[], %(tats)s::float8[]) AS u(k, t)
+        ON CONFLICT (key) DO UPDATE SET tat = excluded.tat
+    ), cleared AS (
+        UPDATE {schema}.outbox SET flow_wait = NULL, flow_reserved_at = NULL
+         WHERE id = ANY(%(claimed)s::int8[]) AND (flow_wait IS NOT NULL OR flow_reserved_at IS NOT NULL)
+    )
+    SELECT 1
+    """
+
+    # Jobs a limit holds back, unclaimed and with their attempts untouched: publishable
+    # again at ``until`` (epoch seconds) — a rate reservation's time, or, for a job
+    # waiting on a full concurrency key (``wait``), a recheck bound (a released slot
+    # wakes it sooner: FLOW_RELEASE). As WORKER_HAND_BACK: only rows whose publish is
+    # marked, or running under a stale claim (its lost attempt stays counted).
+    # Returns (id, held); false: not marked yet, its entry stays pending.
+    FLOW_HOLD: LiteralString = """
+    WITH target AS (
+        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at,
+               array_position(%(ids)s::int8[], id) AS i
+          FROM {schema}.outbox
+         WHERE id = ANY(%(ids)s::int8[])
+           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now()))
+         ORDER BY id
+           FOR UPDATE
+    ), held AS (
+        UPDATE {schema}.outbox o
+           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
+               available_at = to_timestamp((%(until)s::float8[])[t.i]),
+               flow_wait = (%(waits)s::text[])[t.i],
+               flow_reserved_at = CASE WHEN (%(reserved)s::float8[])[t.i] IS NULL THEN o.flow_reserved_at
+                                       ELSE to_timestamp((%(reserved)s::float8[])[t.i]) END
+          FROM target t
+         WHERE o.id = t.id
+     RETURNING o.id
+    ), lost AS (
+        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+          FROM target WHERE old_state = 'running'
+        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+         WHERE a.finished_at IS NULL
+    )
+    SELECT id, true FROM held
+    UNION ALL
+    SELECT id, false FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND state IN ('pending', 'retrying') AND published_at IS NULL
+       AND available_at <= now()
+    """
+
+    # After outcomes are recorded: their slots are released, and as many jobs parked
+    # on those keys are woken (due now; the NOTIFY wakes the relay). Fenced by attempt:
+    # a slot a newer attempt took stays.
+    FLOW_RELEASE: LiteralString = """
+    WITH freed AS (
+        DELETE FROM {schema}.limit_slots s
+         USING unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS u(id, attempt)
+         WHERE s.job_id = u.id AND s.attempt = u.attempt
+        RETURNING s.key
+    ), per_key AS (
+        SELECT key, count(*) AS n FROM freed GROUP BY key
+    ), picked AS (
+        SELECT w.id
+          FROM per_key p
+         CROSS JOIN LATERAL (
+               SELECT o.id FROM {schema}.outbox o
+                WHERE o.flow_wait = p.key AND o.state = 'pending' AND o.published_at IS NULL
+                  AND o.available_at > now()
+                ORDER BY o.priority DESC, o.id
+                LIMIT p.n
+                  FOR UPDATE SKIP LOCKED) w
+    ), woken AS (
+        UPDATE {schema}.outbox o SET available_at = now() FROM picked WHERE o.id = picked.id RETURNING o.id
+    )
+    SELECT count(*) FROM woken
+    """
+
+    FLOW_NOTIFY_RELAY: LiteralString = "SELECT pg_notify('postbox_outbox', '')"
+
+    # What workers declare in code (published when they start); a row changes only
+    # when the declaration did. A scope/name without limits is written only if a row
+    # exists (its declaration removed).
+    FLOW_PUBLISH_DECLARED: LiteralString = """
+    INSERT INTO {schema}.limits AS l (scope, name, declared, declared_by, declared_at)
+    SELECT u.s, u.n, u.d::jsonb, %(by)s, now()
+      FROM unnest(%(scopes)s::text[], %(names)s::text[], %(declared)s::text[]) AS u(s, n, d)
+     WHERE u.d IS NOT NULL OR EXISTS (SELECT 1 FROM {schema}.limits x WHERE x.scope = u.s AND x.name = u.n)
+    ON CONFLICT (scope, name) DO UPDATE
+       SET declared = excluded.declared, declared_by = excluded.declared_by, declared_at = now()
+     WHERE l.declared IS DISTINCT FROM excluded.declared
+    """
+
+    # The limits in force for a worker's queues and tasks (declared + override).
+    FLOW_SELECT_LIMITS: LiteralString = """
+    SELECT scope, name, declared, override FROM {schema}.limits
+     WHERE (scope = 'queue' AND name = ANY(%(queues)s::text[])) OR (scope = 'task' AND name = ANY(%(tasks)s::text[]))
+    """
+
     # --- postbox.testing (an application's own tests; on the test's connection) ------------
 
     TESTING_LIST_JOBS: LiteralString = """

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import pgarray, sql
@@ -31,23 +32,30 @@ class ClaimBatch:
 async def claim(
     pool: AsyncConnectionPool[Any], deliveries: Sequence[Delivery], *, worker_id: str, lease: float
 ) -> ClaimBatch:
+    if not deliveries:
+        return ClaimBatch()
+    async with pool.connection() as conn:
+        return await claim_on(conn, deliveries, worker_id=worker_id, lease=lease)
+
+
+async def claim_on(
+    conn: AsyncConnection[Any], deliveries: Sequence[Delivery], *, worker_id: str, lease: float
+) -> ClaimBatch:
+    """:func:`claim` on a given connection (inside the flow-control claim's transaction)."""
     batch = ClaimBatch()
     if not deliveries:
         return batch
     ids = sorted({d.job_id for d in deliveries})
-    async with pool.connection() as conn:
-        cur = await conn.execute(
-            sql.active().WORKER_CLAIM, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease}
-        )
-        rows = {row[0]: row for row in await cur.fetchall()}
-        running: set[int] = set()
-        reclaimed_left = [d.job_id for d in deliveries if d.reclaimed and d.job_id not in rows]
-        if reclaimed_left:
-            cur = await conn.execute(sql.active().WORKER_SELECT_RUNNING, {"ids": reclaimed_left})
-            running = {row[0] for row in await cur.fetchall()}
-        ended = [job_id for job_id, row in rows.items() if row[1] != "running"]
-        if ended:
-            await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, ended))})
+    cur = await conn.execute(sql.active().WORKER_CLAIM, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease})
+    rows = {row[0]: row for row in await cur.fetchall()}
+    running: set[int] = set()
+    reclaimed_left = [d.job_id for d in deliveries if d.reclaimed and d.job_id not in rows]
+    if reclaimed_left:
+        cur = await conn.execute(sql.active().WORKER_SELECT_RUNNING, {"ids": reclaimed_left})
+        running = {row[0] for row in await cur.fetchall()}
+    ended = [job_id for job_id, row in rows.items() if row[1] != "running"]
+    if ended:
+        await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, ended))})
     for delivery in deliveries:
         row = rows.pop(delivery.job_id, None)  # a job delivered twice in one read runs once
         if row is None:

@@ -74,6 +74,7 @@ class Job:
     enq_ms: int
     cancel_requested: bool = False
     isolate: bool = False  # taken over from a lost run: run it alone (a crash then is its own)
+    flow_slots: bool = False  # holds concurrency slots (worker/flow.py): released after its outcome
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
     @property

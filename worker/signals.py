@@ -21,6 +21,8 @@ class WorkerSignals:
     skipped: asyncio.Queue[int] | None = None  # a delivery acknowledged without running
     reclaimed: asyncio.Queue[list[int]] | None = None  # job ids taken over from idle entries
     lost: asyncio.Queue[list[int]] | None = None  # jobs made republishable after their entry vanished
+    held: asyncio.Queue[int] | None = None  # a job held back by a limit (acknowledged, published again later)
+    released: asyncio.Queue[int] | None = None  # slots released after outcomes: how many parked jobs were woken
 
 
 def fire(queue: asyncio.Queue[T] | None, value: T) -> None:

@@ -24,11 +24,13 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from postbox import definitions, events, sql
+from postbox import flow as flow_limits
 from postbox.errors import SettingsError
 from postbox.registry import Registry, default_registry
 from postbox.settings import Settings
 from postbox.streams import PRIORITIES, all_streams, stream_key
 from postbox.worker import claims, control
+from postbox.worker import flow as flow_claims
 from postbox.worker.capacity import Capacity
 from postbox.worker.completer import Completer, Finished
 from postbox.worker.consumer import Consumer, ensure_groups
@@ -46,6 +48,12 @@ log = logging.getLogger("postbox.worker")
 MAX_READ = 1000  # most entries taken by one read, whatever the free capacity
 MAX_DISPATCHES = 2  # claims in flight at once (the next read overlaps the last claim)
 IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
+
+
+def _describe(limits: flow_limits.Limits) -> str:
+    parts = [f"queue {name}: {flow_limits.describe_text(lim)}" for name, lim in sorted(limits.queues.items())]
+    parts += [f"task {name}: {flow_limits.describe_text(lim)}" for name, lim in sorted(limits.tasks.items())]
+    return "; ".join(parts) or "none"
 
 
 def new_worker_id() -> str:
@@ -93,6 +101,8 @@ class Worker:
         self._isolation: asyncio.Task[None] | None = None
         self._nothing_executing = asyncio.Event()
         self._nothing_executing.set()
+        self.limits = flow_limits.Limits()  # in force (declared + overrides), refreshed with the control poll
+        self._releases: set[asyncio.Task[None]] = set()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -160,6 +170,7 @@ class Worker:
             await self._heartbeat.beat(0, 0, 0)
             async with pool.connection() as conn:  # what postbox.enqueue() in SQL applies to these tasks
                 await definitions.publish(conn, self.registry, by=self.id)
+                await flow_claims.publish(conn, self.registry, by=self.id)
             await self._poll_control()
             completer_task = asyncio.create_task(self._completer.run(), name="completer")
             heartbeat = self._forever(self._tick_heartbeat, self._heartbeat_every(), reader=False)
@@ -184,6 +195,8 @@ class Worker:
             await asyncio.gather(*readers, return_exceptions=True)
             await self._drain()
             await self._completer.close()
+            if self._releases:
+                await asyncio.gather(*self._releases, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self._heartbeat.stopped(self.processed, self.failed)
         finally:
@@ -451,7 +464,7 @@ class Worker:
         try:
             try:
                 deliveries = await self._hand_back_unrunnable(deliveries)
-                batch = await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
+                batch = await self._claim(deliveries)
             except BaseException:
                 self.capacity.release(len(deliveries))
                 raise  # the entries stay pending; they are reclaimed after the visibility timeout
@@ -461,6 +474,39 @@ class Worker:
         finally:
             if not mine.done():
                 mine.set_result(None)
+
+    async def _claim(self, deliveries: list[Delivery]) -> claims.ClaimBatch:
+        """Claim: jobs under no limit the plain way, the others under their limits (worker/flow.py)."""
+        limits = self.limits
+        if not limits:
+            return await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
+        plain: list[Delivery] = []
+        limited: list[tuple[Delivery, flow_limits.JobKeys]] = []
+        for delivery in deliveries:
+            if limits.limited(delivery.queue, delivery.task):
+                limited.append((delivery, limits.keys(delivery.queue, delivery.task, delivery.args)))
+            else:
+                plain.append(delivery)
+        if not limited:
+            return await claims.claim(self._pool, plain, worker_id=self.id, lease=self._lease)
+        got = await flow_claims.claim(
+            self._pool, limited, worker_id=self.id, lease=self._lease, recheck=self._flow_recheck()
+        )
+        batch = await claims.claim(self._pool, plain, worker_id=self.id, lease=self._lease)
+        for delivery in got.held:
+            self.metrics.count(delivery.queue, delivery.task, "held")
+            self._completer.add(Finished(delivery))
+            fire(self.signals.held, delivery.job_id)
+        # Unmarked publishes stay pending (neither run nor acknowledged): reclaimed and looked at again.
+        batch.run += got.batch.run
+        batch.ended += got.batch.ended
+        batch.skip += got.batch.skip
+        batch.keep += got.batch.keep
+        return batch
+
+    def _flow_recheck(self) -> float:
+        """Seconds a job parked on a full key waits at most before it is looked at again."""
+        return max(1.0, self._lease)
 
     def _start(self, batch: claims.ClaimBatch, read: int) -> None:
         self.capacity.release(read - len(batch.run))
@@ -590,6 +636,11 @@ class Worker:
 
     def _on_done(self, items: list[Finished]) -> None:
         counts: Counter[tuple[str, str, str]] = Counter()  # one metric update per label set and batch
+        slots = [f.job for f in items if f.job is not None and f.job.flow_slots and f.recorded]
+        if slots:
+            releasing = asyncio.create_task(self._release(slots))
+            self._releases.add(releasing)
+            releasing.add_done_callback(self._releases.discard)
         for f in items:
             d = f.delivery
             if f.job is None:
@@ -611,6 +662,22 @@ class Worker:
         for (queue, task, metric), amount in counts.items():
             self.metrics.count(queue, task, metric, amount)
 
+    async def _release(self, jobs: list[Job]) -> None:
+        """Release the slots of finished limited jobs and wake as many parked ones.
+
+        Best effort: a slot not released here is dead anyway (its job no longer
+        runs) and is cleared by the next claim on its key; a parked job not woken
+        is looked at again after its recheck bound.
+        """
+        try:
+            woken = await flow_claims.release(self._pool, jobs)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("releasing flow-control slots failed; parked jobs wait for their recheck")
+            return
+        fire(self.signals.released, woken)
+
     # --- periodic --------------------------------------------------------------------
 
     async def _tick_heartbeat(self) -> None:
@@ -620,6 +687,11 @@ class Worker:
     async def _poll_control(self) -> None:
         running = [job_id for job_id, job in self.running.items() if job.task is not None and not job.task.done()]
         paused, cancel = await control.poll(self._pool, self.queues, running)
+        async with self._pool.connection() as conn:
+            limits = await flow_claims.load(conn, self.queues, self.registry.names())
+        if limits != self.limits:
+            log.info("limits in force: %s", _describe(limits), extra={"worker_id": self.id})
+            self.limits = limits
         if paused != self.paused:
             log.info("paused queues: %s", ",".join(sorted(paused)) or "none", extra={"worker_id": self.id})
         self.paused = paused
