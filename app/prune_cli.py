@@ -55,7 +55,7 @@ def main(argv: Sequence[str]) -> int:
         f"postbox prune: {verb} {report.finished} finished jobs "
         f"(older than {settings.retention_finished_days:g} days), "
         f"{report.processed} processed_jobs markers (older than {settings.retention_processed_days:g} days), "
-        f"{report.results} expired results"
+        f"{report.results} expired results, {report.limits} stale flow-control rows"
         + ("" if args.dry_run else f", in {len(report.batches)} batches")
         + ("" if report.complete else "; stopped at --max-batches, more remain")
     )

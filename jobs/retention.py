@@ -11,6 +11,9 @@ Three kinds of rows, each pruned by its own statement (``jobs.sql`` retention):
   ``retention_processed_days`` whose job is finished for good or gone.
 - ``results``: results past their own ``result_expires_at`` are cleared on the
   rows that are kept.
+- ``limits``: flow-control state that no longer counts: slots whose job no longer
+  runs under a live claim (a worker died before releasing them) and rate cells
+  whose time has passed (an absent cell means the same). docs/flow-control.md.
 
 Every batch (``prune_batch_size`` rows, ``FOR UPDATE SKIP LOCKED``) is its own
 short transaction, so producers, workers and the relay are never held up by a
@@ -65,6 +68,7 @@ def steps(settings: Settings) -> list[Step]:
             settings.retention_processed_days * SECONDS_PER_DAY,
         ),
         Step("results", sql.active().RETENTION_CLEAR_RESULTS, sql.active().RETENTION_COUNT_RESULTS, None),
+        Step("limits", sql.active().RETENTION_DELETE_LIMIT_STATE, sql.active().RETENTION_COUNT_LIMIT_STATE, None),
     ]
 
 
@@ -76,12 +80,13 @@ class PruneReport:
     finished: int = 0  # outbox rows deleted (with their attempts and results)
     processed: int = 0  # processed_jobs rows deleted
     results: int = 0  # results cleared on kept rows
+    limits: int = 0  # flow-control state that no longer counts (dead slots, rate cells in the past)
     batches: list[tuple[str, int]] = field(default_factory=list)  # (kind, rows) per committed batch
     complete: bool = True  # False when max_batches stopped it before the end
 
     @property
     def total(self) -> int:
-        return self.finished + self.processed + self.results
+        return self.finished + self.processed + self.results + self.limits
 
     def add(self, kind: str, rows: int) -> None:
         setattr(self, kind, getattr(self, kind) + rows)
@@ -109,6 +114,7 @@ class PruneReport:
             "finished": self.finished,
             "processed": self.processed,
             "results": self.results,
+            "limits": self.limits,
             "batches": len(self.batches),
             "complete": self.complete,
         }

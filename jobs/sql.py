@@ -1080,6 +1080,40 @@ class Statements(schema.Templates):
     SELECT count(*) FROM {schema}.outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
     """
 
+    # Flow-control state that no longer counts: slots whose job does not run under a
+    # live claim with that attempt, and rate cells in the past (an absent cell means
+    # the same: the next start conforms now). Claims lock a key before reading its
+    # state; a cell or slot deleted here is one they would ignore.
+    RETENTION_DELETE_LIMIT_STATE: LiteralString = """
+    WITH dead_slots AS (
+        SELECT s.key, s.job_id FROM {schema}.limit_slots s
+         WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
+                              AND o.lease_until > coalesce(%(now)s::timestamptz, now()))
+         LIMIT %(limit)s
+           FOR UPDATE OF s SKIP LOCKED
+    ), slots AS (
+        DELETE FROM {schema}.limit_slots s USING dead_slots d WHERE s.key = d.key AND s.job_id = d.job_id
+        RETURNING 1
+    ), cells AS (
+        DELETE FROM {schema}.limit_rates r
+         WHERE r.key IN (SELECT key FROM {schema}.limit_rates
+                          WHERE tat < coalesce(%(now)s::timestamptz, now()) - interval '1 minute'
+                          LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT 1 FROM slots UNION ALL SELECT 1 FROM cells
+    """
+
+    RETENTION_COUNT_LIMIT_STATE: LiteralString = """
+    SELECT (SELECT count(*) FROM {schema}.limit_slots s
+             WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                                WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
+                                  AND o.lease_until > coalesce(%(now)s::timestamptz, now())))
+         + (SELECT count(*) FROM {schema}.limit_rates
+             WHERE tat < coalesce(%(now)s::timestamptz, now()) - interval '1 minute')
+    """
+
     # --- schedules (periodic jobs) --------------------------------------------------------
     # (owned by jobs/schedule_store.py and jobs/schedule_control.py; the leader ticks on its
     # lock session, everything else on its own connection.)

@@ -60,7 +60,9 @@ async def render_tickets(ctx: JobContext, order_id: int) -> None:
             await ctx.enqueue(send_tickets, {"order_id": order_id}, headers=_forwarded(ctx))
 
 
-@task(queue="mail", priority=7, max_attempts=10, timeout=60)
+# The provider allows 50 sends a second (across every worker): the flow-control rate
+# limit holds the rest back, unclaimed, until their turn (docs/flow-control.md).
+@task(queue="mail", priority=7, max_attempts=10, timeout=60, rate="50/s")
 async def send_tickets(ctx: JobContext, order_id: int) -> None:
     """Techniques 2 and 3: a unique claim on the send, and the provider's idempotency key."""
     svc = await services.current()

@@ -136,3 +136,29 @@ async def test_an_override_changes_the_limit_without_a_restart(
         await enqueue_many(aconn, [(f.f_conc, {"seconds": 0.05}) for _ in range(10)])
         await wait_until(lambda: all_done(aconn, 10), 60, "10 jobs done")
     assert f.max_overlap(await intervals(aconn, "f_conc")) == 1
+
+
+def test_prune_removes_flow_state_that_no_longer_counts_and_keeps_live_slots(
+    conn: psycopg.Connection[Any], settings: Settings
+) -> None:
+    from postbox import retention
+
+    live, dead = conn.execute(
+        "INSERT INTO postbox.outbox (queue, task, state, attempts, claimed_by, lease_until)"
+        " VALUES ('ftest', 'f_conc', 'running', 1, 'w', now() + interval '1 minute'),"
+        "        ('ftest', 'f_conc', 'succeeded', 1, NULL, NULL) RETURNING id"
+    ).fetchall()
+    conn.execute(
+        "INSERT INTO postbox.limit_slots (key, job_id, attempt) VALUES ('task:f_conc', %s, 1), ('task:f_conc', %s, 1)",
+        (live[0], dead[0]),
+    )
+    conn.execute(
+        "INSERT INTO postbox.limit_rates (key, tat) VALUES ('task:old', now() - interval '1 hour'),"
+        " ('task:busy', now() + interval '5 seconds')"
+    )
+    conn.commit()
+    assert retention.prune(conn, settings, dry_run=True).limits == 2
+    report = retention.prune(conn, settings)
+    assert report.limits == 2
+    assert conn.execute("SELECT job_id FROM postbox.limit_slots").fetchall() == [(live[0],)]
+    assert conn.execute("SELECT key FROM postbox.limit_rates").fetchall() == [("task:busy",)]

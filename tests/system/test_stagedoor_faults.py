@@ -17,6 +17,7 @@ system is quiet, every invariant must hold:
 
 from __future__ import annotations
 
+import bisect
 import os
 import random
 import signal
@@ -26,12 +27,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.harness.provider import ProviderProcess, free_port
 from tests.harness.redis_server import RedisServer, private_redis
@@ -42,6 +45,9 @@ pytestmark = pytest.mark.system
 
 VISIBILITY_TIMEOUT = 3.0
 CLAIM_TTL = 20.0
+# send_tickets declares 50/s; the test overrides it to 20/s, below the order rate, so that
+# the limit holds emails back through every fault (docs/flow-control.md).
+EMAIL_RATE = 20
 EVENTS = 5
 SEED = 20261129
 
@@ -209,6 +215,12 @@ def run_fault_scenario(
     ).start()
     try:
         cluster.env["POSTBOX_PROVIDER_URL"] = provider.url
+        with psycopg.connect(database_url, autocommit=True) as conn:  # an operator's override, before any worker
+            conn.execute(
+                "INSERT INTO postbox.limits (scope, name, override, override_by, override_at)"
+                " VALUES ('task', 'send_tickets', %s, 'test', now())",
+                (Jsonb({"rate": {"limit": EMAIL_RATE, "period": 1.0, "burst": 1}}),),
+            )
         api_port = free_port()
         cluster.start("api", "--port", str(api_port))
         api_url = f"http://127.0.0.1:{api_port}"
@@ -382,6 +394,16 @@ def check_invariants(
     messages = provider.messages()
     keys = sorted(m["idempotency_key"] for m in messages)
     assert keys == sorted(f"tickets-{i}" for i in order_ids)
+    # Sent at the rate limit. Counted at the provider, a second may see a few more than
+    # EMAIL_RATE: starts are spaced 1/EMAIL_RATE apart, but a held job published late may
+    # start up to two intervals late (the reservation grace), the HTTP call's latency
+    # jitters each start-to-delivery gap, and a SIGSTOPped worker's send resumes late.
+    sent = sorted(datetime.fromisoformat(m["delivered_at"]).timestamp() for m in messages)
+    busiest = max(bisect.bisect_left(sent, t + 1.0) - i for i, t in enumerate(sent))
+    span = sent[-1] - sent[0]
+    print(f"emails: {len(sent)} in {span:.1f} s, busiest second {busiest} deliveries (limit {EMAIL_RATE}/s)")
+    assert busiest <= EMAIL_RATE * 1.25
+    assert len(sent) / max(span, 1e-9) <= EMAIL_RATE * 1.02  # the long-run rate never exceeds the limit
     # The faults were real: the provider failed some sends and was asked again, and jobs were retried.
     replays = sum(m["replays"] for m in messages)
     print(f"provider: {len(messages)} messages, {replays} replays; jobs retried: {retried}")
