@@ -37,11 +37,12 @@ from postbox.errors import (
     UnsupportedConnectionError,
 )
 from postbox.periodic import Schedule, periodic
-from postbox.producer import Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
+from postbox.producer import JobId, Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
 from postbox.registry import Registry, RetryPolicy, TaskSpec, default_registry, task
 from postbox.results import JobResult, get_result, get_result_async, wait_result
 from postbox.settings import Settings, load_settings
 from postbox.states import TERMINAL_STATES, JobState
+from postbox.unique import Unique
 
 __all__ = [
     "TERMINAL_STATES",
@@ -55,6 +56,7 @@ __all__ = [
     "InvalidQueueError",
     "JobCancelled",
     "JobContext",
+    "JobId",
     "JobResult",
     "JobState",
     "Limits",
@@ -70,6 +72,7 @@ __all__ = [
     "SettingsError",
     "TaskModuleError",
     "TaskSpec",
+    "Unique",
     "UnknownTaskError",
     "UnsupportedConnectionError",
     "default_registry",

@@ -1,10 +1,11 @@
 """Task definitions known to the database.
 
 Workers and the API publish the definitions of the tasks they loaded (queue,
-priority, max attempts, timeout, result keeping, retry policy) into
-``postbox.tasks`` when they start. ``postbox.enqueue()`` applies them to a job
-enqueued from SQL, a trigger or another language without its options, as the
-Python ``enqueue()`` applies the ``@task`` defaults; explicit arguments win.
+priority, max attempts, timeout, result keeping, retry policy, uniqueness rule)
+into ``postbox.tasks`` when they start. ``postbox.enqueue()`` applies them to a
+job enqueued from SQL, a trigger or another language without its options, as
+the Python ``enqueue()`` applies the ``@task`` defaults; explicit arguments win.
+The uniqueness rule is always applied (docs/unique-jobs.md).
 The upsert changes a row only when the definition changed, so many workers
 starting at once write nothing new.
 """
@@ -37,6 +38,7 @@ def publish_params(registry: Registry, by: str) -> dict[str, Any]:
         "timeout": [None if spec.timeout is None else float(spec.timeout) for spec in specs],
         "keep_result": [spec.keep_result for spec in specs],
         "retry": [_retry(spec) for spec in specs],
+        "unique_rule": [spec.unique_rule for spec in specs],
         "by": by,
     }
 

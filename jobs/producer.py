@@ -44,6 +44,22 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SUSPECT_NUMBER = re.compile(rb"null|\d{19}")
 
 
+class JobId(int):
+    """What ``enqueue()`` returns: the job's outbox id (an ``int``), and whether it was already there.
+
+    ``duplicate`` is True when nothing was inserted: a job holding the same
+    dedup key (its queue's), or the same unique key (its task's rule,
+    docs/unique-jobs.md), was found, and this is its id.
+    """
+
+    duplicate: bool
+
+    def __new__(cls, value: int, duplicate: bool = False) -> JobId:
+        job_id = super().__new__(cls, value)
+        job_id.duplicate = duplicate
+        return job_id
+
+
 @dataclass(frozen=True)
 class Limits:
     max_payload_bytes: int = 262_144
@@ -75,6 +91,8 @@ class JobRow(NamedTuple):
     expires_at: datetime | None
     timeout: float | None
     keep_result: bool
+    unique_rule: str | None = None  # the task's uniqueness rule as JSON (postbox.unique), None: no rule
+    unique_key: str | None = None  # set by claim_unique(), written with the job
 
     def params(self) -> dict[str, Any]:
         return {
@@ -90,6 +108,7 @@ class JobRow(NamedTuple):
             "expires_at": self.expires_at,
             "timeout": self.timeout,
             "keep_result": self.keep_result,
+            "unique_key": self.unique_key,
         }
 
 
@@ -182,11 +201,12 @@ def _template(
         expires_at=expires_at,
         timeout=spec.timeout,
         keep_result=spec.keep_result if keep_result is None else bool(keep_result),
+        unique_rule=spec.unique_rule,
     )
 
 
-def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> int:
-    """Insert one job in ``conn``'s current transaction; return its outbox id.
+def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> JobId:
+    """Insert one job in ``conn``'s current transaction; return its outbox id (a :class:`JobId`).
 
     ``conn`` is a psycopg 3 connection, or a SQLAlchemy ``Session`` /
     ``Connection``, or Django's connection: the job joins the transaction open
@@ -195,36 +215,91 @@ def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = No
     Options: queue, priority, delay (seconds or timedelta), run_at (aware
     datetime), max_attempts, dedup_key, headers, expires_at, keep_result.
     With a dedup key that a live job of the same queue holds, nothing is
-    inserted and that job's id is returned.
+    inserted and that job's id is returned, with ``duplicate`` True; so with a
+    unique task's key that a job holds (docs/unique-jobs.md). A unique task's
+    enqueue holds its key's advisory lock until the transaction ends.
 
-    In pipeline mode (``with conn.pipeline():``) a job without a dedup key is
-    sent with an id drawn ahead (:mod:`jobs.ids`) and the call returns without
-    waiting: the INSERT travels with the next statement or the COMMIT, so it
-    costs the transaction no round trip. A server-side error then surfaces at
-    that next sync, and the transaction is rolled back as usual.
+    In pipeline mode (``with conn.pipeline():``) a job without a dedup key (nor
+    a uniqueness rule) is sent with an id drawn ahead (:mod:`jobs.ids`) and the
+    call returns without waiting: the INSERT travels with the next statement or
+    the COMMIT, so it costs the transaction no round trip. A server-side error
+    then surfaces at that next sync, and the transaction is rolled back as usual.
+
+    On a connection of another driver the job is written by the SQL function
+    ``postbox.enqueue()``, which applies the rule published in ``postbox.tasks``
+    and returns only an id: ``duplicate`` is then always False.
     """
     row = prepare(task, args, **options)
     params = row.params()
     if not isinstance(conn, Connection):
         target = connections.resolve(conn)
         if not isinstance(target, Connection):
-            return target(params)
+            return JobId(target(params))
         conn = target
-    if row.dedup_key is None and conn.pgconn.pipeline_status:
+    if row.dedup_key is None and row.unique_rule is None and conn.pgconn.pipeline_status:
         params["id"] = take_id(conn)
         conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
-        return int(params["id"])
+        return JobId(params["id"])
+    return _insert(conn, row)
+
+
+def _insert(conn: Connection[Any], row: JobRow) -> JobId:
     with conn.cursor() as cur:
         while True:
+            if row.unique_rule is not None:
+                row, holder = claim_unique(conn, row)
+                if holder is not None:
+                    return holder
+            params = row.params()
             found = cur.execute(sql.active().INSERT_JOB, params).fetchone()
-            if found is None and row.dedup_key is not None:
-                found = cur.execute(sql.active().SELECT_DEDUP, params).fetchone()
             if found is not None:
-                return int(found[0])
+                return JobId(found[0])
+            if row.dedup_key is not None:
+                found = cur.execute(sql.active().SELECT_DEDUP, params).fetchone()
+                if found is not None:
+                    return JobId(found[0], duplicate=True)
             # The key's holder was deleted between our two statements: insert again.
 
 
-async def enqueue_async(conn: AsyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> int:
+def claim_unique(conn: Connection[Any], row: JobRow) -> tuple[JobRow, JobId | None]:
+    """For a unique task's job: the job already there (dedup key first, then unique key), or None.
+
+    Takes the unique key's advisory lock (until the transaction ends) and returns
+    ``row`` with its ``unique_key`` set, to be inserted in this transaction.
+    """
+    with conn.cursor() as cur:
+        if row.dedup_key is not None:
+            found = cur.execute(sql.active().SELECT_DEDUP, row.params()).fetchone()
+            if found is not None:
+                return row, JobId(found[0], duplicate=True)
+        claim = cur.execute(sql.active().UNIQUE_CLAIM, _claim_params(row)).fetchone()
+    assert claim is not None  # a function call returns its one row
+    key, holder = claim
+    return row._replace(unique_key=key), None if holder is None else JobId(holder, duplicate=True)
+
+
+async def claim_unique_async(conn: AsyncConnection[Any], row: JobRow) -> tuple[JobRow, JobId | None]:
+    """The async twin of :func:`claim_unique` (the API's enqueue uses it)."""
+    async with conn.cursor() as cur:
+        if row.dedup_key is not None:
+            await cur.execute(sql.active().SELECT_DEDUP, row.params())
+            found = await cur.fetchone()
+            if found is not None:
+                return row, JobId(found[0], duplicate=True)
+        await cur.execute(sql.active().UNIQUE_CLAIM, _claim_params(row))
+        claim = await cur.fetchone()
+    assert claim is not None
+    key, holder = claim
+    return row._replace(unique_key=key), None if holder is None else JobId(holder, duplicate=True)
+
+
+def _claim_params(row: JobRow) -> dict[str, Any]:
+    return {"task": row.task, "args": row.args, "unique_rule": row.unique_rule}
+
+
+async def enqueue_async(
+    conn: AsyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any
+) -> JobId:
     """The async twin of :func:`enqueue`: a psycopg ``AsyncConnection``, or SQLAlchemy's ``AsyncSession`` or
     ``AsyncConnection``."""
     row = prepare(task, args, **options)
@@ -232,21 +307,32 @@ async def enqueue_async(conn: AsyncTarget, task: TaskRef, args: Mapping[str, Any
     if not isinstance(conn, AsyncConnection):
         target = await connections.resolve_async(conn)
         if not isinstance(target, AsyncConnection):
-            return await target(params)
+            return JobId(await target(params))
         conn = target
-    if row.dedup_key is None and conn.pgconn.pipeline_status:
+    if row.dedup_key is None and row.unique_rule is None and conn.pgconn.pipeline_status:
         params["id"] = await take_id_async(conn)
         await conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
-        return int(params["id"])
+        return JobId(params["id"])
+    return await _insert_async(conn, row)
+
+
+async def _insert_async(conn: AsyncConnection[Any], row: JobRow) -> JobId:
     async with conn.cursor() as cur:
         while True:
+            if row.unique_rule is not None:
+                row, holder = await claim_unique_async(conn, row)
+                if holder is not None:
+                    return holder
+            params = row.params()
             await cur.execute(sql.active().INSERT_JOB, params)
             found = await cur.fetchone()
-            if found is None and row.dedup_key is not None:
+            if found is not None:
+                return JobId(found[0])
+            if row.dedup_key is not None:
                 await cur.execute(sql.active().SELECT_DEDUP, params)
                 found = await cur.fetchone()
-            if found is not None:
-                return int(found[0])
+                if found is not None:
+                    return JobId(found[0], duplicate=True)
 
 
 def prepare_many(
@@ -406,7 +492,10 @@ def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common:
 
     Without dedup keys the statement is a COPY; with any, an INSERT ... ON CONFLICT.
     On a connection of another driver (:mod:`postbox.connections`), one call of
-    the SQL function per job.
+    the SQL function per job. With any job of a unique task (docs/unique-jobs.md),
+    the jobs are inserted one by one, in input order, as :func:`enqueue` inserts
+    them: each a :class:`JobId`, a duplicate (of an earlier job of the batch too)
+    flagged.
     """
     rows = prepare_many(items, **common)
     if not rows:
@@ -416,6 +505,8 @@ def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common:
         if not isinstance(target, Connection):
             return [target(row.params()) for row in rows]
         conn = target
+    if any(row.unique_rule is not None for row in rows):
+        return [_insert(conn, row) for row in rows]
     if all(row.dedup_key is None for row in rows):
         with conn.cursor() as cur:
             ids = cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)}).fetchall()
@@ -443,6 +534,8 @@ async def enqueue_many_async(conn: AsyncTarget, items: Iterable[Mapping[str, Any
         if not isinstance(target, AsyncConnection):
             return [await target(row.params()) for row in rows]
         conn = target
+    if any(row.unique_rule is not None for row in rows):
+        return [await _insert_async(conn, row) for row in rows]
     if all(row.dedup_key is None for row in rows):
         async with conn.cursor() as cur:
             await cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)})

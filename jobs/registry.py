@@ -19,6 +19,7 @@ from postbox.errors import (
     DuplicateTaskError,
     InvalidArgsError,
     InvalidMaxAttemptsError,
+    InvalidOptionError,
     InvalidPriorityError,
     InvalidQueueError,
     TaskModuleError,
@@ -27,6 +28,7 @@ from postbox.errors import (
 from postbox.flow import FlowLimit, Rate
 from postbox.handle import Task
 from postbox.settings import QUEUE_NAME_RE
+from postbox.unique import Unique, rule_json
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -54,6 +56,7 @@ class TaskSpec:
     result_ttl: float
     args_model: type[BaseModel] = field(repr=False)
     limit: FlowLimit = field(default_factory=FlowLimit)  # flow control declared in code (postbox.flow)
+    unique: Unique | None = None  # uniqueness rule (postbox.unique, docs/unique-jobs.md)
 
     @property
     def is_async(self) -> bool:
@@ -74,6 +77,11 @@ class TaskSpec:
     def validate_args_list(self, args: list[dict[str, Any]]) -> list[BaseModel]:
         """Many items' args in one call into pydantic-core; raises pydantic's ``ValidationError``."""
         return self._list_adapter.validate_python(args)
+
+    @cached_property
+    def unique_rule(self) -> str | None:
+        """The uniqueness rule as JSON (what ``postbox.tasks.unique_rule`` holds), or None."""
+        return rule_json(self.unique, self.args_model)
 
     @cached_property
     def _list_adapter(self) -> TypeAdapter[list[BaseModel]]:
@@ -209,6 +217,7 @@ def task(
     concurrency: int | None = None,
     rate: Rate | str | None = None,
     partition_by: str | None = None,
+    unique: Unique | None = None,
     registry: Registry | None = None,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
@@ -227,6 +236,7 @@ def task(
     concurrency: int | None = None,
     rate: Rate | str | None = None,
     partition_by: str | None = None,
+    unique: Unique | None = None,
     registry: Registry | None = None,
 ) -> Any:
     """Register ``async def handler(ctx, **typed_args)`` (or a sync one) as a task.
@@ -239,6 +249,10 @@ def task(
     at once across every worker; ``rate`` — at most so many starts per period
     (``"50/s"``, ``"10/m"``, a :class:`~postbox.flow.Rate`); ``partition_by`` —
     the name of an argument: each of its values gets those limits of its own.
+
+    ``unique`` (a :class:`~postbox.unique.Unique`): at most one job per key, for
+    a period and/or while in given states; a duplicate enqueue returns the
+    existing job (docs/unique-jobs.md).
     """
 
     def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -253,6 +267,13 @@ def task(
         )
         if limit.partition_by is not None and limit.empty:
             raise ValueError(f"task {task_name!r}: partition_by needs a concurrency or a rate to partition")
+        args_model = build_args_model(func, task_name)
+        if unique is not None:
+            if not isinstance(unique, Unique):
+                raise InvalidOptionError(
+                    f"task {task_name!r}: unique must be a postbox.Unique, got {unique!r}", field="unique"
+                )
+            unique.check_args(task_name, args_model)
         spec = TaskSpec(
             name=task_name,
             fn=func,
@@ -263,8 +284,9 @@ def task(
             retry=retry or RetryPolicy(),
             keep_result=keep_result,
             result_ttl=result_ttl,
-            args_model=build_args_model(func, task_name),
+            args_model=args_model,
             limit=limit,
+            unique=unique,
         )
         (registry if registry is not None else default_registry).add(spec)
         func.__postbox_task__ = task_name  # type: ignore[attr-defined]

@@ -611,7 +611,13 @@ class Statements(schema.Templates):
     ), held AS (
         UPDATE {schema}.outbox o
            SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
-               available_at = to_timestamp((%(until)s::float8[])[t.i]),
+               -- A parked job's recheck backs off with each publish (x1, x2, x4 ... x16): a
+               -- released slot wakes it at once; the recheck is only the safety net.
+               available_at = CASE WHEN (%(waits)s::text[])[t.i] IS NULL
+                                   THEN to_timestamp((%(until)s::float8[])[t.i])
+                                   ELSE now() + make_interval(secs => %(recheck)s::float8
+                                                              * power(2, least(greatest(o.publish_count - 1, 0), 4)))
+                              END,
                flow_wait = (%(waits)s::text[])[t.i],
                flow_reserved_at = CASE WHEN (%(reserved)s::float8[])[t.i] IS NULL THEN o.flow_reserved_at
                                        ELSE to_timestamp((%(reserved)s::float8[])[t.i]) END

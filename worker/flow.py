@@ -148,7 +148,7 @@ async def claim(
                     reserved.append(decision.at)
             cur = await conn.execute(
                 sql.active().FLOW_HOLD,
-                {"ids": hold_ids, "until": until, "waits": waits, "reserved": reserved},
+                {"ids": hold_ids, "until": until, "waits": waits, "reserved": reserved, "recheck": recheck},
             )
             rows = await cur.fetchall()
             if any(row[1] for row in rows):  # the relay sleeps until its next due row: that changed

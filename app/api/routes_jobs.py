@@ -17,7 +17,7 @@ from postbox.app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, J
 from postbox.app.api.state import Contents, Destructive, api_state, db, read_access, redacted
 from postbox.control import Actor
 from postbox.errors import InvalidArgsError, InvalidOptionError
-from postbox.producer import Limits, prepare
+from postbox.producer import Limits, claim_unique_async, prepare
 
 log = logging.getLogger("postbox.api")
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
@@ -44,7 +44,10 @@ def _reject_nul(value: Any, path: str = "args") -> None:
     response_model=EnqueuedJob,
     summary="Enqueue a job",
     responses={
-        200: {"model": EnqueuedJob, "description": "An existing job with the same key."},
+        200: {
+            "model": EnqueuedJob,
+            "description": "An existing job with the same dedup key, or the same unique key (the task's rule).",
+        },
         **responses(400, 401, 413, 422, 429),
     },
 )
@@ -81,9 +84,21 @@ async def enqueue(
 
     async with st.pool.connection() as conn:
         try:
-            job, job_id = await control.enqueue_and_read(
-                conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
-            )
+            if row.unique_rule is None:
+                job, job_id = await control.enqueue_and_read(
+                    conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
+                )
+            else:
+                # A unique task (docs/unique-jobs.md): the key's lock and holder first, the
+                # insert in the same transaction (the key is locked until it commits).
+                async with conn.transaction():
+                    row, holder = await claim_unique_async(conn, row)
+                    if holder is not None:
+                        job, job_id = None, int(holder)
+                    else:
+                        job, job_id = await control.enqueue_and_read(
+                            conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
+                        )
         except control.QueueFullError:
             st.metrics.enqueued.labels(row.queue, "queue_full").inc()
             raise

@@ -131,7 +131,7 @@ async def place_order(
         assert inserted is not None
         order_id, created_at = int(inserted[0]), inserted[1]
         await cur.execute(sql.INSERT_TICKETS, {"order_id": order_id, "first_seat": first_seat, "seats": seats})
-        job_ids = [
+        job_ids: list[int] = [
             await enqueue_async(conn, render_tickets, {"order_id": order_id}, headers=headers),
             await enqueue_async(conn, update_sales_counter, {"order_id": order_id}, headers=headers),
         ]

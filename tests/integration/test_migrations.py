@@ -74,6 +74,8 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
         ("postbox", "schedule_runs", "r"),
         ("postbox", "schedule_runs_pkey", "i"),
         ("postbox", "schedule_runs_enqueued", "i"),
+        ("postbox", "unique_claim", "function"),
+        ("postbox", "outbox_unique_key", "i"),
     }
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
@@ -89,6 +91,7 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
     assert {(name, kind) for _, name, kind in created if kind in ("function", "domain")} == {
         ("enqueue", "function"),
         ("notify_outbox", "function"),
+        ("unique_claim", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),
@@ -123,6 +126,7 @@ def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: s
         "outbox_live_state",
         "outbox_finished",
         "outbox_result_expiry",
+        "outbox_unique_key",
     }
     assert indexes["outbox_live_state"] == (
         "CREATE INDEX outbox_live_state ON postbox.outbox USING btree (state, queue) WHERE (state = ANY "
