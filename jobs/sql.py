@@ -28,11 +28,11 @@ class Statements(schema.Templates):
 
     INSERT_JOB: LiteralString = """
     INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                        expires_at, timeout_seconds, keep_result)
+                        expires_at, timeout_seconds, keep_result, unique_key)
     VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
             coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
-            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
+            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s, %(unique_key)s)
     ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id
     """
@@ -51,6 +51,13 @@ class Statements(schema.Templates):
 
     SELECT_DEDUP: LiteralString = """
     SELECT id FROM {schema}.outbox WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
+    """
+
+    # A unique task's job (postbox/unique.py): its key, and the job holding that key
+    # (NULL: none). Takes the key's advisory lock until the transaction ends, so a
+    # concurrent enqueuer of the key waits, then finds this one's job.
+    UNIQUE_CLAIM: LiteralString = """
+    SELECT unique_key, holder FROM {schema}.unique_claim(%(task)s, %(args)s::jsonb, %(unique_rule)s::jsonb)
     """
 
     INSERT_JOBS_BULK: LiteralString = """
@@ -106,18 +113,18 @@ class Statements(schema.Templates):
     # to a job enqueued from SQL without its options (postbox/definitions.py).
     TASKS_PUBLISH: LiteralString = """
     INSERT INTO {schema}.tasks AS t (name, queue, priority, max_attempts, timeout_seconds, keep_result, retry,
-                                     updated_at, updated_by)
-    SELECT n, q, p, m, tmo, kr, r::jsonb, now(), %(by)s
+                                     unique_rule, updated_at, updated_by)
+    SELECT n, q, p, m, tmo, kr, r::jsonb, ur::jsonb, now(), %(by)s
       FROM unnest(%(name)s::text[], %(queue)s::text[], %(priority)s::int2[], %(max_attempts)s::int4[],
-                  %(timeout)s::float8[], %(keep_result)s::bool[], %(retry)s::text[])
-           AS u(n, q, p, m, tmo, kr, r)
+                  %(timeout)s::float8[], %(keep_result)s::bool[], %(retry)s::text[], %(unique_rule)s::text[])
+           AS u(n, q, p, m, tmo, kr, r, ur)
     ON CONFLICT (name) DO UPDATE
        SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
            timeout_seconds = excluded.timeout_seconds, keep_result = excluded.keep_result, retry = excluded.retry,
-           updated_at = now(), updated_by = excluded.updated_by
-     WHERE (t.queue, t.priority, t.max_attempts, t.timeout_seconds, t.keep_result, t.retry)
+           unique_rule = excluded.unique_rule, updated_at = now(), updated_by = excluded.updated_by
+     WHERE (t.queue, t.priority, t.max_attempts, t.timeout_seconds, t.keep_result, t.retry, t.unique_rule)
            IS DISTINCT FROM (excluded.queue, excluded.priority, excluded.max_attempts, excluded.timeout_seconds,
-                             excluded.keep_result, excluded.retry)
+                             excluded.keep_result, excluded.retry, excluded.unique_rule)
     """
 
     TASKS_SELECT: LiteralString = """
@@ -872,11 +879,11 @@ class Statements(schema.Templates):
     # the answer needs no second read. Nothing back on a live dedup key's conflict.
     OPS_ENQUEUE: LiteralString = """
     INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                        expires_at, timeout_seconds, keep_result)
+                        expires_at, timeout_seconds, keep_result, unique_key)
     VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
             coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
             %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
-            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s)
+            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s, %(unique_key)s)
     ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
               started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
