@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 if TYPE_CHECKING:
     from postbox.connections import AsyncTarget, SyncTarget
+    from postbox.producer import JobId
     from postbox.registry import TaskSpec
 
 P = ParamSpec("P")
@@ -73,13 +74,13 @@ class Task(Generic[P, R]):
         merged = {**self._options, **{k: v for k, v in given.items() if v is not None}}
         return Task(self.spec, self._fn, merged)
 
-    def enqueue(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+    def enqueue(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> JobId:
         """Enqueue one job of this task in ``conn``'s transaction (see :func:`postbox.enqueue`); its id."""
         from postbox.producer import enqueue
 
         return enqueue(conn, self.name, self._args(args, kwargs), **self._options)
 
-    async def enqueue_async(self, conn: AsyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> int:
+    async def enqueue_async(self, conn: AsyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> JobId:
         """The async twin of :meth:`enqueue`."""
         from postbox.producer import enqueue_async
 
