@@ -360,3 +360,14 @@ def test_0004_downgrades_to_0003_restoring_the_sql_function_and_upgrades_again(e
         conn.execute("UPDATE postbox.tasks SET unique_rule = '{\"period\": 60}'")
         ids = [conn.execute("SELECT postbox.enqueue('t', '{\"a\": 2}')").fetchone() for _ in range(2)]
         assert ids[0] == ids[1]
+
+
+def test_rest_answers_a_duplicate_even_when_the_queue_is_full(settings: Settings) -> None:
+    app = create_app(settings.model_copy(update={"api_insecure": True, "max_queue_depth": 1}), registry=REG)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        created = client.post("/api/v1/jobs", json={"task": "uq_states", "args": {"order_id": 1}})
+        assert created.status_code == 201, created.text
+        again = client.post("/api/v1/jobs", json={"task": "uq_states", "args": {"order_id": 1, "lang": "en"}})
+        assert (again.status_code, again.json()["id"], again.json()["duplicate"]) == (200, created.json()["id"], True)
+        other = client.post("/api/v1/jobs", json={"task": "uq_states", "args": {"order_id": 2}})
+        assert (other.status_code, other.json()["error"]["code"]) == (429, "QUEUE_FULL")
