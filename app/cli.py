@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume"),
     "workers": ("postbox.app.admin.workers_cli:main", "workers list"),
     "schedules": ("postbox.app.admin.schedules_cli:main", "schedules list|pause|resume|trigger"),
+    "limits": ("postbox.app.admin.limits_cli:main", "limits list|show|set|clear: flow-control limits and overrides"),
     "demo": ("postbox.app.demo:main", "run the Stagedoor demo (embedded servers when no URLs are set)"),
     "stagedoor": ("postbox.app.stagedoor.cli:main", "stagedoor migrate|api run: the example's own tables and API"),
     "bench": ("postbox.app.bench.cli:main", "benchmarks: enqueue, relay, worker, latency, all"),

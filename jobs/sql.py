@@ -693,6 +693,75 @@ class Statements(schema.Templates):
      WHERE (scope = 'queue' AND name = ANY(%(queues)s::text[])) OR (scope = 'task' AND name = ANY(%(tasks)s::text[]))
     """
 
+    # --- flow control: operations (postbox/limit_control.py; the API, the CLI, metrics) -----
+    # Every limit row with its task's queue, the slots in use under its keys (a slot
+    # counts as FLOW_STATE counts it: its job running under a live lease; a task's
+    # partitions summed) and the jobs of that queue or task held back (waiting for a
+    # slot, or for a rate reservation still ahead). One row when scope is given.
+    LIMITS_LIST: LiteralString = """
+    WITH l AS (
+        SELECT l.scope, l.name, l.declared, l.declared_by, l.declared_at, l.override, l.override_by, l.override_at,
+               CASE WHEN l.scope = 'queue' THEN l.name::text ELSE t.queue::text END AS queue
+          FROM {schema}.limits l
+          LEFT JOIN {schema}.tasks t ON l.scope = 'task' AND t.name = l.name
+         WHERE %(scope)s::text IS NULL OR (l.scope = %(scope)s AND l.name = %(name)s)
+    ), live AS (
+        SELECT s.key, count(*) AS n
+          FROM {schema}.limit_slots s JOIN {schema}.outbox o ON o.id = s.job_id
+         WHERE o.attempts = s.attempt AND o.state = 'running' AND o.lease_until > clock_timestamp()
+         GROUP BY s.key
+    ), held AS (
+        SELECT queue, task, count(*) AS n,
+               count(*) FILTER (WHERE flow_wait IS NOT NULL) AS for_slot,
+               count(*) FILTER (WHERE flow_reserved_at > now()) AS for_rate
+          FROM {schema}.outbox
+         WHERE state = 'pending' AND (flow_wait IS NOT NULL OR flow_reserved_at > now())
+         GROUP BY queue, task
+    )
+    SELECT l.scope, l.name, l.queue, l.declared, l.declared_by, l.declared_at, l.override, l.override_by,
+           l.override_at, coalesce(u.in_use, 0)::int8 AS in_use, coalesce(u.partitions, 0)::int8 AS partitions_in_use,
+           coalesce(h.n, 0)::int8 AS held, coalesce(h.for_slot, 0)::int8 AS held_for_slot,
+           coalesce(h.for_rate, 0)::int8 AS held_for_rate
+      FROM l
+      LEFT JOIN LATERAL (
+          SELECT sum(live.n) AS in_use, count(*) FILTER (WHERE live.key <> l.scope || ':' || l.name) AS partitions
+            FROM live
+           WHERE live.key = l.scope || ':' || l.name
+              OR (l.scope = 'task' AND starts_with(live.key, 'task:' || l.name || '|'))
+      ) u ON true
+      LEFT JOIN LATERAL (
+          SELECT sum(held.n) AS n, sum(held.for_slot) AS for_slot, sum(held.for_rate) AS for_rate
+            FROM held
+           WHERE (l.scope = 'queue' AND held.queue = l.name) OR (l.scope = 'task' AND held.task = l.name)
+      ) h ON true
+     ORDER BY l.scope, l.name
+    """
+
+    # The row an override changes, locked (none: not created yet).
+    LIMITS_LOCK: LiteralString = """
+    SELECT override FROM {schema}.limits WHERE scope = %(scope)s AND name = %(name)s FOR UPDATE
+    """
+
+    # An override's fields merged into the row's (created if none; workers reload it within a second).
+    LIMITS_SET_OVERRIDE: LiteralString = """
+    INSERT INTO {schema}.limits AS l (scope, name, override, override_by, override_at)
+    VALUES (%(scope)s, %(name)s, %(override)s::jsonb, %(by)s, now())
+    ON CONFLICT (scope, name) DO UPDATE
+       SET override = coalesce(l.override, '{{}}'::jsonb) || excluded.override,
+           override_by = excluded.override_by, override_at = now()
+    RETURNING override
+    """
+
+    # The whole override (field NULL) or one of its fields lifted; an empty override is none.
+    LIMITS_CLEAR_OVERRIDE: LiteralString = """
+    UPDATE {schema}.limits
+       SET override = CASE WHEN %(field)s::text IS NULL THEN NULL
+                           ELSE nullif(override - %(field)s::text, '{{}}'::jsonb) END,
+           override_by = %(by)s, override_at = now()
+     WHERE scope = %(scope)s AND name = %(name)s
+    RETURNING override
+    """
+
     # --- postbox.testing (an application's own tests; on the test's connection) ------------
 
     TESTING_LIST_JOBS: LiteralString = """

@@ -19,7 +19,16 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import migrate
-from postbox.app.api import errors, results, routes_dlq, routes_jobs, routes_queues, routes_schedules, routes_system
+from postbox.app.api import (
+    errors,
+    results,
+    routes_dlq,
+    routes_jobs,
+    routes_limits,
+    routes_queues,
+    routes_schedules,
+    routes_system,
+)
 from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.json_body import JsonGuard
@@ -110,6 +119,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         routes_queues.workers,
         routes_dlq.router,
         routes_queues.audit,
+        routes_limits.router,  # flow-control limits and overrides
     ):
         app.include_router(router, prefix="/api/v1")
     for router in routers:  # an application's routes follow the same access policy as postbox's

@@ -1,8 +1,10 @@
 """Prometheus metrics of the API process: request counters and queue gauges.
 
 Queue gauges are computed at scrape time from PostgreSQL and Redis (the same
-numbers as ``GET /api/v1/queues``). Labels are bounded: queue, kind, method,
-route template, status, worker status — never ids, payloads or error text.
+numbers as ``GET /api/v1/queues``); so are the flow-control gauges (those of
+``GET /api/v1/limits``). Labels are bounded: queue, kind, method, route
+template, status, worker status, a limit's scope and name (a queue or a
+registered task) — never ids, payloads or error text.
 """
 
 from __future__ import annotations
@@ -54,6 +56,43 @@ class QueueCollector(Collector):
         yield from (jobs, paused, oldest, entries, pending, workers)
 
 
+class LimitCollector(Collector):
+    """Flow-control gauges per queue and task with a limit row (set just before each scrape).
+
+    ``limits`` is ``limit_control.gauges()``: (scope, name, values). A limit not in
+    force (no concurrency, no rate) has no sample in that gauge.
+    """
+
+    def __init__(self) -> None:
+        self.limits: Sequence[tuple[str, str, dict[str, float]]] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["scope", "name"]
+        families = {
+            "concurrency": GaugeMetricFamily(
+                "postbox_limit_concurrency", "Concurrency limit in force (declared or overridden).", labels=labels
+            ),
+            "rate_per_second": GaugeMetricFamily(
+                "postbox_limit_rate_per_second", "Rate limit in force, in starts per second.", labels=labels
+            ),
+            "in_use": GaugeMetricFamily(
+                "postbox_limit_slots_in_use",
+                "Concurrency slots in use (jobs running under a live lease; partitions summed).",
+                labels=labels,
+            ),
+            "held": GaugeMetricFamily(
+                "postbox_limit_held_jobs",
+                "Jobs of the queue or task held back by a limit (waiting for a slot or a rate reservation).",
+                labels=labels,
+            ),
+        }
+        for scope, name, values in self.limits:
+            for key, family in families.items():
+                if key in values:
+                    family.add_metric([scope, name], values[key])
+        yield from families.values()
+
+
 class ApiMetrics:
     """One registry per app (so several apps in one process do not collide)."""
 
@@ -85,6 +124,8 @@ class ApiMetrics:
             self.auth_failures.labels(reason)
         self.queues = QueueCollector()
         self.registry.register(self.queues)
+        self.limits = LimitCollector()
+        self.registry.register(self.limits)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from psycopg import AsyncConnection
 
-from postbox import control
+from postbox import control, limit_control
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
@@ -27,7 +27,8 @@ WorkerId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00]+
 @queues.get("", response_model=list[QueueStats], summary="Stats of every known queue", responses=responses(401))
 async def list_queues(request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
     st = api_state(request)
-    return await control.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues())
+    stats = await control.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues())
+    return await _with_limits(conn, stats)
 
 
 @queues.get("/{queue}", response_model=QueueStats, summary="Stats of one queue", responses=responses(401, 404, 422))
@@ -38,7 +39,15 @@ async def get_queue(
     found = await control.queue_stats(
         conn, st.redis, st.settings.redis_prefix, queue=queue, extra_queues=st.registry.queues()
     )
-    return found[0]
+    return (await _with_limits(conn, found))[0]
+
+
+async def _with_limits(conn: AsyncConnection[Any], stats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each queue's stats with its flow-control limits: its own, then its tasks' (limit_control)."""
+    grouped = await limit_control.queue_limits(conn)
+    for item in stats:
+        item["limits"] = grouped.get(item["queue"], [])
+    return stats
 
 
 @queues.post("/{queue}/pause", response_model=QueueState, summary="Pause a queue", responses=responses(401, 403, 422))

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from postbox import control, sql
+from postbox import control, limit_control, sql
 from postbox.app.api.errors import error_response, responses
 from postbox.app.api.events_hub import ClientBuffer
 from postbox.app.api.json_body import StrictJsonRoute
@@ -85,6 +85,12 @@ async def metrics(request: Request) -> Response:
                 conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues()
             )
             found = await control.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
+            try:  # the flow-control gauges (GET /api/v1/limits); their failure leaves the queue gauges
+                st.metrics.limits.limits = limit_control.gauges(await limit_control.list_limits(conn))
+            except Exception as exc:
+                log.warning("limit gauges unavailable: %s", type(exc).__name__)
+                st.metrics.limits.limits = ()
+                await conn.rollback()
         collector.workers = {
             "live": sum(1 for w in found if not w["stale"] and not w["stopped"]),
             "stale": sum(1 for w in found if w["stale"]),
@@ -93,6 +99,7 @@ async def metrics(request: Request) -> Response:
     except Exception as exc:  # serve the request counters even when a store is down
         log.warning("queue gauges unavailable: %s", type(exc).__name__)
         collector.queues, collector.workers = (), {}
+        st.metrics.limits.limits = ()
     return Response(st.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

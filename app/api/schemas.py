@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 QUEUE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
@@ -112,6 +112,53 @@ class JobResult(BaseModel):
     redacted: bool = Field(default=False, description=REDACTED)
 
 
+class RateValue(BaseModel):
+    limit: int = Field(description="Starts per period.")
+    period: float = Field(description="Seconds.")
+    burst: int = Field(description="Starts allowed at once.")
+
+
+class LimitValues(BaseModel):
+    concurrency: int | None = Field(description="Jobs running at once (all workers); null: no limit.")
+    rate: RateValue | None = Field(description="Starts per period (all workers); null: no limit.")
+    partition_by: str | None = Field(description="Tasks: the argument whose each value has its own limits.")
+    rate_text: str | None = Field(description="The rate as text, e.g. 50/s.")
+
+
+class Limit(BaseModel):
+    scope: str = Field(description="queue or task.")
+    name: str
+    queue: str | None = Field(description="The queue (a task's, from the tasks table; null if not known yet).")
+    declared: LimitValues | None = Field(description="Declared in code (published by workers); null: none.")
+    declared_by: str | None
+    declared_at: datetime | None
+    override: dict[str, Any] | None = Field(
+        description="An operator's override: its keys (concurrency, rate) win over the declaration; null lifts one."
+    )
+    override_by: str | None
+    override_at: datetime | None
+    effective: LimitValues = Field(description="In force: the declaration with the override applied.")
+    effective_text: str
+    in_use: int = Field(description="Exact: concurrency slots in use (jobs running under a live lease).")
+    partitions_in_use: int = Field(description="Exact: partitions of a partitioned task with slots in use.")
+    held: int = Field(description="Exact: jobs of this queue or task held back by a limit.")
+    held_for_slot: int = Field(description="Exact: of those, waiting for a concurrency slot.")
+    held_for_rate: int = Field(description="Exact: of those, waiting for their rate reservation.")
+
+
+class LimitOverride(BaseModel):
+    """Fields left out keep their override; null lifts that limit (even one declared in code)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: StrictInt | None = Field(default=None, description="Jobs running at once, 1-1000000; null: none.")
+    rate: Any = Field(
+        default=None,
+        description="'50/s', '10/m', '100/h', '5/10s' or {limit, period (seconds), burst}; null: none.",
+        json_schema_extra={"anyOf": [{"type": "string"}, {"type": "object"}, {"type": "null"}]},
+    )
+
+
 class QueueStats(BaseModel):
     queue: str
     paused: bool = Field(description="Exact.")
@@ -126,6 +173,9 @@ class QueueStats(BaseModel):
     in_streams: int | None = Field(description="Approximate: entries in the queue's Redis streams (XLEN).")
     stream_pending: int | None = Field(description="Approximate: entries delivered, not yet acknowledged (XPENDING).")
     redis_error: str | None = Field(description="Set when Redis could not be read (Redis numbers are null).")
+    limits: list[Limit] = Field(
+        default_factory=list, description="Flow-control limits of the queue and of its tasks (exact)."
+    )
 
 
 class QueueState(BaseModel):

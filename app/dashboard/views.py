@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from postbox import control
+from postbox import control, limit_control
 from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.state import Contents, api_state, db, read_access, redacted
@@ -188,6 +188,9 @@ async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict
                 "redis_error": redis_error,
             }
         )
+    limits = await limit_control.queue_limits(conn)  # as GET /api/v1/queues: its flow-control limits
+    for item in out:
+        item["limits"] = limits.get(str(item["queue"]), [])
     return out
 
 
