@@ -1,4 +1,4 @@
-"""``postbox bench {enqueue,relay,worker,latency,all,schedules}``: measure postbox (and peers) here.
+"""``postbox bench {enqueue,relay,worker,latency,all,schedules,flow}``: measure postbox (and peers) here.
 
 Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
 DATABASE_URL and POSTBOX_REDIS_URL / REDIS_URL, in a database and key prefix
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from postbox.app.bench.peers import Peer, PeerDrain
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
-EXTRA_SCENARIOS = ("schedules",)  # not part of `all`: it waits for whole minutes
+EXTRA_SCENARIOS = ("schedules", "flow")  # not part of `all`: whole minutes (schedules), 2-3 minutes (flow)
 
 
 def _positive_int(text: str) -> int:
@@ -64,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=_positive_int, default=50, help="worker concurrency (default 50)")
     p.add_argument(
         "--rate", type=_rates, default=(200, 1000), help="steady rates for latency, jobs/s (default 200,1000)"
+    )
+    p.add_argument(
+        "--flow-rate", type=_positive_int, default=200, help="rate limit of bench flow's rated task, /s (default 200)"
     )
     p.add_argument("--relay-rate", type=_positive_int, default=500, help="steady rate for relay latency (default 500)")
     p.add_argument("--duration", type=_positive_float, default=5.0, help="seconds per timed run (default 5)")
@@ -112,6 +115,10 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
         from postbox.app.bench.schedules import run as run_schedules
 
         return run_schedules
+    if name == "flow":
+        from postbox.app.bench.flow import run as run_flow
+
+        return run_flow
     raise ValueError(f"unknown scenario {name!r}")
 
 
@@ -150,6 +157,7 @@ def main(argv: Sequence[str]) -> int:
         repeat=args.repeat,
         batch=min(args.batch, args.jobs),
         peers=args.peers,
+        extra={"flow_rate": args.flow_rate},
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     if args.peer_config or args.peer_sweep:

@@ -7,10 +7,16 @@
   file named by ``POSTBOX_BENCH_PROBE_FILE``, so the bench (same machine, same
   clock) computes commit-to-handler-start latency.  One ``os.write`` of one
   line on an O_APPEND descriptor: atomic between processes, a few µs.
+- ``bench_limited``, ``bench_rated``, ``bench_slow`` (``bench flow``): no-ops
+  and a 50 ms sleep that the flow scenario puts under limits with *override*
+  rows in ``postbox.limits``. They declare no limit in code on purpose: a
+  declaration here would put every bench worker under limits in force, and
+  change what the other scenarios measure.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -45,6 +51,24 @@ async def bench_probe(ctx: Any, n: int = 0) -> None:
         _probe_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.write(_probe_fd, f"{ctx.job_id} {started:.6f}\n".encode())
     return None
+
+
+@task(queue=QUEUE)
+async def bench_limited(ctx: Any, n: int = 0) -> None:
+    return None
+
+
+@task(queue=QUEUE)
+async def bench_rated(ctx: Any, n: int = 0) -> None:
+    return None
+
+
+SLOW_SECONDS = 0.05
+
+
+@task(queue=QUEUE)
+async def bench_slow(ctx: Any, n: int = 0) -> None:
+    await asyncio.sleep(SLOW_SECONDS)
 
 
 def read_probes(path: str) -> dict[int, float]:

@@ -11,9 +11,11 @@ import sys
 import psycopg
 import redis as syncredis
 
+from postbox.app.bench import flow as bench_flow
 from postbox.app.bench import worker as bench_worker
 from postbox.app.bench.params import Params
 from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Report, render
 from postbox.app.bench.sandbox import sandbox
 from tests.harness.servers import Servers
 
@@ -99,3 +101,43 @@ def test_bench_worker_runs_each_peer_repetition_right_after_its_own_one_process_
     assert seen == [(0, [("bench_noop", 300, 1)]), (1, [("bench_noop", 300, 1)])]
     assert [len(figures[key].values) for key in ("worker.noop_1p", "worker.noop_2p", "worker.tx_1p")] == [2, 2, 2]
     assert all(value > 0 for value in figures["worker.noop_1p"].values)
+
+
+def test_bench_flow_measures_overhead_rate_and_concurrency_and_prints_them(servers: Servers) -> None:
+    """`bench flow` at tiny sizes: every figure measured once, the table printed, the limits left clean.
+
+    The workers' visibility timeout is 2 s: a delivery a limit could not hold back (its
+    publish not marked yet) waits for it before it is looked at again.
+    """
+    params = Params(jobs=60, repeat=1, batch=60, concurrency=10, extra={"flow_rate": 50})
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = bench_flow.run(box, url, params, Progress(quiet=True), worker_env={"POSTBOX_VISIBILITY_TIMEOUT": "2"})
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM postbox.limits").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
+    by_key = {f.key: f for f in figures}
+    assert sorted(by_key) == [
+        "flow.concurrency_mean",
+        "flow.concurrency_ratio",
+        "flow.noop_limits_elsewhere",
+        "flow.noop_unlimited",
+        "flow.overhead",
+        "flow.rated_jobs_s",
+        "flow.rated_longest_pause",
+        "flow.rated_peak",
+        "flow.rated_ratio",
+    ]
+    assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures)
+    overhead = by_key["flow.overhead"].values[0]
+    assert overhead == by_key["flow.noop_limits_elsewhere"].values[0] / by_key["flow.noop_unlimited"].values[0]
+    # The limiter limits: 60 starts at 50/s (a reservation may be honoured up to 50 ms late).
+    assert by_key["flow.rated_jobs_s"].values[0] <= 50 * 1.1
+    assert by_key["flow.concurrency_mean"].values[0] <= bench_flow.SLOW_LIMIT
+    report = Report(machine={}, parameters=params.describe())
+    for figure in figures:
+        report.add(figure)
+    printed = render(report)
+    for figure in figures:
+        assert figure.label in printed
+    assert ">= 0.95" in printed and "<= 1.01" in printed

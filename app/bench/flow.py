@@ -1,0 +1,350 @@
+"""``bench flow``: what flow control costs the jobs it does not limit, and how well it holds a limit.
+
+Three measurements, each on fresh jobs committed before the relay and the
+workers start (as ``bench worker``), with limits set as *override* rows of
+``postbox.limits`` (what an operator's override writes; workers load them
+before they consume, and again every second):
+
+1. **Overhead** (``flow.noop_*``, ``flow.overhead``): ``--jobs`` no-op jobs
+   (``bench_noop``) drained by 1 worker process, in two configurations run
+   back to back in each repetition: **A**, no limit anywhere; **B**, limits
+   in force for that worker but not on the drained task — ``bench_limited``,
+   another task of the same queue, at concurrency 2 and 10/s, and the queue
+   ``bench_side``, which the worker also consumes (empty), at concurrency 5
+   and 100/s. Both configurations run the same command line (queues
+   ``bench,bench_side``); the only difference is the rows. The order
+   alternates (A B, B A, A B, ...) and the figure is the median of the
+   per-repetition ratios B / A, so a machine that drifts over minutes moves
+   both sides of each ratio alike. In B every delivery costs one lookup of its
+   queue and task among the limits in force, and takes the plain claim.
+2. **Rate** (``flow.rated_*``): ``bench_rated`` at ``--flow-rate`` R/s (an
+   override), about ten seconds of it (``min(--jobs, 10 R)`` jobs), drained
+   by 2 worker processes. Achieved rate = (jobs - 1) / (last start - first
+   start), from the jobs' ``started_at`` (the claim's transaction time, in
+   PostgreSQL); against R. The peak is the fastest run of 5 R consecutive
+   starts (five seconds' worth at the limit), as a rate, against R: a limit
+   exceeded shows there, where the whole-run mean would hide a burst. (Five
+   seconds, not one: a reservation is honoured up to two intervals or 50 ms
+   late without moving the ones after it, and ``started_at`` is its claim
+   transaction's start, so one second may legitimately hold up to ~5 % more;
+   five seconds bound that to ~1 %.) The longest pause between two
+   consecutive starts shows the limiter holding the task below its rate.
+3. **Concurrency** (``flow.concurrency_*``): ``bench_slow`` (a 50 ms sleep) at
+   concurrency 3 (an override), 2 worker processes, ``min(--jobs, 300)``
+   jobs. Mean concurrency = the jobs' summed running time (``finished_at -
+   started_at``: while a job's outcome is not recorded its slot counts) over
+   the span from the first start to the last finish; against 3.
+
+One unmeasured warm-up drain (configuration A) comes first, as in ``bench worker``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any, LiteralString
+
+import orjson
+import psycopg
+
+from postbox import flow
+from postbox.app.bench import outbox
+from postbox.app.bench import worker as bench_worker
+from postbox.app.bench.params import Params
+from postbox.app.bench.procs import Children, bench_env, children
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Target
+from postbox.app.bench.sandbox import Sandbox
+from postbox.app.bench.tasks import QUEUE, SLOW_SECONDS
+
+SCENARIO = "flow"
+SIDE_QUEUE = "bench_side"
+DEFAULT_RATE = 200
+RATED_SECONDS = 10  # the rated run holds about this many seconds of starts at the limit
+PEAK_SECONDS = 5  # the peak rate: the fastest run of this many seconds' worth of starts at the limit
+SLOW_LIMIT = 3
+SLOW_JOBS = 300
+WARMUP_JOBS = 2_000
+
+Override = tuple[str, str, Mapping[str, Any]]  # (scope, name, override)
+
+# Configuration B of the overhead run: limits in force for the worker, none on bench_noop.
+ELSEWHERE: tuple[Override, ...] = (
+    ("task", "bench_limited", {"concurrency": 2, "rate": "10/s"}),
+    ("queue", SIDE_QUEUE, {"concurrency": 5, "rate": "100/s"}),
+)
+
+CLEAR: LiteralString = "DELETE FROM postbox.limits"
+CLEAR_STATE: LiteralString = "TRUNCATE postbox.limit_slots, postbox.limit_rates"
+SET_OVERRIDE: LiteralString = """
+INSERT INTO postbox.limits (scope, name, override, override_by, override_at)
+VALUES (%(scope)s, %(name)s, %(override)s::jsonb, 'postbox bench', now())
+"""
+IN_FORCE: LiteralString = """
+SELECT scope || ' ' || name FROM postbox.limits WHERE declared IS NOT NULL OR override IS NOT NULL ORDER BY 1
+"""
+STARTS: LiteralString = """
+SELECT extract(epoch FROM started_at)::float8 FROM postbox.outbox WHERE started_at IS NOT NULL ORDER BY started_at
+"""
+RUNNING_TIME: LiteralString = """
+SELECT count(*), extract(epoch FROM sum(finished_at - started_at))::float8,
+       extract(epoch FROM max(finished_at) - min(started_at))::float8
+  FROM postbox.outbox WHERE started_at IS NOT NULL AND finished_at IS NOT NULL
+"""
+
+
+def set_limits(conn: psycopg.Connection[Any], overrides: Sequence[Override]) -> None:
+    """Exactly these overrides in ``postbox.limits`` (nothing declared), and no slot or rate cell left."""
+    conn.execute(CLEAR)
+    conn.execute(CLEAR_STATE)
+    for scope, name, override in overrides:
+        conn.execute(
+            SET_OVERRIDE,
+            {"scope": scope, "name": name, "override": orjson.dumps(flow.parse_override(override)).decode()},
+        )
+    conn.commit()
+
+
+def in_force(conn: psycopg.Connection[Any]) -> list[str]:
+    rows = conn.execute(IN_FORCE).fetchall()
+    conn.commit()
+    return [str(row[0]) for row in rows]
+
+
+def overhead_argv(concurrency: int) -> list[str]:
+    """``bench worker``'s worker, consuming ``bench_side`` too (both configurations, same command line)."""
+    argv = bench_worker.worker_argv(concurrency)
+    argv[argv.index("--queues") + 1] = f"{QUEUE},{SIDE_QUEUE}"
+    return argv
+
+
+def start(kids: Children, processes: int, argv: list[str]) -> None:
+    kids.python("relay", ["postbox.relay", "run"])
+    for i in range(processes):
+        kids.python(f"worker{i}", argv)
+
+
+def run_jobs(
+    box: Sandbox,
+    conn: psycopg.Connection[Any],
+    env: dict[str, str],
+    *,
+    task: str,
+    jobs: int,
+    overrides: Sequence[Override],
+    processes: int,
+    argv: list[str],
+    batch: int,
+) -> bool:
+    """Fresh ``jobs`` of ``task`` under exactly ``overrides``, drained; False if the deadline passed first."""
+    outbox.reset(conn)
+    box.clean_redis_prefix()
+    set_limits(conn, overrides)
+    outbox.prefill(conn, task, jobs, batch)
+    expected = sorted(f"{scope} {name}" for scope, name, _ in overrides)
+    with children(env) as kids:
+        start(kids, processes, argv)
+        complete = bench_worker.drain(conn, kids, jobs)
+    # The workers published what the code declares before they consumed: nothing, or the runs measure other limits.
+    found = sorted(in_force(conn))
+    if found != expected:
+        raise RuntimeError(f"limits in force during the run: {found}, expected {expected}")
+    return complete
+
+
+def starts(conn: psycopg.Connection[Any]) -> list[float]:
+    rows = conn.execute(STARTS).fetchall()
+    conn.commit()
+    return [float(row[0]) for row in rows]
+
+
+def achieved_rate(times: Sequence[float]) -> float:
+    """Starts per second from the first start to the last (the first start opens the span)."""
+    if len(times) < 2 or times[-1] <= times[0]:
+        return float("nan")
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def peak_rate(times: Sequence[float], window: int) -> float:
+    """The fastest run of ``window`` consecutive intervals between starts, as starts per second."""
+    ordered = sorted(times)
+    window = min(window, len(ordered) - 1)
+    if window < 1:
+        return float("nan")
+    shortest = min(ordered[i + window] - ordered[i] for i in range(len(ordered) - window))
+    return window / shortest if shortest > 0 else float("inf")
+
+
+def longest_gap(times: Sequence[float]) -> float:
+    ordered = sorted(times)
+    return max((b - a for a, b in itertools.pairwise(ordered)), default=float("nan"))
+
+
+def mean_concurrency(conn: psycopg.Connection[Any]) -> float:
+    row = conn.execute(RUNNING_TIME).fetchone()
+    conn.commit()
+    if row is None or not row[0] or not row[2]:
+        return float("nan")
+    return float(row[1]) / float(row[2])
+
+
+def flow_rate(params: Params) -> int:
+    rate = int(params.extra.get("flow_rate", DEFAULT_RATE))
+    if rate < 1:
+        raise ValueError(f"the flow rate must be >= 1 starts/s, got {rate}")
+    return rate
+
+
+def run(
+    box: Sandbox,
+    database_url: str,
+    params: Params,
+    progress: Progress,
+    worker_env: Mapping[str, str] | None = None,
+) -> list[Figure]:
+    """The figures above; ``worker_env``: extra environment of the relay and workers (tests)."""
+    rate = flow_rate(params)
+    rated_jobs = max(2, min(params.jobs, RATED_SECONDS * rate))
+    slow_jobs = max(2, min(params.jobs, SLOW_JOBS))
+    n = f"{params.jobs:,}"
+    plain = Figure(SCENARIO, "flow.noop_unlimited", f"no-op jobs/s, no limit anywhere ({n} jobs, 1 process)", "jobs/s")
+    elsewhere = Figure(
+        SCENARIO, "flow.noop_limits_elsewhere", f"no-op jobs/s, limits on other task + queue ({n} jobs)", "jobs/s"
+    )
+    overhead = Figure(
+        SCENARIO,
+        "flow.overhead",
+        "unlimited task's jobs/s, limits elsewhere / none (paired)",
+        "ratio",
+        target=Target(">=", 0.95),
+    )
+    achieved = Figure(
+        SCENARIO,
+        "flow.rated_jobs_s",
+        f"rate-limited task at {rate}/s: achieved starts/s ({rated_jobs:,} jobs, 2 processes)",
+        "starts/s",
+    )
+    achieved_ratio = Figure(
+        SCENARIO,
+        "flow.rated_ratio",
+        f"rate-limited task: achieved / limit {rate}/s",
+        "ratio",
+        target=Target(">=", 0.95),
+    )
+    peak_ratio = Figure(
+        SCENARIO,
+        "flow.rated_peak",
+        f"rate-limited task: fastest {min(PEAK_SECONDS * rate, rated_jobs - 1):,} starts in a row / limit",
+        "ratio",
+        target=Target("<=", 1.01),
+        higher_is_better=False,
+    )
+    pause = Figure(
+        SCENARIO,
+        "flow.rated_longest_pause",
+        f"rate-limited task: longest pause between starts (interval {1 / rate:.3g} s)",
+        "s",
+        higher_is_better=False,
+    )
+    concurrency = Figure(
+        SCENARIO,
+        "flow.concurrency_mean",
+        f"concurrency {SLOW_LIMIT}, {SLOW_SECONDS * 1000:.0f} ms handler: mean running ({slow_jobs:,} jobs, 2 proc.)",
+        "jobs",
+    )
+    concurrency_ratio = Figure(
+        SCENARIO, "flow.concurrency_ratio", f"concurrency-limited task: mean running / limit {SLOW_LIMIT}", "ratio"
+    )
+    env = bench_env(database_url, box.redis_url, box.prefix, **dict(worker_env or {}))
+    side_argv = overhead_argv(params.concurrency)
+    plain_argv = bench_worker.worker_argv(params.concurrency)
+    with psycopg.connect(database_url) as conn:
+        run_jobs(
+            box,
+            conn,
+            env,
+            task="bench_noop",
+            jobs=min(WARMUP_JOBS, params.jobs),
+            overrides=(),
+            processes=1,
+            argv=side_argv,
+            batch=params.batch,
+        )
+        progress.say("flow warm-up run done")
+        for rep in range(params.repeat):
+            order = [False, True] if rep % 2 == 0 else [True, False]
+            got: dict[bool, float] = {}
+            for limited in order:
+                complete = run_jobs(
+                    box,
+                    conn,
+                    env,
+                    task="bench_noop",
+                    jobs=params.jobs,
+                    overrides=ELSEWHERE if limited else (),
+                    processes=1,
+                    argv=side_argv,
+                    batch=params.batch,
+                )
+                figure = elsewhere if limited else plain
+                if not complete and "[a run timed out" not in figure.label:
+                    figure.label += " [a run timed out: rate of the jobs finished]"
+                got[limited] = outbox.span(conn, outbox.FINISH_SPAN).rate
+                figure.values.append(got[limited])
+                progress.say(
+                    f"flow rep {rep + 1}/{params.repeat} no-op, "
+                    f"{'limits elsewhere' if limited else 'no limit'}: {got[limited]:,.0f} jobs/s"
+                )
+            overhead.values.append(got[True] / got[False])
+            progress.say(f"flow rep {rep + 1}/{params.repeat} overhead ratio B/A: {overhead.values[-1]:.3f}")
+
+        for rep in range(params.repeat):
+            complete = run_jobs(
+                box,
+                conn,
+                env,
+                task="bench_rated",
+                jobs=rated_jobs,
+                overrides=(("task", "bench_rated", {"rate": f"{rate}/s"}),),
+                processes=2,
+                argv=plain_argv,
+                batch=params.batch,
+            )
+            if not complete:
+                raise RuntimeError(f"the rate-limited run did not finish {rated_jobs} jobs in time")
+            times = starts(conn)
+            got_rate = achieved_rate(times)
+            peak = peak_rate(times, PEAK_SECONDS * rate)
+            gap = longest_gap(times)
+            achieved.values.append(got_rate)
+            achieved_ratio.values.append(got_rate / rate)
+            peak_ratio.values.append(peak / rate)
+            pause.values.append(gap)
+            progress.say(
+                f"flow rep {rep + 1}/{params.repeat} rated {rate}/s: achieved {got_rate:,.1f} starts/s "
+                f"({got_rate / rate:.3f} of the limit), fastest {PEAK_SECONDS} s {peak:,.1f}/s, "
+                f"longest pause {gap:.3f} s"
+            )
+
+        for rep in range(params.repeat):
+            complete = run_jobs(
+                box,
+                conn,
+                env,
+                task="bench_slow",
+                jobs=slow_jobs,
+                overrides=(("task", "bench_slow", {"concurrency": SLOW_LIMIT}),),
+                processes=2,
+                argv=plain_argv,
+                batch=params.batch,
+            )
+            if not complete:
+                raise RuntimeError(f"the concurrency-limited run did not finish {slow_jobs} jobs in time")
+            mean = mean_concurrency(conn)
+            concurrency.values.append(mean)
+            concurrency_ratio.values.append(mean / SLOW_LIMIT)
+            progress.say(f"flow rep {rep + 1}/{params.repeat} concurrency {SLOW_LIMIT}: mean running {mean:.2f}")
+        outbox.reset(conn)
+        set_limits(conn, ())
+    box.clean_redis_prefix()
+    return [plain, elsewhere, overhead, achieved, achieved_ratio, peak_ratio, pause, concurrency, concurrency_ratio]
