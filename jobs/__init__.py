@@ -36,9 +36,10 @@ from postbox.errors import (
     UnknownTaskError,
     UnsupportedConnectionError,
 )
+from postbox.flow import FlowLimit, Rate
 from postbox.periodic import Schedule, periodic
 from postbox.producer import JobId, Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
-from postbox.registry import Registry, RetryPolicy, TaskSpec, default_registry, task
+from postbox.registry import Registry, RetryPolicy, TaskSpec, default_registry, limit_queue, task
 from postbox.results import JobResult, get_result, get_result_async, wait_result
 from postbox.settings import Settings, load_settings
 from postbox.states import TERMINAL_STATES, JobState
@@ -49,6 +50,7 @@ __all__ = [
     "AlreadyProcessed",
     "DuplicateTaskError",
     "EnqueueError",
+    "FlowLimit",
     "InvalidArgsError",
     "InvalidMaxAttemptsError",
     "InvalidOptionError",
@@ -63,6 +65,7 @@ __all__ = [
     "PayloadTooLargeError",
     "PermanentError",
     "PostboxError",
+    "Rate",
     "Registry",
     "RetryLater",
     "RetryPolicy",
@@ -82,6 +85,7 @@ __all__ = [
     "enqueue_many_async",
     "get_result",
     "get_result_async",
+    "limit_queue",
     "load_settings",
     "periodic",
     "prepare",

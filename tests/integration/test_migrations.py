@@ -30,6 +30,9 @@ EXPECTED_TABLES = {
     "alembic_version",
     "schedules",
     "schedule_runs",
+    "limits",
+    "limit_slots",
+    "limit_rates",
 }
 
 # Everything a database holds outside the system schemas, by kind.
@@ -76,6 +79,14 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
         ("postbox", "schedule_runs_enqueued", "i"),
         ("postbox", "unique_claim", "function"),
         ("postbox", "outbox_unique_key", "i"),
+        ("postbox", "limits", "r"),
+        ("postbox", "limits_pkey", "i"),
+        ("postbox", "limit_slots", "r"),
+        ("postbox", "limit_slots_pkey", "i"),
+        ("postbox", "limit_slots_job", "i"),
+        ("postbox", "limit_rates", "r"),
+        ("postbox", "limit_rates_pkey", "i"),
+        ("postbox", "outbox_flow_wait", "i"),
     }
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
@@ -127,6 +138,7 @@ def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: s
         "outbox_finished",
         "outbox_result_expiry",
         "outbox_unique_key",
+        "outbox_flow_wait",
     }
     assert indexes["outbox_live_state"] == (
         "CREATE INDEX outbox_live_state ON postbox.outbox USING btree (state, queue) WHERE (state = ANY "
@@ -226,3 +238,30 @@ def test_migrate_sql_prints_the_ddl_and_changes_nothing(empty_database_url: str)
     assert bad.returncode == 2
     assert "POSTBOX_SCHEMA" in bad.stderr
     assert objects(empty_database_url) == before
+
+
+def test_0003_flow_control_downgrades_to_0002_dropping_only_its_own_objects(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url, "0003_flow_control")
+    everything = objects(empty_database_url)
+    migrate.downgrade(empty_database_url, "0002_schedules")
+    assert everything - objects(empty_database_url) == {
+        ("postbox", "limits", "r"),
+        ("postbox", "limits_pkey", "i"),
+        ("postbox", "limit_slots", "r"),
+        ("postbox", "limit_slots_pkey", "i"),
+        ("postbox", "limit_slots_job", "i"),
+        ("postbox", "limit_rates", "r"),
+        ("postbox", "limit_rates_pkey", "i"),
+        ("postbox", "outbox_flow_wait", "i"),
+    }
+    with psycopg.connect(empty_database_url) as conn:
+        columns = {
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_schema = 'postbox' AND table_name = 'outbox'"
+            ).fetchall()
+        }
+    assert not columns & {"flow_wait", "flow_reserved_at"}
+    migrate.upgrade(empty_database_url, "0003_flow_control")
+    assert objects(empty_database_url) == everything
