@@ -705,17 +705,24 @@ class Statements(schema.Templates):
           FROM {schema}.limits l
           LEFT JOIN {schema}.tasks t ON l.scope = 'task' AND t.name = l.name
          WHERE %(scope)s::text IS NULL OR (l.scope = %(scope)s AND l.name = %(name)s)
-    ), live AS (
+    ), live AS MATERIALIZED (
         SELECT s.key, count(*) AS n
           FROM {schema}.limit_slots s JOIN {schema}.outbox o ON o.id = s.job_id
          WHERE o.attempts = s.attempt AND o.state = 'running' AND o.lease_until > clock_timestamp()
          GROUP BY s.key
-    ), held AS (
+    ), held AS MATERIALIZED (
+        -- Two index scans, not one over every pending job: parked jobs (outbox_flow_wait),
+        -- and rate reservations, whose held job is due at its reservation (FLOW_HOLD),
+        -- among the unpublished jobs due later (outbox_unpublished_due).
         SELECT queue, task, count(*) AS n,
                count(*) FILTER (WHERE flow_wait IS NOT NULL) AS for_slot,
                count(*) FILTER (WHERE flow_reserved_at > now()) AS for_rate
-          FROM {schema}.outbox
-         WHERE state = 'pending' AND (flow_wait IS NOT NULL OR flow_reserved_at > now())
+          FROM (SELECT queue, task, flow_wait, flow_reserved_at FROM {schema}.outbox
+                 WHERE flow_wait IS NOT NULL AND state = 'pending'
+                UNION ALL
+                SELECT queue, task, flow_wait, flow_reserved_at FROM {schema}.outbox
+                 WHERE flow_wait IS NULL AND flow_reserved_at > now() AND state = 'pending'
+                   AND published_at IS NULL AND available_at > now()) h
          GROUP BY queue, task
     )
     SELECT l.scope, l.name, l.queue, l.declared, l.declared_by, l.declared_at, l.override, l.override_by,
