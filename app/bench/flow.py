@@ -1,9 +1,10 @@
 """``bench flow``: what flow control costs the jobs it does not limit, and how well it holds a limit.
 
-Three measurements, each on fresh jobs committed before the relay and the
-workers start (as ``bench worker``), with limits set as *override* rows of
-``postbox.limits`` (what an operator's override writes; workers load them
-before they consume, and again every second):
+Three measurements, each on fresh jobs committed in one transaction once the
+relay and the workers are up (each worker has written its heartbeat row), with
+limits set as *override* rows of ``postbox.limits`` (what an operator's
+override writes; workers load them before they consume, and again every
+second):
 
 1. **Overhead** (``flow.noop_*``, ``flow.overhead``): ``--jobs`` no-op jobs
    (``bench_noop``) drained by 1 worker process, in two configurations run
@@ -17,6 +18,13 @@ before they consume, and again every second):
    per-repetition ratios B / A, so a machine that drifts over minutes moves
    both sides of each ratio alike. In B every delivery costs one lookup of its
    queue and task among the limits in force, and takes the plain claim.
+   Wall-clock jobs/s on a shared machine moves with everything else running;
+   the worker's CPU time per job (utime + stime from ``/proc``, from the
+   jobs' commit to the end of the drain) moves much less, so it is reported
+   too, paired the same way (``flow.cpu_*``); and, in-process, the work B
+   adds to the worker's claim, timed alone (``flow.decision_ns_*``: the truth
+   test of the limits per batch, the lookup and list split per delivery, as
+   ``Worker._claim`` does them), which bounds what B can cost per job.
 2. **Rate** (``flow.rated_*``): ``bench_rated`` at ``--flow-rate`` R/s (an
    override), about ten seconds of it (``min(--jobs, 10 R)`` jobs), drained
    by 2 worker processes. Achieved rate = (jobs - 1) / (last start - first
@@ -41,13 +49,15 @@ One unmeasured warm-up drain (configuration A) comes first, as in ``bench worker
 from __future__ import annotations
 
 import itertools
+import timeit
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, LiteralString
 
 import orjson
 import psycopg
 
-from postbox import flow
+from postbox import enqueue_many, flow
 from postbox.app.bench import outbox
 from postbox.app.bench import worker as bench_worker
 from postbox.app.bench.params import Params
@@ -55,6 +65,7 @@ from postbox.app.bench.procs import Children, bench_env, children
 from postbox.app.bench.progress import Progress
 from postbox.app.bench.report import Figure, Target
 from postbox.app.bench.sandbox import Sandbox
+from postbox.app.bench.schedules import cpu_seconds
 from postbox.app.bench.tasks import QUEUE, SLOW_SECONDS
 
 SCENARIO = "flow"
@@ -65,6 +76,7 @@ PEAK_SECONDS = 5  # the peak rate: the fastest run of this many seconds' worth o
 SLOW_LIMIT = 3
 SLOW_JOBS = 300
 WARMUP_JOBS = 2_000
+DECISION_ROUNDS = 200_000
 
 Override = tuple[str, str, Mapping[str, Any]]  # (scope, name, override)
 
@@ -80,6 +92,10 @@ SET_OVERRIDE: LiteralString = """
 INSERT INTO postbox.limits (scope, name, override, override_by, override_at)
 VALUES (%(scope)s, %(name)s, %(override)s::jsonb, 'postbox bench', now())
 """
+FORGET_WORKERS: LiteralString = "DELETE FROM postbox.workers"
+REGISTERED: LiteralString = (
+    "SELECT count(*) FROM postbox.workers WHERE pid = ANY(%(pids)s::int4[]) AND stopped_at IS NULL"
+)
 IN_FORCE: LiteralString = """
 SELECT scope || ' ' || name FROM postbox.limits WHERE declared IS NOT NULL OR override IS NOT NULL ORDER BY 1
 """
@@ -118,10 +134,26 @@ def overhead_argv(concurrency: int) -> list[str]:
     return argv
 
 
-def start(kids: Children, processes: int, argv: list[str]) -> None:
-    kids.python("relay", ["postbox.relay", "run"])
-    for i in range(processes):
-        kids.python(f"worker{i}", argv)
+@dataclass(frozen=True)
+class Run:
+    complete: bool  # every job finished before the deadline
+    worker_cpu: float  # CPU seconds of the first worker process from the jobs' commit to the drain's end
+
+
+def registered(conn: psycopg.Connection[Any], pids: Sequence[int]) -> int:
+    row = conn.execute(REGISTERED, {"pids": list(pids)}).fetchone()
+    conn.commit()
+    return int(row[0]) if row else 0
+
+
+def wait_registered(conn: psycopg.Connection[Any], kids: Children, pids: Sequence[int]) -> None:
+    """Until every worker has written its heartbeat row: it is up, about to consume."""
+    outbox.wait_until(
+        lambda: registered(conn, pids) == len(pids),
+        timeout=120.0,
+        interval=0.05,
+        check=kids.check_alive,
+    )
 
 
 def run_jobs(
@@ -135,21 +167,30 @@ def run_jobs(
     processes: int,
     argv: list[str],
     batch: int,
-) -> bool:
-    """Fresh ``jobs`` of ``task`` under exactly ``overrides``, drained; False if the deadline passed first."""
+) -> Run:
+    """Fresh ``jobs`` of ``task`` under exactly ``overrides``, committed at once when the workers are up; drained."""
     outbox.reset(conn)
+    conn.execute(FORGET_WORKERS)
+    conn.commit()
     box.clean_redis_prefix()
     set_limits(conn, overrides)
-    outbox.prefill(conn, task, jobs, batch)
     expected = sorted(f"{scope} {name}" for scope, name, _ in overrides)
     with children(env) as kids:
-        start(kids, processes, argv)
+        kids.python("relay", ["postbox.relay", "run"])
+        pids = [kids.python(f"worker{i}", argv).pid for i in range(processes)]
+        wait_registered(conn, kids, pids)
+        for first in range(0, jobs, batch):
+            size = min(batch, jobs - first)
+            enqueue_many(conn, [{"task": task, "args": {"n": first + i}} for i in range(size)])
+        before = cpu_seconds(pids[0])
+        conn.commit()  # every job at once
         complete = bench_worker.drain(conn, kids, jobs)
+        used = cpu_seconds(pids[0]) - before
     # The workers published what the code declares before they consumed: nothing, or the runs measure other limits.
     found = sorted(in_force(conn))
     if found != expected:
         raise RuntimeError(f"limits in force during the run: {found}, expected {expected}")
-    return complete
+    return Run(complete, used)
 
 
 def starts(conn: psycopg.Connection[Any]) -> list[float]:
@@ -188,6 +229,39 @@ def mean_concurrency(conn: psycopg.Connection[Any]) -> float:
     return float(row[1]) / float(row[2])
 
 
+def elsewhere_limits() -> flow.Limits:
+    """Configuration B's limits as a worker holds them (what ``worker/flow.load`` builds from the rows)."""
+    limits = flow.Limits()
+    for scope, name, override in ELSEWHERE:
+        limit = flow.effective(None, flow.parse_override(override))
+        (limits.queues if scope == "queue" else limits.tasks)[name] = limit
+    return limits
+
+
+def decision_ns(batch: int, rounds: int = DECISION_ROUNDS) -> float:
+    """In-process: what configuration B adds to a claim of ``batch`` unlimited deliveries, per delivery.
+
+    ``worker.Worker._claim`` with limits in force: one truth test of the limits per
+    batch, then one lookup per delivery and the split into plain and limited lists
+    (without limits it hands the batch to the plain claim as it is). Best of 5.
+    """
+    limits = elsewhere_limits()
+    assert limits and not limits.limited(QUEUE, "bench_noop")
+    deliveries = [(QUEUE, "bench_noop")] * batch
+
+    def claim_split() -> None:
+        if not limits:
+            return
+        plain: list[tuple[str, str]] = []
+        limited: list[tuple[str, str]] = []
+        for queue, task in deliveries:
+            (limited if limits.limited(queue, task) else plain).append((queue, task))
+
+    calls = max(1, rounds // batch)
+    best = min(timeit.repeat(claim_split, number=calls, repeat=5))
+    return best / (calls * batch) * 1e9
+
+
 def flow_rate(params: Params) -> int:
     rate = int(params.extra.get("flow_rate", DEFAULT_RATE))
     if rate < 1:
@@ -217,6 +291,38 @@ def run(
         "unlimited task's jobs/s, limits elsewhere / none (paired)",
         "ratio",
         target=Target(">=", 0.95),
+    )
+    cpu_plain = Figure(
+        SCENARIO, "flow.cpu_unlimited", "worker CPU per no-op job, no limit anywhere", "µs", higher_is_better=False
+    )
+    cpu_elsewhere = Figure(
+        SCENARIO,
+        "flow.cpu_limits_elsewhere",
+        "worker CPU per no-op job, limits elsewhere",
+        "µs",
+        higher_is_better=False,
+    )
+    cpu_overhead = Figure(
+        SCENARIO,
+        "flow.cpu_overhead",
+        "worker CPU per job, limits elsewhere / none (paired)",
+        "ratio",
+        target=Target("<=", 1.05),
+        higher_is_better=False,
+    )
+    decision_1 = Figure(
+        SCENARIO,
+        "flow.decision_ns_1",
+        "limits check per unlimited delivery, batches of 1 (in-process)",
+        "ns",
+        higher_is_better=False,
+    )
+    decision_c = Figure(
+        SCENARIO,
+        "flow.decision_ns_c",
+        f"limits check per unlimited delivery, batches of {params.concurrency} (in-process)",
+        "ns",
+        higher_is_better=False,
     )
     achieved = Figure(
         SCENARIO,
@@ -274,8 +380,9 @@ def run(
         for rep in range(params.repeat):
             order = [False, True] if rep % 2 == 0 else [True, False]
             got: dict[bool, float] = {}
+            cpu: dict[bool, float] = {}
             for limited in order:
-                complete = run_jobs(
+                done = run_jobs(
                     box,
                     conn,
                     env,
@@ -287,19 +394,28 @@ def run(
                     batch=params.batch,
                 )
                 figure = elsewhere if limited else plain
-                if not complete and "[a run timed out" not in figure.label:
+                if not done.complete and "[a run timed out" not in figure.label:
                     figure.label += " [a run timed out: rate of the jobs finished]"
                 got[limited] = outbox.span(conn, outbox.FINISH_SPAN).rate
+                cpu[limited] = done.worker_cpu / params.jobs * 1e6
                 figure.values.append(got[limited])
+                (cpu_elsewhere if limited else cpu_plain).values.append(cpu[limited])
                 progress.say(
                     f"flow rep {rep + 1}/{params.repeat} no-op, "
-                    f"{'limits elsewhere' if limited else 'no limit'}: {got[limited]:,.0f} jobs/s"
+                    f"{'limits elsewhere' if limited else 'no limit'}: {got[limited]:,.0f} jobs/s, "
+                    f"worker CPU {cpu[limited]:,.0f} µs/job"
                 )
             overhead.values.append(got[True] / got[False])
-            progress.say(f"flow rep {rep + 1}/{params.repeat} overhead ratio B/A: {overhead.values[-1]:.3f}")
+            cpu_overhead.values.append(cpu[True] / cpu[False])
+            decision_1.values.append(decision_ns(1))
+            decision_c.values.append(decision_ns(params.concurrency))
+            progress.say(
+                f"flow rep {rep + 1}/{params.repeat} B/A: jobs/s {overhead.values[-1]:.3f}, "
+                f"CPU per job {cpu_overhead.values[-1]:.3f}"
+            )
 
         for rep in range(params.repeat):
-            complete = run_jobs(
+            done = run_jobs(
                 box,
                 conn,
                 env,
@@ -310,7 +426,7 @@ def run(
                 argv=plain_argv,
                 batch=params.batch,
             )
-            if not complete:
+            if not done.complete:
                 raise RuntimeError(f"the rate-limited run did not finish {rated_jobs} jobs in time")
             times = starts(conn)
             got_rate = achieved_rate(times)
@@ -327,7 +443,7 @@ def run(
             )
 
         for rep in range(params.repeat):
-            complete = run_jobs(
+            done = run_jobs(
                 box,
                 conn,
                 env,
@@ -338,7 +454,7 @@ def run(
                 argv=plain_argv,
                 batch=params.batch,
             )
-            if not complete:
+            if not done.complete:
                 raise RuntimeError(f"the concurrency-limited run did not finish {slow_jobs} jobs in time")
             mean = mean_concurrency(conn)
             concurrency.values.append(mean)
@@ -347,4 +463,19 @@ def run(
         outbox.reset(conn)
         set_limits(conn, ())
     box.clean_redis_prefix()
-    return [plain, elsewhere, overhead, achieved, achieved_ratio, peak_ratio, pause, concurrency, concurrency_ratio]
+    return [
+        plain,
+        elsewhere,
+        overhead,
+        cpu_plain,
+        cpu_elsewhere,
+        cpu_overhead,
+        decision_1,
+        decision_c,
+        achieved,
+        achieved_ratio,
+        peak_ratio,
+        pause,
+        concurrency,
+        concurrency_ratio,
+    ]

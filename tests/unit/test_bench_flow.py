@@ -37,6 +37,14 @@ def test_the_overhead_configurations_limit_something_else_than_the_drained_task(
     assert argv[argv.index("--concurrency") + 1] == "7"
 
 
+def test_configuration_b_as_a_worker_holds_it_limits_others_only() -> None:
+    limits = flow.elsewhere_limits()
+    assert limits
+    assert limits.limited("bench", "bench_limited") and limits.limited(flow.SIDE_QUEUE, "bench_noop")
+    assert not limits.limited("bench", "bench_noop")
+    assert flow.decision_ns(1, rounds=100) > 0 and flow.decision_ns(50, rounds=100) > 0
+
+
 def test_flow_rate_comes_from_the_params() -> None:
     assert flow.flow_rate(Params()) == flow.DEFAULT_RATE
     assert flow.flow_rate(Params(extra={"flow_rate": 40})) == 40
