@@ -18,6 +18,22 @@ from postbox.streams import GROUP, stream_key
 from tests.relay_support import enqueue_sql, entries, event_within, get_within, running_relay, wait_until
 
 
+async def lose_tail(redis: aioredis.Redis, key: str, *, keep: str) -> None:
+    """Make ``key`` what a replica that saw entries up to ``keep`` holds after its promotion.
+
+    The stream is rebuilt from its entries up to ``keep`` (same ids), its last id
+    and its group's last-delivered id at ``keep``. Rebuilt rather than XDEL + XSETID:
+    since Redis 7.2 (and Valkey) XSETID refuses to go below the highest deleted id.
+    Nothing was consumed in these tests, so the group has nothing pending to lose.
+    """
+    kept = await redis.xrange(key, "-", keep)
+    await redis.delete(key)
+    for entry_id, fields in kept:
+        await redis.xadd(key, fields, id=entry_id)
+    await redis.xgroup_create(key, GROUP, id=keep, mkstream=True)
+    assert [e for e, _ in await redis.xrange(key)] == [e for e, _ in kept]
+
+
 async def test_a_lost_stream_tail_is_found_by_the_high_water_mark_and_republished(
     settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
 ) -> None:
@@ -29,9 +45,7 @@ async def test_a_lost_stream_tail_is_found_by_the_high_water_mark_and_republishe
         sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
         conn.commit()
         key = stream_key(prefix, "default", 5)
-        assert await redis.xdel(key, *sids[3:]) == 3
-        await redis.execute_command("XSETID", key, sids[2])  # the replica never saw the last three
-        await redis.execute_command("XGROUP", "SETID", key, GROUP, sids[2])
+        await lose_tail(redis, key, keep=sids[2])  # the replica never saw the last three
         await event_within(signals.redis_loss, 10)
         found: list[dict[str, Any]] = []
 
@@ -76,9 +90,7 @@ async def test_a_new_leader_notices_a_tail_lost_before_its_term_began(
     sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
     conn.commit()
     key = stream_key(prefix, "default", 5)
-    assert await redis.xdel(key, *sids[3:]) == 3
-    await redis.execute_command("XSETID", key, sids[2])
-    await redis.execute_command("XGROUP", "SETID", key, GROUP, sids[2])
+    await lose_tail(redis, key, keep=sids[2])
     async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (_relay, signals):
         await event_within(signals.redis_loss, 10)
         found: list[dict[str, Any]] = []
