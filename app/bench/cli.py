@@ -1,4 +1,7 @@
-"""``postbox bench {enqueue,relay,worker,latency,all,schedules,flow}``: measure postbox (and peers) here.
+"""``postbox bench <scenario>``: measure postbox (and peers) here.
+
+Scenarios: enqueue, relay, worker, latency (``all`` runs these four), and
+schedules, flow, exactly-once, rest, growth (each on its own: minutes each).
 
 Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
 DATABASE_URL and POSTBOX_REDIS_URL / REDIS_URL, in a database and key prefix
@@ -27,7 +30,8 @@ if TYPE_CHECKING:
     from postbox.app.bench.peers import Peer, PeerDrain
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
-EXTRA_SCENARIOS = ("schedules", "flow")  # not part of `all`: whole minutes (schedules), 2-3 minutes (flow)
+EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "rest", "growth")  # not part of `all`: minutes each
+GROWTH_PARTS = ("drain", "queues", "steady", "processes")
 
 
 def _positive_int(text: str) -> int:
@@ -52,6 +56,14 @@ def _rates(text: str) -> tuple[int, ...]:
     if not rates or any(r < 1 for r in rates):
         raise argparse.ArgumentTypeError(f"rates must be >= 1 jobs/s, got {text!r}")
     return rates
+
+
+def _growth_parts(text: str) -> tuple[str, ...]:
+    parts = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [part for part in parts if part not in GROWTH_PARTS]
+    if not parts or unknown:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(GROWTH_PARTS)}, got {text!r}")
+    return parts
 
 
 def parser() -> argparse.ArgumentParser:
@@ -84,6 +96,23 @@ def parser() -> argparse.ArgumentParser:
         "--peer-sweep",
         action="store_true",
         help="with --peers and worker: first measure every configuration of every peer, then pair the best",
+    )
+    p.add_argument("--requests", type=_positive_int, default=3_000, help="bench rest: POSTs per ab run (default 3000)")
+    p.add_argument("--clients", type=_positive_int, default=10, help="bench rest: ab and pgbench clients (default 10)")
+    p.add_argument(
+        "--big", type=_positive_int, default=1_000_000, help="bench growth drain: the big outbox (default 1000000)"
+    )
+    p.add_argument(
+        "--minutes", type=_positive_int, default=20, help="bench growth steady: minutes at the steady rate (default 20)"
+    )
+    p.add_argument(
+        "--steady-rate", type=_positive_int, default=1_000, help="bench growth steady: jobs/s (default 1000)"
+    )
+    p.add_argument(
+        "--growth",
+        type=_growth_parts,
+        default=GROWTH_PARTS,
+        help=f"bench growth: which parts, comma-separated (default all: {','.join(GROWTH_PARTS)})",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -119,6 +148,18 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
         from postbox.app.bench.flow import run as run_flow
 
         return run_flow
+    if name == "exactly-once":
+        from postbox.app.bench.exactly_once import run as run_exactly_once
+
+        return run_exactly_once
+    if name == "rest":
+        from postbox.app.bench.rest import run as run_rest
+
+        return run_rest
+    if name == "growth":
+        from postbox.app.bench.growth import run as run_growth
+
+        return run_growth
     raise ValueError(f"unknown scenario {name!r}")
 
 
@@ -157,7 +198,15 @@ def main(argv: Sequence[str]) -> int:
         repeat=args.repeat,
         batch=min(args.batch, args.jobs),
         peers=args.peers,
-        extra={"flow_rate": args.flow_rate},
+        extra={
+            "flow_rate": args.flow_rate,
+            "requests": args.requests,
+            "clients": args.clients,
+            "big": args.big,
+            "minutes": args.minutes,
+            "steady_rate": args.steady_rate,
+            "growth": args.growth,
+        },
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     if args.peer_config or args.peer_sweep:

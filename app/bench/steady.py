@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
@@ -35,8 +37,17 @@ def producers_for(rate: float) -> int:
     return max(2, min(16, math.ceil(rate / 125)))
 
 
-def produce(database_url: str, task: str, rate: float, seconds: float) -> Produced:
-    """Commit ``rate * seconds`` jobs of ``task`` on schedule, spread over a few connections."""
+def produce(
+    database_url: str,
+    task: str,
+    rate: float,
+    seconds: float,
+    options: Callable[[int], Mapping[str, Any]] | None = None,
+) -> Produced:
+    """Commit ``rate * seconds`` jobs of ``task`` on schedule, spread over a few connections.
+
+    ``options(i)``: enqueue options of job ``i`` (queue, priority, ...); none by default.
+    """
     out = Produced()
     total = max(1, int(rate * seconds))
     lanes = producers_for(rate)
@@ -51,7 +62,7 @@ def produce(database_url: str, task: str, rate: float, seconds: float) -> Produc
                     delay = start + i / rate - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
-                    job_id = enqueue(own, task, {"n": i})
+                    job_id = enqueue(own, task, {"n": i}, **(options(i) if options is not None else {}))
                     own.commit()
                     committed = time.time()
                     with lock:

@@ -3,6 +3,8 @@
 - ``bench_noop``: does nothing (throughput of the machinery itself).
 - ``bench_tx``: opens ``ctx.transaction()`` and does nothing in it (the
   exactly-once path: processed_jobs insert + outcome in one transaction).
+- ``bench_effect`` (``bench exactly-once``): ``ctx.transaction()`` writing
+  one row to ``public.bench_effects`` (job id, n) — the handler's effect.
 - ``bench_probe``: writes ``<job id> <time.time()>`` at handler start to the
   file named by ``POSTBOX_BENCH_PROBE_FILE``, so the bench (same machine, same
   clock) computes commit-to-handler-start latency.  One ``os.write`` of one
@@ -83,3 +85,19 @@ def read_probes(path: str) -> dict[int, float]:
     except FileNotFoundError:
         pass
     return starts
+
+
+# ``bench exactly-once``: the effect row a ctx.transaction() job writes (the bench creates the table).
+EFFECTS_TABLE = "public.bench_effects"
+EFFECTS_DDL = (
+    "CREATE TABLE IF NOT EXISTS public.bench_effects "
+    "(job_id int8 PRIMARY KEY, n int4 NOT NULL, at timestamptz NOT NULL DEFAULT now())"
+)
+EFFECT_INSERT = "INSERT INTO public.bench_effects (job_id, n) VALUES (%(id)s, %(n)s)"
+
+
+@task(queue=QUEUE)
+async def bench_effect(ctx: Any, n: int = 0) -> None:
+    """The exactly-once path with an effect: one row written in the job's own transaction."""
+    async with ctx.transaction() as conn:
+        await conn.execute(EFFECT_INSERT, {"id": ctx.job_id, "n": n})

@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import psycopg
+import pytest
 import redis as syncredis
 
+from postbox.app.bench import exactly_once as bench_exactly_once
 from postbox.app.bench import flow as bench_flow
+from postbox.app.bench import growth as bench_growth
+from postbox.app.bench import pgbench
+from postbox.app.bench import rest as bench_rest
 from postbox.app.bench import worker as bench_worker
 from postbox.app.bench.params import Params
 from postbox.app.bench.progress import Progress
@@ -146,3 +152,101 @@ def test_bench_flow_measures_overhead_rate_and_concurrency_and_prints_them(serve
     for figure in figures:
         assert figure.label in printed
     assert ">= 0.95" in printed and "<= 1.01" in printed and "<= 1.05" in printed
+
+
+def test_bench_exactly_once_runs_pgbench_and_postbox_on_the_same_jobs(servers: Servers) -> None:
+    """`bench exactly-once` at tiny sizes: pgbench runs the worker's own statements, postbox the same jobs."""
+    if not pgbench.available():
+        pytest.skip(pgbench.MISSING)
+    params = Params(jobs=240, repeat=1, batch=240, concurrency=4)
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = {f.key: f for f in bench_exactly_once.run(box, url, params, Progress(quiet=True))}
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM public.bench_effects").fetchone() == (0,)
+    assert sorted(figures) == [
+        "exactly_once.pgbench_claim_tx",
+        "exactly_once.pgbench_tx",
+        "exactly_once.postbox",
+        "exactly_once.ratio",
+        "exactly_once.ratio_claim",
+    ]
+    assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
+    assert "8 clients" in figures["exactly_once.pgbench_tx"].label  # the worker's pool: min(4, 20) + 4
+    ratio = figures["exactly_once.ratio"]
+    assert ratio.values[0] == figures["exactly_once.postbox"].values[0] / figures["exactly_once.pgbench_tx"].values[0]
+    assert str(ratio.target) == ">= 0.80"
+
+
+def test_bench_rest_drives_the_api_with_ab_and_pgbench_inserts(servers: Servers) -> None:
+    """`bench rest` at tiny sizes: ab's POSTs all became jobs (else it raises); pgbench ran alongside."""
+    if shutil.which("ab") is None:
+        pytest.skip(bench_rest.AB_MISSING)
+    if not pgbench.available():
+        pytest.skip(pgbench.MISSING)
+    params = Params(jobs=1, repeat=1, duration=1.0, extra={"clients": 4, "requests": 200})
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = {f.key: f for f in bench_rest.run(box, url, params, Progress(quiet=True))}
+    assert sorted(figures) == ["rest.p50", "rest.p99", "rest.pgbench_insert", "rest.ratio", "rest.rps"]
+    assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
+    assert figures["rest.p50"].values[0] <= figures["rest.p99"].values[0]
+    assert figures["rest.p99"].target is None  # held to <= 50 ms at -c 10 only
+    assert str(figures["rest.ratio"].target) == ">= 0.30"
+
+
+def _growth_params(*parts: str) -> Params:
+    return Params(
+        jobs=200,
+        repeat=1,
+        batch=500,
+        concurrency=10,
+        rates=(50,),
+        duration=1.0,
+        extra={"big": 500, "minutes": 2, "minute_seconds": 2.0, "steady_rate": 50, "growth": parts},
+    )
+
+
+def test_bench_growth_drain_and_processes_at_tiny_sizes(servers: Servers) -> None:
+    """`bench growth --growth drain,processes`: a small and a big outbox drained, 4 processes vs 1."""
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = {
+            f.key: f for f in bench_growth.run(box, url, _growth_params("drain", "processes"), Progress(quiet=True))
+        }
+    assert sorted(figures) == [
+        "growth.drain_big",
+        "growth.drain_ratio",
+        "growth.drain_small",
+        "growth.processes_1",
+        "growth.processes_4",
+        "growth.processes_ratio",
+    ]
+    assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
+    assert "500 committed" in figures["growth.drain_big"].label
+    assert str(figures["growth.drain_ratio"].target) == ">= 0.90"
+
+
+def test_bench_growth_queues_and_steady_at_tiny_sizes(servers: Servers) -> None:
+    """`bench growth --growth queues,steady`: 1,000 streams vs 1, two short "minutes" of steady load."""
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = {
+            f.key: f for f in bench_growth.run(box, url, _growth_params("queues", "steady"), Progress(quiet=True))
+        }
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
+    assert not any(key.startswith(("growth.drain", "growth.processes")) for key in figures)
+    for key in (
+        "growth.queues_many_rate",
+        "growth.queues_many_p99",
+        "growth.queues_rate_ratio",
+        "growth.steady_p99_m1",
+        "growth.steady_p99_m2",
+        "growth.steady_p99_drift",
+        "growth.steady_offered",
+        "growth.steady_size_end",
+    ):
+        assert len(figures[key].values) == 1 and figures[key].values[0] > 0, key
+    assert figures["growth.steady_rows_end"].values[0] >= 0

@@ -1,0 +1,201 @@
+"""``bench exactly-once``: ``ctx.transaction()`` jobs/s against what PostgreSQL commits for the same statements.
+
+Per repetition, on ``--jobs`` N committed jobs each time (same database, same
+minutes):
+
+1. **pgbench, the job's transaction** (``exactly_once.pgbench_tx``): the jobs
+   are first marked running under the claim of a pretend worker (untimed);
+   then pgbench runs, per job, exactly the statements of a ``ctx.transaction()``
+   job's own transaction, as the worker sends them (the texts come from
+   ``jobs/sql.py``; see :func:`scripts`): ``BEGIN``; WORKER_INSERT_PROCESSED;
+   the handler's effect (one row into ``public.bench_effects``, as
+   ``bench_effect`` writes it); WORKER_RECORD_OUTCOMES for that job (notify
+   off, as inside a handler's transaction); ``COMMIT``. Each pgbench
+   transaction takes the next job id from a sequence, so every job is done
+   once. This is the limit the issue names: what PostgreSQL can commit for a
+   job's effect, its processed-jobs row and its outcome.
+2. **pgbench, claim + transaction** (``exactly_once.pgbench_claim_tx``): the
+   same, preceded by WORKER_CLAIM of that one job (its own transaction,
+   asynchronous commit, as the worker's claim). The worker claims a whole
+   read's batch in one statement, so this bound is lower than what a worker
+   needs per job; it is shown, not held to a target.
+3. **postbox** (``exactly_once.postbox``): the same N jobs of ``bench_effect``
+   drained by one relay and one worker process at ``--concurrency`` (rate from
+   the outcomes' ``finished_at``, as ``bench worker``).
+
+The ratio ``exactly_once.ratio`` is postbox / pgbench's job transaction, per
+repetition (target >= 0.8); ``exactly_once.ratio_claim`` the same against 2.
+
+pgbench clients: the worker's connection pool holds at most
+``min(concurrency, 20) + 4`` connections (worker/worker.py) — its claims,
+outcomes, control and the handlers' transactions — so pgbench runs with that
+many clients (24 at the default concurrency 50), two threads (``-j 2``),
+prepared statements (psycopg prepares a statement run often).
+
+The worker also reads and acknowledges each delivery in Redis, and the relay
+publishes and marks each job: work pgbench does not do. Without pgbench on
+PATH the pgbench figures are skipped with the reason in their label.
+"""
+
+from __future__ import annotations
+
+from typing import Any, LiteralString
+
+import psycopg
+
+from postbox import sql
+from postbox.app.bench import outbox, pgbench
+from postbox.app.bench import worker as bench_worker
+from postbox.app.bench.params import Params
+from postbox.app.bench.procs import bench_env
+from postbox.app.bench.progress import Progress
+from postbox.app.bench.report import Figure, Target
+from postbox.app.bench.sandbox import Sandbox
+from postbox.app.bench.tasks import EFFECTS_DDL
+
+SCENARIO = "exactly-once"
+TASK = "bench_effect"
+WORKER = "pgbench"
+PICK_SEQUENCE = "public.bench_pick"
+
+RESET_EFFECTS: LiteralString = "TRUNCATE public.bench_effects"
+COUNT_EFFECTS: LiteralString = "SELECT count(*) FROM public.bench_effects"
+ID_RANGE: LiteralString = "SELECT min(id), max(id), count(*) FROM postbox.outbox"
+CREATE_PICK: LiteralString = "CREATE SEQUENCE IF NOT EXISTS public.bench_pick"
+SET_PICK: LiteralString = "SELECT setval('public.bench_pick', %(first)s, false)"
+# Untimed set-up of the transaction-only script: every job running under the pretend worker's claim
+# (what WORKER_CLAIM leaves: attempt 1, a lease, started and published).
+MARK_CLAIMED: LiteralString = """
+UPDATE postbox.outbox
+   SET state = 'running', attempts = 1, claimed_by = 'pgbench', lease_until = now() + interval '1 hour',
+       started_at = now(), published_at = coalesce(published_at, now()), publish_count = publish_count + 1
+"""
+
+_PICK = "SELECT nextval('public.bench_pick') AS id \\gset"
+_EFFECT = "INSERT INTO public.bench_effects (job_id, n) VALUES (:id, 0);"
+
+
+def pool_size(concurrency: int) -> int:
+    """The worker's pool size at ``concurrency`` (worker/worker.py: ``min(concurrency, 20) + 4``)."""
+    return min(concurrency, 20) + 4
+
+
+def scripts() -> tuple[str, str]:
+    """(the job's transaction, claim + the job's transaction) as pgbench scripts over ``:id``."""
+    statements = sql.active()
+    job_id = "(:id)::int8"
+    one = f"ARRAY[{job_id}]"
+    claim = pgbench.render(statements.WORKER_CLAIM, {"ids": one, "worker": f"'{WORKER}'", "lease": "3600"})
+    processed = pgbench.render(statements.WORKER_INSERT_PROCESSED, {"id": job_id})
+    outcome = pgbench.render(
+        statements.WORKER_RECORD_OUTCOMES,
+        {
+            "ids": one,
+            "worker": f"'{WORKER}'",
+            "attempts": "'{1}'",
+            "states": "'{succeeded}'",
+            "delays": "NULL",
+            "results": "NULL",
+            "result_ttls": "NULL",
+            "error_classes": "NULL",
+            "errors": "NULL",
+            "tracebacks": "NULL",
+            "outcomes": "'{succeeded}'",
+            "notify": "false",
+            "also_notify": "NULL",
+        },
+    )
+    transaction = "\n".join(["BEGIN;", processed, _EFFECT, outcome, "COMMIT;"])
+    return f"{_PICK}\n{transaction}\n", f"{_PICK}\n{claim}\n{transaction}\n"
+
+
+def _prepare(conn: psycopg.Connection[Any], box: Sandbox, jobs: int, params: Params, claimed: bool) -> None:
+    """Fresh outbox of ``jobs`` committed jobs, the pick sequence at the first id; claimed by the pretend worker."""
+    outbox.reset(conn)
+    conn.execute(RESET_EFFECTS)
+    conn.commit()
+    box.clean_redis_prefix()
+    outbox.prefill(conn, TASK, jobs, params.batch)
+    row = conn.execute(ID_RANGE).fetchone()
+    assert row is not None
+    first, last, count = row
+    if count != jobs or last - first + 1 != jobs:
+        raise RuntimeError(f"expected {jobs} consecutive job ids, found {count} in {first}..{last}")
+    conn.execute(SET_PICK, {"first": first})
+    if claimed:
+        conn.execute(MARK_CLAIMED)
+    conn.commit()
+
+
+def _check_done(conn: psycopg.Connection[Any], jobs: int) -> None:
+    found = outbox.states(conn)
+    effects = outbox.scalar(conn, COUNT_EFFECTS)
+    if found != {"succeeded": jobs} or effects != jobs:
+        raise RuntimeError(f"expected {jobs} succeeded jobs and effects, found {found} and {effects} effects")
+
+
+def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
+    clients = pool_size(params.concurrency)
+    per_client = max(1, params.jobs // clients)
+    jobs = per_client * clients  # every pgbench client does the same number of jobs
+    n = f"{jobs:,} jobs"
+    tx = Figure(
+        SCENARIO,
+        "exactly_once.pgbench_tx",
+        f"pgbench: a job's transaction (processed + effect + outcome), {clients} clients, tx/s ({n})",
+        "tx/s",
+    )
+    claim_tx = Figure(
+        SCENARIO, "exactly_once.pgbench_claim_tx", f"pgbench: claim + the job's transaction, {clients} clients", "tx/s"
+    )
+    ours = Figure(
+        SCENARIO,
+        "exactly_once.postbox",
+        f"postbox: ctx.transaction() jobs writing the effect, 1 worker process, concurrency {params.concurrency} ({n})",
+        "jobs/s",
+    )
+    ratio = Figure(
+        SCENARIO, "exactly_once.ratio", "postbox / pgbench job transaction (paired)", "x", target=Target(">=", 0.8)
+    )
+    ratio_claim = Figure(SCENARIO, "exactly_once.ratio_claim", "postbox / pgbench claim + transaction (paired)", "x")
+    figures = [tx, claim_tx, ours, ratio, ratio_claim]
+    have_pgbench = pgbench.available()
+    if not have_pgbench:
+        progress.say(f"exactly-once: {pgbench.MISSING}; pgbench figures skipped")
+        for figure in (tx, claim_tx, ratio, ratio_claim):
+            figure.label += f" [skipped: {pgbench.MISSING}]"
+    transaction_script, claim_script = scripts()
+    env = bench_env(database_url, box.redis_url, box.prefix)
+    variant = bench_worker.Variant("exactly_once.postbox", ours.label, TASK, 1)
+    with psycopg.connect(database_url) as conn:
+        conn.execute(EFFECTS_DDL)
+        conn.execute(CREATE_PICK)
+        conn.commit()
+        bench_worker.drain_once(box, conn, env, variant, params, min(bench_worker.WARMUP_JOBS, jobs))
+        progress.say("exactly-once warm-up drain done")
+        for rep in range(params.repeat):
+            if have_pgbench:
+                for figure, script, claimed in ((tx, transaction_script, True), (claim_tx, claim_script, False)):
+                    _prepare(conn, box, jobs, params, claimed)
+                    result = pgbench.run(database_url, script, clients=clients, transactions=per_client)
+                    _check_done(conn, jobs)
+                    figure.values.append(result.tps)
+                    progress.say(f"exactly-once rep {rep + 1}/{params.repeat} {figure.key}: {result.tps:,.0f} tx/s")
+            conn.execute(RESET_EFFECTS)
+            conn.commit()
+            complete, _ = bench_worker.drain_once(box, conn, env, variant, params, jobs)
+            if not complete:
+                ours.label += " [a run timed out: rate of the jobs finished]"
+            else:
+                _check_done(conn, jobs)
+            rate = outbox.span(conn, outbox.FINISH_SPAN).rate
+            ours.values.append(rate)
+            progress.say(f"exactly-once rep {rep + 1}/{params.repeat} postbox: {rate:,.0f} jobs/s")
+            if have_pgbench:
+                ratio.values.append(rate / tx.values[-1])
+                ratio_claim.values.append(rate / claim_tx.values[-1])
+        outbox.reset(conn)
+        conn.execute(RESET_EFFECTS)
+        conn.commit()
+    box.clean_redis_prefix()
+    return figures
