@@ -12,7 +12,11 @@ Concurrency slots are leases: a slot counts while its job is running under a
 live claim, so a crashed or frozen worker's slots come back when its leases
 expire. Rates use the generic cell rate algorithm (GCRA): one timestamp per key,
 the theoretical arrival time; starts are spaced ``period / limit`` apart, with
-up to ``burst`` of them at once.
+up to ``burst`` of them at once. Two cells per key: one hands out *tokens*
+(a held-back job's reservation: the time it may start), the other spaces the
+*starts* themselves, so a job that arrives after its reservation time (its
+publish waited behind a backlog) still starts — its token is never lost — but
+never in a clump with the starts around it.
 """
 
 from __future__ import annotations
@@ -33,11 +37,7 @@ _RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([a-z]+)\s*$")
 MAX_LIMIT = 1_000_000
 MAX_PARTITION_VALUE = 200  # characters of a partition key kept in the slot key (longer ones are hashed)
 
-# A rate reservation is honoured up to two intervals (at least this long) after its
-# time; a job arriving later (its publish was late) asks for a new one rather than
-# start in a clump with the jobs reserved after it.
-RESERVATION_GRACE = 0.05
-EARLY = 0.005  # a reserved job may start this much before its time (clock rounding)
+EARLY = 0.005  # a job may start this much before its time (clock rounding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,10 +285,15 @@ class Park:
 
 @dataclass(frozen=True, slots=True)
 class Reserve:
-    """Start at ``at`` (epoch seconds): a rate reservation, already counted."""
+    """Publish again at ``at`` (epoch seconds), holding the rate token stamped ``token_at``.
+
+    A new reservation has ``token_at == at``; a job that holds its token but must
+    wait for the spacing of starts keeps its stamp and gets a later ``at``.
+    """
 
     job_id: int
     at: float
+    token_at: float
 
 
 Decision = Start | Park | Reserve
@@ -300,41 +305,73 @@ class State:
 
     now: float
     used: dict[str, int] = field(default_factory=dict)
-    tat: dict[str, float] = field(default_factory=dict)
-    changed_tat: set[str] = field(default_factory=set)
+    tat: dict[str, float] = field(default_factory=dict)  # token cells: the next token's time
+    stat: dict[str, float] = field(default_factory=dict)  # start cells: the next start's time
+    changed: set[str] = field(default_factory=set)  # rate keys whose cells moved
+
+    def cells(self, key: str) -> tuple[float, float]:
+        """(token cell, start cell) of ``key``, as written back: an unset cell is ``now``."""
+        return self.tat.get(key, self.now), self.stat.get(key, self.now)
+
+
+def _conforms_at(
+    cells: dict[str, float], keys: tuple[tuple[str, Rate], ...], now: float, *, slack: float = 0.0
+) -> float:
+    """The earliest time at which one more event conforms to every key's cell (GCRA).
+
+    ``slack`` (a fraction of each key's interval) lets an event come that much
+    ahead of the cell: the cell still moves by a whole interval, so the schedule
+    does not drift; it only absorbs the jitter of a start that came a little late.
+    """
+    return max(max(max(cells.get(key, now), now) - rate.tolerance - slack * rate.interval for key, rate in keys), now)
+
+
+START_SLACK = 0.5  # of an interval: how far a start may come ahead of the start cell
 
 
 def allocate(candidates: Sequence[Candidate], state: State) -> list[Decision]:
     """Decide, in order, which jobs start now; updates ``state`` (slots taken, rate cells moved).
 
     Concurrency is checked first: a job that waits for a slot spends no rate.
-    A job that may not start yet for its rate is given a reservation (the
-    cell moves past it), so it is held back once and starts at its time.
+    Under a rate, a job without a token takes the next one: now if the key is
+    idle, else a reservation (held back once, published at its time). A job
+    holding a token starts when the spacing of starts allows — at once, unless
+    jobs arriving late have just started — so tokens are never lost and starts
+    are never closer than half an interval (beyond the burst); several late jobs
+    in one batch are given start times an interval apart.
     """
     now = state.now
     out: list[Decision] = []
+    spread: dict[str, float] = {}  # start times handed to late jobs of this batch (not written back)
     for cand in candidates:
         full = next((key for key, limit in cand.keys.concurrency if state.used.get(key, 0) >= limit), None)
         if full is not None:
             out.append(Park(cand.job_id, full))
             continue
-        at = now
-        reserved = cand.reserved_at
-        grace = max(RESERVATION_GRACE, 2 * max((rate.interval for _, rate in cand.keys.rate), default=0.0))
-        if reserved is not None and reserved - EARLY <= now <= reserved + grace:
-            pass  # its rate was counted when it was held back
-        elif reserved is not None and reserved - EARLY > now:
-            out.append(Reserve(cand.job_id, reserved))  # early (should not happen): keep its time
-            continue
-        elif cand.keys.rate:
-            at = max(max(state.tat.get(key, now), now) - rate.tolerance for key, rate in cand.keys.rate)
-            at = max(at, now)
-            for key, rate in cand.keys.rate:
-                state.tat[key] = max(state.tat.get(key, now), at) + rate.interval
-                state.changed_tat.add(key)
-        if at > now + EARLY:
-            out.append(Reserve(cand.job_id, at))
-            continue
+        rates = cand.keys.rate
+        if rates:
+            token = cand.reserved_at
+            if token is not None and token - EARLY > now:
+                out.append(Reserve(cand.job_id, token, token))  # early (a reclaim): keep its time
+                continue
+            if token is None:
+                token = _conforms_at(state.tat, rates, now)
+                for key, rate in rates:
+                    state.tat[key] = max(state.tat.get(key, now), token) + rate.interval
+                    state.changed.add(key)
+                if token > now + EARLY:
+                    out.append(Reserve(cand.job_id, token, token))
+                    continue
+            cells = {key: max(state.stat.get(key, now), spread.get(key, now)) for key, _ in rates}
+            start = _conforms_at(cells, rates, now, slack=START_SLACK)
+            if start > now + EARLY:
+                for key, rate in rates:
+                    spread[key] = max(cells[key], now) + rate.interval
+                out.append(Reserve(cand.job_id, start, token))
+                continue
+            for key, rate in rates:
+                state.stat[key] = max(state.stat.get(key, now), now) + rate.interval
+                state.changed.add(key)
         for key, _ in cand.keys.concurrency:
             state.used[key] = state.used.get(key, 0) + 1
         out.append(Start(cand.job_id))

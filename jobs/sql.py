@@ -545,17 +545,34 @@ class Statements(schema.Templates):
     SELECT count(pg_advisory_xact_lock(1718382455, hashtext(k))) FROM unnest(%(keys)s::text[]) AS k
     """
 
-    # Which of these jobs a claim would take now (WORKER_CLAIM's rule), locked; with
-    # the rate reservation each holds from an earlier hold-back.
+    # These jobs' rows, locked (id order, as every claim locks them) in one snapshot:
+    # ``marked`` rows may be claimed now under their limits — published and due
+    # (queued), or running under a stale claim — with the rate token each holds from
+    # an earlier hold-back; the others are due but their publish is not marked yet
+    # (the relay adds the entry, then marks the row): a hold-back written before the
+    # mark would be overwritten by it, so the worker looks at those again a moment
+    # later. Rows not returned (finished, running under a live claim, expired) go
+    # through WORKER_CLAIM, which ends or skips them.
     FLOW_LOCK_JOBS: LiteralString = """
-    SELECT id, extract(epoch FROM flow_reserved_at)::float8
+    SELECT id, extract(epoch FROM flow_reserved_at)::float8,
+           state IN ('queued', 'running') OR id = ANY(%(direct)s::int8[]) AS marked
       FROM {schema}.outbox
      WHERE id = ANY(%(ids)s::int8[])
        AND ((state IN ('pending', 'queued', 'retrying') AND available_at <= now())
-            OR (state = 'running' AND lease_until < now()))
+            OR (state = 'running' AND lease_until < now())
+            -- taken straight from its parking by the worker that released a slot of its key
+            OR (id = ANY(%(direct)s::int8[]) AND state = 'pending' AND published_at IS NULL
+                AND flow_wait IS NOT NULL))
        AND NOT coalesce(expires_at <= now(), false)
      ORDER BY id
        FOR UPDATE
+    """
+
+    # Parked jobs taken straight from their parking and allowed to start: due now, so
+    # that the claim (WORKER_CLAIM) takes them (rows locked in this transaction: the
+    # relay never sees them due; they are running when it commits).
+    FLOW_DUE_NOW: LiteralString = """
+    UPDATE {schema}.outbox SET available_at = now() WHERE id = ANY(%(ids)s::int8[]) AND state = 'pending'
     """
 
     # The database clock, the live slots of the concurrency keys (a slot counts while
@@ -580,6 +597,19 @@ class Statements(schema.Templates):
     SELECT 'used', key, n::float8 FROM live
     UNION ALL
     SELECT 'tat', key, extract(epoch FROM tat)::float8 FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
+    UNION ALL
+    SELECT 'stat', key, extract(epoch FROM start_tat)::float8
+      FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
+    """
+
+    # A job whose rate reservation is near waits in the worker that read it (its
+    # entry stays pending, so a dead worker's waits are reclaimed like any entry):
+    # its token is written on its row, which stays published.
+    FLOW_RESERVE_IN_PLACE: LiteralString = """
+    UPDATE {schema}.outbox o SET flow_reserved_at = to_timestamp(u.token)
+      FROM unnest(%(ids)s::int8[], %(tokens)s::float8[]) AS u(id, token)
+     WHERE o.id = u.id AND o.state = 'queued'
+    RETURNING o.id
     """
 
     # Slots taken by the jobs just claimed, rate cells moved, and the claimed jobs'
@@ -590,9 +620,10 @@ class Statements(schema.Templates):
         SELECT k, j, a FROM unnest(%(slot_keys)s::text[], %(slot_ids)s::int8[], %(slot_attempts)s::int4[]) AS u(k, j, a)
         ON CONFLICT (key, job_id) DO UPDATE SET attempt = excluded.attempt, taken_at = now()
     ), cells AS (
-        INSERT INTO {schema}.limit_rates (key, tat)
-        SELECT k, to_timestamp(t) FROM unnest(%(rate_keys)s::text[], %(tats)s::float8[]) AS u(k, t)
-        ON CONFLICT (key) DO UPDATE SET tat = excluded.tat
+        INSERT INTO {schema}.limit_rates (key, tat, start_tat)
+        SELECT k, to_timestamp(t), to_timestamp(st)
+          FROM unnest(%(rate_keys)s::text[], %(tats)s::float8[], %(stats)s::float8[]) AS u(k, t, st)
+        ON CONFLICT (key) DO UPDATE SET tat = excluded.tat, start_tat = excluded.start_tat
     ), cleared AS (
         UPDATE {schema}.outbox SET flow_wait = NULL, flow_reserved_at = NULL
          WHERE id = ANY(%(claimed)s::int8[]) AND (flow_wait IS NOT NULL OR flow_reserved_at IS NOT NULL)
@@ -612,7 +643,8 @@ class Statements(schema.Templates):
                array_position(%(ids)s::int8[], id) AS i
           FROM {schema}.outbox
          WHERE id = ANY(%(ids)s::int8[])
-           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now()))
+           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now())
+                OR (id = ANY(%(direct)s::int8[]) AND state = 'pending' AND published_at IS NULL))
          ORDER BY id
            FOR UPDATE
     ), held AS (
@@ -645,20 +677,39 @@ class Statements(schema.Templates):
        AND available_at <= now()
     """
 
-    # After outcomes are recorded: their slots are released, and as many jobs parked
-    # on those keys are woken (due now; the NOTIFY wakes the relay). Fenced by attempt:
-    # a slot a newer attempt took stays.
+    # After outcomes are recorded: their slots are released (fenced by attempt: a slot
+    # a newer attempt took stays). Returns each key and how many of its slots were freed.
     FLOW_RELEASE: LiteralString = """
     WITH freed AS (
         DELETE FROM {schema}.limit_slots s
          USING unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS u(id, attempt)
          WHERE s.job_id = u.id AND s.attempt = u.attempt
         RETURNING s.key
-    ), per_key AS (
-        SELECT key, count(*) AS n FROM freed GROUP BY key
-    ), picked AS (
+    )
+    SELECT key, count(*)::int FROM freed GROUP BY key
+    """
+
+    # Up to ``n`` jobs parked on each key, highest priority then oldest first: what the
+    # releasing worker may take at once (as deliveries: its claim decides).
+    FLOW_PARKED: LiteralString = """
+    SELECT p.key, w.id, w.queue, w.task, w.args::text, w.headers::text, w.priority, w.enq_ms
+      FROM unnest(%(keys)s::text[], %(counts)s::int4[]) AS p(key, n)
+     CROSS JOIN LATERAL (
+           SELECT o.id, o.queue, o.task, o.args, o.headers, o.priority,
+                  (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms
+             FROM {schema}.outbox o
+            WHERE o.flow_wait = p.key AND o.state = 'pending' AND o.published_at IS NULL
+              AND o.available_at > now()
+            ORDER BY o.priority DESC, o.id
+            LIMIT p.n) w
+    """
+
+    # Wake up to ``n`` jobs parked on each key (due now; FLOW_NOTIFY_RELAY wakes the
+    # relay): for the released slots the releasing worker did not fill itself.
+    FLOW_WAKE: LiteralString = """
+    WITH picked AS (
         SELECT w.id
-          FROM per_key p
+          FROM unnest(%(keys)s::text[], %(counts)s::int4[]) AS p(key, n)
          CROSS JOIN LATERAL (
                SELECT o.id FROM {schema}.outbox o
                 WHERE o.flow_wait = p.key AND o.state = 'pending' AND o.published_at IS NULL
@@ -1187,7 +1238,7 @@ class Statements(schema.Templates):
     ), cells AS (
         DELETE FROM {schema}.limit_rates r
          WHERE r.key IN (SELECT key FROM {schema}.limit_rates
-                          WHERE tat < coalesce(%(now)s::timestamptz, now()) - interval '1 minute'
+                          WHERE greatest(tat, start_tat) < coalesce(%(now)s::timestamptz, now()) - interval '1 minute'
                           LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
         RETURNING 1
     )
@@ -1200,7 +1251,7 @@ class Statements(schema.Templates):
                                 WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
                                   AND o.lease_until > coalesce(%(now)s::timestamptz, now())))
          + (SELECT count(*) FROM {schema}.limit_rates
-             WHERE tat < coalesce(%(now)s::timestamptz, now()) - interval '1 minute')
+             WHERE greatest(tat, start_tat) < coalesce(%(now)s::timestamptz, now()) - interval '1 minute')
     """
 
     # --- schedules (periodic jobs) --------------------------------------------------------

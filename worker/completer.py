@@ -226,10 +226,12 @@ class Completer:
             for f in items:
                 if f.outcome is None:
                     f.recorded = f.ended_state is not None
-                    acks[f.delivery.stream].append(f.delivery.entry_id)
+                    if f.delivery.entry_id:  # (none for a job taken straight from its parking)
+                        acks[f.delivery.stream].append(f.delivery.entry_id)
                 elif f.outcome.committed or (f.job is not None and f.job.id in recorded):
                     f.recorded = True
-                    acks[f.delivery.stream].append(f.delivery.entry_id)
+                    if f.delivery.entry_id:
+                        acks[f.delivery.stream].append(f.delivery.entry_id)
                 self._event_for(f, batch_events)
             if previous is not None and not previous.done():
                 await asyncio.shield(previous)  # events and acks leave in batch order

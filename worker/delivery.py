@@ -24,6 +24,7 @@ class Delivery:
     enq_ms: int
     reclaimed: bool = False
     kwargs: dict[str, Any] | None = None  # the handler's arguments, once validated (worker._hand_back_unrunnable)
+    direct: bool = False  # taken from its parking by a worker that released a slot (no stream entry: b"")
 
 
 def parse_delivery(stream: str, entry_id: bytes, fields: dict[bytes, bytes], *, reclaimed: bool = False) -> Delivery:

@@ -72,7 +72,8 @@ class Heartbeat:
             ours = [row[0] for row in await cur.fetchall()]
         entries: dict[str, list[Any]] = defaultdict(list)
         for job_id in ours:
-            entries[by_id[job_id].delivery.stream].append(by_id[job_id].delivery.entry_id)
+            if by_id[job_id].delivery.entry_id:  # (none for a job taken straight from its parking)
+                entries[by_id[job_id].delivery.stream].append(by_id[job_id].delivery.entry_id)
         if entries:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for stream, ids in entries.items():

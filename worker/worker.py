@@ -48,6 +48,7 @@ log = logging.getLogger("postbox.worker")
 MAX_READ = 1000  # most entries taken by one read, whatever the free capacity
 MAX_DISPATCHES = 2  # claims in flight at once (the next read overlaps the last claim)
 IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
+UNMARKED_RETRIES = (0.01, 0.02, 0.05, 0.1, 0.2)  # looks again at limited jobs read before their publish's mark
 
 
 def _describe(limits: flow_limits.Limits) -> str:
@@ -489,20 +490,72 @@ class Worker:
                 plain.append(delivery)
         if not limited:
             return await claims.claim(self._pool, plain, worker_id=self.id, lease=self._lease)
-        got = await flow_claims.claim(
-            self._pool, limited, worker_id=self.id, lease=self._lease, recheck=self._flow_recheck()
-        )
         batch = await claims.claim(self._pool, plain, worker_id=self.id, lease=self._lease)
+        got = await flow_claims.claim(
+            self._pool,
+            limited,
+            worker_id=self.id,
+            lease=self._lease,
+            recheck=self._flow_recheck(),
+            short_wait=self._flow_short_wait(),
+        )
+        keys = {id(d): k for d, k in limited}
+        for pause in UNMARKED_RETRIES:
+            if not got.unmarked or self._stopping.is_set():
+                break
+            # Read before the relay's mark committed: look again in a moment (the mark
+            # follows its XADD within milliseconds). Still unmarked after the last look:
+            # left pending, reclaimed after the visibility timeout.
+            await asyncio.sleep(pause)
+            again = await flow_claims.claim(
+                self._pool,
+                [(d, keys[id(d)]) for d in got.unmarked],
+                worker_id=self.id,
+                lease=self._lease,
+                recheck=self._flow_recheck(),
+                short_wait=self._flow_short_wait(),
+            )
+            again.held += got.held
+            again.waiting += got.waiting
+            for name in ("run", "ended", "skip", "keep"):
+                getattr(again.batch, name)[:0] = getattr(got.batch, name)
+            got = again
         for delivery in got.held:
             self.metrics.count(delivery.queue, delivery.task, "held")
             self._completer.add(Finished(delivery))
             fire(self.signals.held, delivery.job_id)
+        for delivery, delay in got.waiting:
+            self.metrics.count(delivery.queue, delivery.task, "held")
+            fire(self.signals.held, delivery.job_id)
+            self._wait_in_place(delivery, delay)
         # Unmarked publishes stay pending (neither run nor acknowledged): reclaimed and looked at again.
         batch.run += got.batch.run
         batch.ended += got.batch.ended
         batch.skip += got.batch.skip
         batch.keep += got.batch.keep
         return batch
+
+    def _flow_short_wait(self) -> float:
+        """A rate reservation at most this far away waits in this worker, its entry pending.
+
+        Well inside the visibility timeout: no other worker reclaims the entry meanwhile.
+        """
+        return min(2.0, self._lease / 4)
+
+    def _wait_in_place(self, delivery: Delivery, delay: float) -> None:
+        """Claim ``delivery`` again in ``delay`` seconds (its reservation); its capacity is not held meanwhile."""
+
+        async def later() -> None:
+            await self._sleep(delay)
+            if self._stopping.is_set():
+                return  # left pending: another worker reclaims it
+            if self.capacity.take_over(1) == 0:
+                return  # (twice the concurrency in use) left pending: reclaimed after the visibility timeout
+            await self._dispatch_logged([delivery])
+
+        waiting = asyncio.create_task(later())
+        self._releases.add(waiting)
+        waiting.add_done_callback(self._releases.discard)
 
     def _flow_recheck(self) -> float:
         """Seconds a job parked on a full key waits at most before it is looked at again."""
@@ -663,14 +716,34 @@ class Worker:
             self.metrics.count(queue, task, metric, amount)
 
     async def _release(self, jobs: list[Job]) -> None:
-        """Release the slots of finished limited jobs and wake as many parked ones.
+        """Release the slots of finished limited jobs, and fill them: first with jobs parked
+        on those keys that this worker can run now (taken straight from their parking, no
+        round trip through the relay and Redis), then by waking as many others for any worker.
 
-        Best effort: a slot not released here is dead anyway (its job no longer
-        runs) and is cleared by the next claim on its key; a parked job not woken
-        is looked at again after its recheck bound.
+        Best effort: a slot not released here is dead anyway (its job no longer runs)
+        and is cleared by the next claim on its key; a parked job not woken is looked
+        at again at its recheck.
         """
         try:
-            woken = await flow_claims.release(self._pool, jobs)
+            freed = await flow_claims.release(self._pool, jobs)
+            if not freed:
+                return
+            left = dict(freed)
+            if not self._stopping.is_set() and self.capacity.free > 0:
+                found = await flow_claims.parked(self._pool, freed, self._prefix)
+                mine = [
+                    (key, d)
+                    for key, d in found
+                    if d.task in self.registry and d.queue in self.queues and d.queue not in self.paused
+                ]
+                taken = mine[: self.capacity.take(len(mine))]
+                if taken:
+                    await self._dispatch([d for _, d in taken])
+                    for key, d in taken:
+                        job = self.running.get(d.job_id)
+                        if job is not None and job.delivery is d:
+                            left[key] -= 1  # started here: that slot is filled
+            woken = await flow_claims.wake(self._pool, left)
         except asyncio.CancelledError:
             raise
         except Exception:

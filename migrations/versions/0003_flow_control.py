@@ -4,7 +4,8 @@
 by workers when they start) and an operator's override. ``limit_slots`` are
 concurrency slots: one row per (key, job), counted only while its job runs under
 a live claim, so a crashed worker's slots come back when its leases expire.
-``limit_rates`` is one GCRA cell (theoretical arrival time) per rate key.
+``limit_rates`` holds two GCRA cells (theoretical arrival times) per rate key: one
+hands out tokens (reservations), one spaces the starts themselves.
 A job held back by a limit keeps what it waits for in ``outbox.flow_wait`` (the
 concurrency key; woken when a slot of it is released) or
 ``outbox.flow_reserved_at`` (its rate reservation). docs/flow-control.md.
@@ -48,8 +49,9 @@ CREATE TABLE {schema}.limit_slots (
 CREATE INDEX limit_slots_job ON {schema}.limit_slots (job_id);
 
 CREATE TABLE {schema}.limit_rates (
-    key  text        PRIMARY KEY,
-    tat  timestamptz NOT NULL              -- GCRA: the theoretical arrival time of the next start
+    key        text        PRIMARY KEY,
+    tat        timestamptz NOT NULL,   -- GCRA cell of tokens: when the next reservation falls
+    start_tat  timestamptz NOT NULL    -- GCRA cell of starts: when the next start may come
 );
 
 ALTER TABLE {schema}.outbox

@@ -153,8 +153,9 @@ def test_prune_removes_flow_state_that_no_longer_counts_and_keeps_live_slots(
         (live[0], dead[0]),
     )
     conn.execute(
-        "INSERT INTO postbox.limit_rates (key, tat) VALUES ('task:old', now() - interval '1 hour'),"
-        " ('task:busy', now() + interval '5 seconds')"
+        "INSERT INTO postbox.limit_rates (key, tat, start_tat) VALUES"
+        " ('task:old', now() - interval '1 hour', now() - interval '2 hours'),"
+        " ('task:busy', now() - interval '1 hour', now() + interval '5 seconds')"
     )
     conn.commit()
     assert retention.prune(conn, settings, dry_run=True).limits == 2

@@ -196,15 +196,6 @@ def test_four_workers_never_run_more_than_the_global_limit_and_keep_it_busy(
     assert publishes[1] <= 10, publishes
 
 
-RATE_BUG = (
-    "rate reservations lapse and are wasted (worker/flow.py, jobs/flow.py allocate): a held job's"
-    " republished entry waits behind the stream's backlog, arrives later than its reservation's grace"
-    " (max(50 ms, 2 intervals)) and is given a new reservation at the end of the schedule; the GCRA"
-    " cell had moved for the lapsed one, so its start is lost. Measured 184-467 starts in 10 s at 50/s"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=RATE_BUG)
 def test_a_rate_of_50_per_second_starts_500_jobs_in_10_seconds(fleet: FlowFleet, db: psycopg.Connection[Any]) -> None:
     fleet.relay()
     enqueue(db, "f_rate", [{} for _ in range(700)])
@@ -236,7 +227,7 @@ def test_a_rate_of_50_per_second_starts_500_jobs_in_10_seconds(fleet: FlowFleet,
         busiest_second=busiest,
         schedule_end_s=round(tat, 2),  # where the rate cell stands: 700 starts at 50/s end at 14 s
     )
-    assert busiest <= 53  # never faster than the rate (give or take the reservation grace)
+    assert busiest <= 53  # never faster than the rate (starts may come half an interval early: +1 or 2)
     assert one(db, "SELECT array_agg(DISTINCT attempt) FROM flow_runs") == [1]
     assert 475 <= in_window <= 525, in_window
 

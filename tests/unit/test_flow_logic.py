@@ -94,11 +94,14 @@ def test_a_rate_spaces_starts_and_reserves_each_held_job_a_time_of_its_own() -> 
     out = allocate([Candidate(i, rated("task:r", Rate(50))) for i in range(1, 5)], state)
     assert out[0] == Start(1)
     assert [round(d.at - 10.0, 6) for d in out[1:] if isinstance(d, Reserve)] == [0.02, 0.04, 0.06]
+    assert all(d.token_at == d.at for d in out[1:] if isinstance(d, Reserve))
     assert state.tat["task:r"] == pytest.approx(10.08)
-    # the held jobs come back at their times and start without spending more
-    later = State(now=10.04, tat=dict(state.tat))
+    assert state.stat["task:r"] == pytest.approx(10.02)  # one start so far
+    # a held job comes back at its time and starts without taking another token
+    later = State(now=10.04, tat=dict(state.tat), stat=dict(state.stat))
     assert allocate([Candidate(3, rated("task:r", Rate(50)), reserved_at=10.04)], later) == [Start(3)]
     assert later.tat == state.tat
+    assert later.stat["task:r"] == pytest.approx(10.06)
 
 
 def test_a_burst_may_start_at_once_then_the_steady_rate_applies() -> None:
@@ -107,10 +110,42 @@ def test_a_burst_may_start_at_once_then_the_steady_rate_applies() -> None:
     assert [type(d).__name__ for d in out] == ["Start", "Start", "Start", "Reserve", "Reserve"]
 
 
-def test_a_stale_reservation_is_replaced_by_a_new_one() -> None:
-    state = State(now=100.0, tat={"k": 100.5})
-    out = allocate([Candidate(1, rated("k", Rate(2)), reserved_at=90.0)], state)
-    assert out == [Reserve(1, 100.5)]
+def test_late_jobs_keep_their_tokens_but_never_start_in_a_clump() -> None:
+    """Three held jobs published behind a backlog arrive together, long after their times."""
+    rate = rated("k", Rate(10))  # 0.1 s apart
+    state = State(now=100.0, tat={"k": 101.0}, stat={"k": 99.5})
+    out = allocate([Candidate(i, rate, reserved_at=97.0 + i * 0.1) for i in range(3)], state)
+    assert out[0] == Start(0)
+    # tokens kept (their stamps), start times spread an interval apart (half an interval of slack)
+    assert out[1] == Reserve(1, pytest.approx(100.05), 97.1)
+    assert out[2] == Reserve(2, pytest.approx(100.15), 97.2)
+    assert state.tat == {"k": 101.0}  # no new token taken: the late jobs already had theirs
+    # back at their times, each starts
+    again = State(now=100.05, tat=dict(state.tat), stat=dict(state.stat))
+    assert allocate([Candidate(1, rate, reserved_at=97.1)], again) == [Start(1)]
+    again.now = 100.15
+    assert allocate([Candidate(2, rate, reserved_at=97.2)], again) == [Start(2)]
+    assert again.stat["k"] == pytest.approx(100.3)
+
+
+def test_starts_never_come_closer_than_half_an_interval() -> None:
+    rate = rated("k", Rate(10))
+    state = State(now=0.0)
+    starts = []
+    for step in range(200):  # jobs holding tokens arrive every 10 ms
+        state.now = step * 0.01
+        if allocate([Candidate(step, rate, reserved_at=0.0)], state) == [Start(step)]:
+            starts.append(state.now)
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert min(gaps) >= 0.05 - 1e-9
+    assert len(starts) == pytest.approx(20, abs=1)  # 10 per second over 2 s: the cell keeps the schedule
+
+
+def test_an_idle_key_gives_a_token_now_but_waits_for_the_spacing_of_recent_starts() -> None:
+    state = State(now=50.0, tat={"k": 49.0}, stat={"k": 50.2})
+    out = allocate([Candidate(1, rated("k", Rate(10)))], state)
+    assert out == [Reserve(1, pytest.approx(50.15), 50.0)]  # token at now, start after the spacing
+    assert state.tat["k"] == pytest.approx(50.1)
 
 
 def test_multiple_keys_all_must_allow_a_start() -> None:
