@@ -395,9 +395,9 @@ def check_invariants(
     keys = sorted(m["idempotency_key"] for m in messages)
     assert keys == sorted(f"tickets-{i}" for i in order_ids)
     # Sent at the rate limit. Counted at the provider, a second may see a few more than
-    # EMAIL_RATE: starts are spaced 1/EMAIL_RATE apart, but a held job published late may
-    # start up to two intervals late (the reservation grace), the HTTP call's latency
-    # jitters each start-to-delivery gap, and a SIGSTOPped worker's send resumes late.
+    # EMAIL_RATE: starts are spaced at least half an interval apart on a schedule one
+    # interval apart (docs/flow-control.md), the HTTP call's latency jitters each
+    # start-to-delivery gap, and a SIGSTOPped worker's send resumes late.
     sent = sorted(datetime.fromisoformat(m["delivered_at"]).timestamp() for m in messages)
     busiest = max(bisect.bisect_left(sent, t + 1.0) - i for i, t in enumerate(sent))
     span = sent[-1] - sent[0]
