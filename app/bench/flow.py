@@ -32,10 +32,11 @@ second):
    PostgreSQL); against R. The peak is the fastest run of 5 R consecutive
    starts (five seconds' worth at the limit), as a rate, against R: a limit
    exceeded shows there, where the whole-run mean would hide a burst. (Five
-   seconds, not one: a reservation is honoured up to two intervals or 50 ms
-   late without moving the ones after it, and ``started_at`` is its claim
-   transaction's start, so one second may legitimately hold up to ~5 % more;
-   five seconds bound that to ~1 %.) The longest pause between two
+   seconds, not one: a start may come up to half an interval ahead of the
+   limiter's start cell, plus 5 ms of clock rounding (``postbox.flow``), and
+   ``started_at`` is its claim transaction's start, so one second may
+   legitimately hold a few starts more than R; five seconds bound that to
+   ~1 %.) The longest pause between two
    consecutive starts shows the limiter holding the task below its rate.
 3. **Concurrency** (``flow.concurrency_*``): ``bench_slow`` (a 50 ms sleep) at
    concurrency 3 (an override), 2 worker processes, ``min(--jobs, 300)``
