@@ -27,17 +27,18 @@ second):
    ``Worker._claim`` does them), which bounds what B can cost per job.
 2. **Rate** (``flow.rated_*``): ``bench_rated`` at ``--flow-rate`` R/s (an
    override), about ten seconds of it (``min(--jobs, 10 R)`` jobs), drained
-   by 2 worker processes. Achieved rate = (jobs - 1) / (last start - first
-   start), from the jobs' ``started_at`` (the claim's transaction time, in
-   PostgreSQL); against R. The peak is the fastest run of 5 R consecutive
-   starts (five seconds' worth at the limit), as a rate, against R: a limit
-   exceeded shows there, where the whole-run mean would hide a burst. (Five
-   seconds, not one: a start may come up to half an interval ahead of the
-   limiter's start cell, plus 5 ms of clock rounding (``postbox.flow``), and
-   ``started_at`` is its claim transaction's start, so one second may
-   legitimately hold a few starts more than R; five seconds bound that to
-   ~1 %.) The longest pause between two
-   consecutive starts shows the limiter holding the task below its rate.
+   by 2 worker processes. A start is the handler's own ``time.time()``,
+   written as ``bench_probe`` writes it (one clock: this machine's). Achieved
+   rate = (jobs - 1) / (last start - first start), against R. The peak is the
+   fastest run of 5 R consecutive starts (five seconds' worth at the limit),
+   as a rate, against R: a limit exceeded shows there, where the whole-run
+   mean would hide a burst. (Five seconds, not one: a start may be decided up
+   to half an interval ahead of the limiter's start cell, plus 5 ms of clock
+   rounding (``postbox.flow``), and a handler starts some milliseconds after
+   its claim, more on a loaded machine, so one second may legitimately hold a
+   few starts more than R; five seconds bound that to ~1 %.) The longest
+   pause between two consecutive starts shows the limiter holding the task
+   below its rate.
 3. **Concurrency** (``flow.concurrency_*``): ``bench_slow`` (a 50 ms sleep) at
    concurrency 3 (an override), 2 worker processes, ``min(--jobs, 300)``
    jobs. Mean concurrency = the jobs' summed running time (``finished_at -
@@ -50,9 +51,12 @@ One unmeasured warm-up drain (configuration A) comes first, as in ``bench worker
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 import timeit
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, LiteralString
 
 import orjson
@@ -67,7 +71,7 @@ from postbox.app.bench.progress import Progress
 from postbox.app.bench.report import Figure, Target
 from postbox.app.bench.sandbox import Sandbox
 from postbox.app.bench.schedules import cpu_seconds
-from postbox.app.bench.tasks import QUEUE, SLOW_SECONDS
+from postbox.app.bench.tasks import PROBE_FILE_ENV, QUEUE, SLOW_SECONDS, read_probes
 
 SCENARIO = "flow"
 SIDE_QUEUE = "bench_side"
@@ -93,15 +97,13 @@ SET_OVERRIDE: LiteralString = """
 INSERT INTO postbox.limits (scope, name, override, override_by, override_at)
 VALUES (%(scope)s, %(name)s, %(override)s::jsonb, 'postbox bench', now())
 """
+FINISHED: LiteralString = "SELECT count(*) FROM postbox.outbox WHERE finished_at IS NOT NULL"
 FORGET_WORKERS: LiteralString = "DELETE FROM postbox.workers"
 REGISTERED: LiteralString = (
     "SELECT count(*) FROM postbox.workers WHERE pid = ANY(%(pids)s::int4[]) AND stopped_at IS NULL"
 )
 IN_FORCE: LiteralString = """
 SELECT scope || ' ' || name FROM postbox.limits WHERE declared IS NOT NULL OR override IS NOT NULL ORDER BY 1
-"""
-STARTS: LiteralString = """
-SELECT extract(epoch FROM started_at)::float8 FROM postbox.outbox WHERE started_at IS NOT NULL ORDER BY started_at
 """
 RUNNING_TIME: LiteralString = """
 SELECT count(*), extract(epoch FROM sum(finished_at - started_at))::float8,
@@ -138,6 +140,7 @@ def overhead_argv(concurrency: int) -> list[str]:
 @dataclass(frozen=True)
 class Run:
     complete: bool  # every job finished before the deadline
+    finished: int  # jobs with an outcome
     worker_cpu: float  # CPU seconds of the first worker process from the jobs' commit to the drain's end
 
 
@@ -191,13 +194,7 @@ def run_jobs(
     found = sorted(in_force(conn))
     if found != expected:
         raise RuntimeError(f"limits in force during the run: {found}, expected {expected}")
-    return Run(complete, used)
-
-
-def starts(conn: psycopg.Connection[Any]) -> list[float]:
-    rows = conn.execute(STARTS).fetchall()
-    conn.commit()
-    return [float(row[0]) for row in rows]
+    return Run(complete, outbox.scalar(conn, FINISHED), used)
 
 
 def achieved_rate(times: Sequence[float]) -> float:
@@ -239,7 +236,7 @@ def elsewhere_limits() -> flow.Limits:
     return limits
 
 
-def decision_ns(batch: int, rounds: int = DECISION_ROUNDS) -> float:
+def decision_ns(batch: int, rounds: int | None = None) -> float:
     """In-process: what configuration B adds to a claim of ``batch`` unlimited deliveries, per delivery.
 
     ``worker.Worker._claim`` with limits in force: one truth test of the limits per
@@ -258,7 +255,7 @@ def decision_ns(batch: int, rounds: int = DECISION_ROUNDS) -> float:
         for queue, task in deliveries:
             (limited if limits.limited(queue, task) else plain).append((queue, task))
 
-    calls = max(1, rounds // batch)
+    calls = max(1, (rounds or DECISION_ROUNDS) // batch)
     best = min(timeit.repeat(claim_split, number=calls, repeat=5))
     return best / (calls * batch) * 1e9
 
@@ -376,18 +373,19 @@ def run(
     side_argv = overhead_argv(params.concurrency)
     plain_argv = bench_worker.worker_argv(params.concurrency)
     with psycopg.connect(database_url) as conn:
-        run_jobs(
-            box,
-            conn,
-            env,
-            task="bench_noop",
-            jobs=min(WARMUP_JOBS, params.jobs),
-            overrides=(),
-            processes=1,
-            argv=side_argv,
-            batch=params.batch,
-        )
-        progress.say("flow warm-up run done")
+        if WARMUP_JOBS:
+            run_jobs(
+                box,
+                conn,
+                env,
+                task="bench_noop",
+                jobs=min(WARMUP_JOBS, params.jobs),
+                overrides=(),
+                processes=1,
+                argv=side_argv,
+                batch=params.batch,
+            )
+            progress.say("flow warm-up run done")
         for rep in range(params.repeat):
             order = [False, True] if rep % 2 == 0 else [True, False]
             got: dict[bool, float] = {}
@@ -426,21 +424,28 @@ def run(
             )
 
         for rep in range(params.repeat):
-            done = run_jobs(
-                box,
-                conn,
-                env,
-                task="bench_rated",
-                jobs=rated_jobs,
-                overrides=(("task", "bench_rated", {"rate": f"{rate}/s"}),),
-                processes=2,
-                argv=plain_argv,
-                batch=params.batch,
-            )
+            folder = Path(tempfile.mkdtemp(prefix="postbox-bench-flow-"))
+            try:
+                probe = str(folder / "starts")
+                done = run_jobs(
+                    box,
+                    conn,
+                    {**env, PROBE_FILE_ENV: probe},
+                    task="bench_rated",
+                    jobs=rated_jobs,
+                    overrides=(("task", "bench_rated", {"rate": f"{rate}/s"}),),
+                    processes=2,
+                    argv=plain_argv,
+                    batch=params.batch,
+                )
+                times = sorted(read_probes(probe).values())  # the handlers' own start times
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
             if not done.complete:  # measure the jobs that started; say so
                 timed_out(achieved, achieved_ratio, peak_ratio, pause)
                 progress.say(f"flow rep {rep + 1}/{params.repeat} rated: not drained by the deadline")
-            times = starts(conn)
+            if len(times) < done.finished:
+                raise RuntimeError(f"{done.finished} rate-limited jobs finished, {len(times)} probe lines written")
             got_rate = achieved_rate(times)
             peak = peak_rate(times, PEAK_SECONDS * rate)
             gap = longest_gap(times)

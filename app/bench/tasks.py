@@ -10,7 +10,8 @@
   clock) computes commit-to-handler-start latency.  One ``os.write`` of one
   line on an O_APPEND descriptor: atomic between processes, a few µs.
 - ``bench_limited``, ``bench_rated``, ``bench_slow`` (``bench flow``): no-ops
-  and a 50 ms sleep that the flow scenario puts under limits with *override*
+  (``bench_rated`` writes the probe line as ``bench_probe`` does, when the
+  probe file is set) and a 50 ms sleep that the flow scenario puts under limits with *override*
   rows in ``postbox.limits``. They declare no limit in code on purpose: a
   declaration here would put every bench worker under limits in force, and
   change what the other scenarios measure.
@@ -44,15 +45,17 @@ async def bench_tx(ctx: Any, n: int = 0) -> None:
 
 @task(queue=QUEUE)
 async def bench_probe(ctx: Any, n: int = 0) -> None:
-    started = time.time()
+    _probe(ctx.job_id, time.time())
+
+
+def _probe(job_id: int, started: float) -> None:
     global _probe_fd
     if _probe_fd is None:
         path = os.environ.get(PROBE_FILE_ENV)
         if not path:
-            return None
+            return
         _probe_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.write(_probe_fd, f"{ctx.job_id} {started:.6f}\n".encode())
-    return None
+    os.write(_probe_fd, f"{job_id} {started:.6f}\n".encode())
 
 
 @task(queue=QUEUE)
@@ -62,7 +65,7 @@ async def bench_limited(ctx: Any, n: int = 0) -> None:
 
 @task(queue=QUEUE)
 async def bench_rated(ctx: Any, n: int = 0) -> None:
-    return None
+    _probe(ctx.job_id, time.time())  # the handler's start, as bench_probe (bench flow's rate is of these)
 
 
 SLOW_SECONDS = 0.05

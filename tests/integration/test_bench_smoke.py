@@ -109,12 +109,16 @@ def test_bench_worker_runs_each_peer_repetition_right_after_its_own_one_process_
     assert all(value > 0 for value in figures["worker.noop_1p"].values)
 
 
-def test_bench_flow_measures_overhead_rate_and_concurrency_and_prints_them(servers: Servers) -> None:
+def test_bench_flow_measures_overhead_rate_and_concurrency_and_prints_them(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`bench flow` at tiny sizes: every figure measured once, the table printed, the limits left clean.
 
-    The workers' visibility timeout is 2 s: a delivery a limit could not hold back (its
-    publish not marked yet) waits for it before it is looked at again.
+    The workers' visibility timeout is 2 s: an entry a worker left pending comes back
+    after it. No warm-up drain, and the in-process check timed over 2,000 deliveries.
     """
+    monkeypatch.setattr(bench_flow, "WARMUP_JOBS", 0)
+    monkeypatch.setattr(bench_flow, "DECISION_ROUNDS", 2_000)
     params = Params(jobs=60, repeat=1, batch=60, concurrency=10, extra={"flow_rate": 50})
     with sandbox(servers.database_url, servers.redis_url) as box:
         url = box.database()
