@@ -327,6 +327,7 @@ def _conforms_at(
 
 
 START_SLACK = 0.5  # of an interval: how far a start may come ahead of the start cell
+START_CATCH_UP = 1.0  # of an interval: how far behind its schedule the start cell may pick up from
 
 
 def allocate(candidates: Sequence[Candidate], state: State) -> list[Decision]:
@@ -370,7 +371,12 @@ def allocate(candidates: Sequence[Candidate], state: State) -> list[Decision]:
                 out.append(Reserve(cand.job_id, start, token))
                 continue
             for key, rate in rates:
-                state.stat[key] = max(state.stat.get(key, now), now) + rate.interval
+                # On schedule, or late by up to an interval (its claim waited for the key's
+                # lock, a busy machine): the schedule is kept, so lateness does not push every
+                # later start back. Later than that (the key was idle): it starts afresh.
+                prev = state.stat.get(key)
+                on_time = prev is not None and prev >= now - START_CATCH_UP * rate.interval
+                state.stat[key] = (prev if on_time and prev is not None else now) + rate.interval
                 state.changed.add(key)
         for key, _ in cand.keys.concurrency:
             state.used[key] = state.used.get(key, 0) + 1

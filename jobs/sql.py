@@ -604,11 +604,13 @@ class Statements(schema.Templates):
 
     # A job whose rate reservation is near waits in the worker that read it (its
     # entry stays pending, so a dead worker's waits are reclaimed like any entry):
-    # its token is written on its row, which stays published.
+    # its token is written on its row, which stays published. Also the token of a
+    # job read before the relay's mark, held back once it is marked. (Not a stale
+    # run's row: that one is held back through the relay.)
     FLOW_RESERVE_IN_PLACE: LiteralString = """
     UPDATE {schema}.outbox o SET flow_reserved_at = to_timestamp(u.token)
       FROM unnest(%(ids)s::int8[], %(tokens)s::float8[]) AS u(id, token)
-     WHERE o.id = u.id AND o.state = 'queued'
+     WHERE o.id = u.id AND o.state IN ('queued', 'pending', 'retrying')
     RETURNING o.id
     """
 

@@ -25,6 +25,7 @@ class Delivery:
     reclaimed: bool = False
     kwargs: dict[str, Any] | None = None  # the handler's arguments, once validated (worker._hand_back_unrunnable)
     direct: bool = False  # taken from its parking by a worker that released a slot (no stream entry: b"")
+    looks: int = 0  # times a limited claim found its publish not marked yet (worker/flow.py)
 
 
 def parse_delivery(stream: str, entry_id: bytes, fields: dict[bytes, bytes], *, reclaimed: bool = False) -> Delivery:

@@ -102,15 +102,19 @@ async def claim(
     rate_keys = sorted({key for keys in keys_of.values() for key, _ in keys.rate})
     ids = sorted(keys_of)
     async with pool.connection() as conn, conn.transaction():
-        await conn.execute(sql.active().FLOW_LOCK_KEYS, {"keys": sorted({*conc_keys, *rate_keys})})
         direct = sorted({d.job_id for d, _ in deliveries if d.direct})
-        cur = await conn.execute(sql.active().FLOW_LOCK_JOBS, {"ids": ids, "direct": direct})
-        locked = await cur.fetchall()
-        claimable = {job_id: reserved for job_id, reserved, marked in locked if marked}
+        # One round trip for the keys' locks, the rows and the keys' state (the server runs
+        # them in order: the state is read under the locks).
+        async with conn.pipeline():
+            await conn.execute(sql.active().FLOW_LOCK_KEYS, {"keys": sorted({*conc_keys, *rate_keys})})
+            jobs_cur = await conn.execute(sql.active().FLOW_LOCK_JOBS, {"ids": ids, "direct": direct})
+            state_cur = await conn.execute(sql.active().FLOW_STATE, {"conc_keys": conc_keys, "rate_keys": rate_keys})
+            locked = await jobs_cur.fetchall()
+            state_rows = await state_cur.fetchall()
+        reserved_of = {job_id: reserved for job_id, reserved, _ in locked}
         unmarked = {job_id for job_id, _, marked in locked if not marked}
-        cur = await conn.execute(sql.active().FLOW_STATE, {"conc_keys": conc_keys, "rate_keys": rate_keys})
         state = State(now=0.0)
-        for kind, key, value in await cur.fetchall():
+        for kind, key, value in state_rows:
             if kind == "now":
                 state.now = value
             elif kind == "used":
@@ -119,17 +123,17 @@ async def claim(
                 state.tat[key] = value
             else:
                 state.stat[key] = value
+        # Every locked row may start (a claim may beat the relay's mark); only a hold-back
+        # needs the mark (written before it, the mark would overwrite it).
         decisions = flow.allocate(
-            [Candidate(job_id, keys_of[job_id], claimable[job_id]) for job_id in ids if job_id in claimable], state
+            [Candidate(job_id, keys_of[job_id], reserved_of[job_id]) for job_id in ids if job_id in reserved_of],
+            state,
         )
         starting = {d.job_id for d in decisions if isinstance(d, Start)}
         holds = {d.job_id: d for d in decisions if not isinstance(d, Start)}
-        # Jobs neither claimable nor waiting for their mark go through the claim too: it
-        # tells skip (finished...) from keep (a reclaimed entry of a job running elsewhere).
-        to_claim = [
-            d for d, _ in deliveries if d.job_id in starting or (d.job_id not in claimable and d.job_id not in unmarked)
-        ]
-        out.unmarked = [d for d, _ in deliveries if d.job_id in unmarked]
+        # Jobs not locked go through the claim too: it ends the expired, and tells skip
+        # (finished...) from keep (a reclaimed entry of a job running elsewhere).
+        to_claim = [d for d, _ in deliveries if d.job_id in starting or d.job_id not in reserved_of]
         if direct and starting:
             due = [job_id for job_id in direct if job_id in starting]
             if due:
@@ -153,27 +157,39 @@ async def claim(
                     "claimed": [job.id for job in out.batch.run],  # their hold-back marks are cleared
                 },
             )
-        near = {
-            job_id: d
-            for job_id, d in holds.items()
-            if isinstance(d, Reserve) and d.at - state.now <= short_wait and job_id in claimable
-        }
-        if near:
-            ids_near = sorted(near)
+        # Waiting in this worker, the entry left pending: a near reservation; and, until
+        # the relay's mark, any hold-back (a reservation's token is written at once).
+        later: dict[int, float | None] = {}  # job id -> seconds (None: look again shortly, not marked yet)
+        tokens: dict[int, float] = {}
+        for job_id, decision in list(holds.items()):
+            wait = decision.at - state.now if isinstance(decision, Reserve) else None
+            near = wait is not None and wait <= short_wait
+            if job_id in unmarked or (near and job_id not in direct):
+                if isinstance(decision, Reserve):
+                    tokens[job_id] = decision.token_at
+                later[job_id] = max(0.0, wait) if near and wait is not None else None
+        if tokens:
+            ids_tok = sorted(tokens)
             cur = await conn.execute(
-                sql.active().FLOW_RESERVE_IN_PLACE,
-                {"ids": ids_near, "tokens": [near[i].token_at for i in ids_near]},
+                sql.active().FLOW_RESERVE_IN_PLACE, {"ids": ids_tok, "tokens": [tokens[i] for i in ids_tok]}
             )
-            in_place = {row[0] for row in await cur.fetchall()}  # queued rows (not a stale run's)
-            waited: set[int] = set()
-            for delivery, _ in deliveries:
-                if delivery.job_id in in_place and delivery.job_id not in waited:
-                    waited.add(delivery.job_id)
-                    out.waiting.append((delivery, max(0.0, near[delivery.job_id].at - state.now)))
-                elif delivery.job_id in in_place:
-                    out.batch.skip.append(delivery)  # the same job read twice: one waits
-            for job_id in in_place:
-                del holds[job_id]
+            written = {row[0] for row in await cur.fetchall()}  # (not a stale run's row: that one is held)
+            later = {i: v for i, v in later.items() if i not in tokens or i in written}
+        waited: set[int] = set()
+        for delivery, _ in deliveries:
+            if delivery.job_id not in later:
+                continue
+            if delivery.job_id in waited:
+                out.batch.skip.append(delivery)  # the same job read twice: one waits
+                continue
+            waited.add(delivery.job_id)
+            delay = later[delivery.job_id]
+            if delay is None:
+                out.unmarked.append(delivery)
+            else:
+                out.waiting.append((delivery, delay))
+        for job_id in later:
+            del holds[job_id]
         if holds:
             hold_ids = sorted(holds)
             until: list[float] = []
