@@ -4,7 +4,11 @@
   20,000) committed jobs, then ``--big`` (default 1,000,000) — both filled in
   bulk before the relay and the worker start, the rate from ``finished_at``
   as in ``bench worker`` — and the ratio big / small per repetition (target
-  >= 0.9: the rate should not depend on how much is waiting).
+  >= 0.9: the rate should not depend on how much is waiting). The end of the
+  drain is found cheaply (:func:`drain_quietly`): ``bench worker``'s wait,
+  a ``count(*)`` of the unfinished rows four times a second, is a
+  sequential scan that at a million rows (and their dead versions) keeps a
+  core busy and slows the drain it measures.
 - ``queues``: one worker process consuming 100 queues (``g000`` ...
   ``g099``) whose jobs are spread evenly over the 10 priorities — 1,000
   streams — against the same worker on 1 queue at one priority: no-op jobs/s
@@ -20,7 +24,11 @@
   outbox's rows (count), live and dead tuples (``pg_stat_user_tables``, as
   the statistics collector last saw them) and size on disk
   (``pg_total_relation_size``, table + indexes + TOAST) — bounded, not growing.
-  One run whatever ``--repeat`` says.
+  One run whatever ``--repeat`` says. Dead tuples are reclaimed by VACUUM
+  only: on a server with ``autovacuum = off`` (test servers often are) the
+  bench itself runs ``VACUUM postbox.outbox`` at the end of each minute, as
+  autovacuum would, and says so in the labels; otherwise the table would grow
+  whatever postbox does.
 - ``processes``: no-op jobs/s draining ``--jobs`` with 4 worker processes
   against 1 (same concurrency each), and the ratio per repetition. On a
   2-core machine the relay, PostgreSQL and Redis share the cores with the
@@ -59,6 +67,9 @@ KEEP_FINISHED_S = 60
 SECONDS_PER_DAY = 86_400
 MANY_PROCESSES = 4
 
+AUTOVACUUM: LiteralString = "SELECT current_setting('autovacuum')::bool"
+VACUUM_OUTBOX: LiteralString = "VACUUM postbox.outbox"
+LAST_FINISHED: LiteralString = "SELECT (finished_at IS NOT NULL)::int FROM postbox.outbox ORDER BY id DESC LIMIT 1"
 TABLE_STATS: LiteralString = """
 SELECT (SELECT count(*) FROM postbox.outbox), s.n_live_tup, s.n_dead_tup,
        pg_total_relation_size('postbox.outbox'::regclass)
@@ -80,6 +91,39 @@ def prefill_spread(conn: psycopg.Connection[Any], task: str, count: int, batch: 
     conn.commit()
 
 
+def drain_quietly(box: Sandbox, conn: psycopg.Connection[Any], env: dict[str, str], params: Params, jobs: int) -> bool:
+    """``jobs`` fresh no-op jobs drained by one relay and one worker; False if the deadline passed first.
+
+    Waits for the highest id's outcome first (a backward primary-key scan: one
+    row), then counts the unfinished rows once a second until none is left (the
+    jobs still running around the last one).
+    """
+    outbox.reset(conn)
+    box.clean_redis_prefix()
+    outbox.prefill(conn, "bench_noop", jobs, params.batch)
+    with children(env) as kids:
+        bench_worker.start_system(kids, 1, params.concurrency)
+        try:
+            outbox.wait_until(
+                lambda: outbox.scalar(conn, LAST_FINISHED) == 1,
+                timeout=max(120.0, jobs / 100),
+                interval=0.5,
+                check=kids.check_alive,
+            )
+            outbox.wait_until(
+                lambda: outbox.scalar(conn, outbox.COUNT_UNFINISHED) == 0,
+                timeout=120.0,
+                interval=1.0,
+                check=kids.check_alive,
+            )
+        except TimeoutError:
+            return False
+    found = outbox.states(conn)
+    if found != {"succeeded": jobs}:
+        raise RuntimeError(f"expected {jobs} succeeded jobs, found {found}")
+    return True
+
+
 def worker_argv(concurrency: int, queues: tuple[str, ...]) -> list[str]:
     argv = bench_worker.worker_argv(concurrency)
     argv[argv.index("--queues") + 1] = ",".join(queues)
@@ -99,8 +143,7 @@ def _drain(box: Sandbox, url: str, params: Params, progress: Progress) -> list[F
         for rep in range(params.repeat):
             for figure, jobs in ((low, small), (high, big)):
                 progress.say(f"growth drain rep {rep + 1}/{params.repeat}: filling {jobs:,} jobs")
-                complete, _ = bench_worker.drain_once(box, conn, env, _noop(1), params, jobs)
-                if not complete:
+                if not drain_quietly(box, conn, env, params, jobs):
                     figure.label += " [a run timed out: rate of the jobs finished]"
                 figure.values.append(outbox.span(conn, outbox.FINISH_SPAN).rate)
                 progress.say(f"growth drain rep {rep + 1}/{params.repeat} {jobs:,}: {figure.values[-1]:,.0f} jobs/s")
@@ -208,6 +251,13 @@ def _steady(box: Sandbox, url: str, params: Params, progress: Progress) -> list[
                 unit,
                 higher_is_better=False,
             )
+    with psycopg.connect(url, autocommit=True) as check:
+        row = check.execute(AUTOVACUUM).fetchone()
+    vacuum_here = not (row and row[0])
+    if vacuum_here:
+        progress.say("growth steady: autovacuum is off on this server; the bench VACUUMs the outbox each minute")
+        for figure in stats.values():
+            figure.label += " [autovacuum off: VACUUM by the bench each minute]"
     folder = Path(tempfile.mkdtemp(prefix="postbox-bench-growth-"))
     probe = folder / "probe.txt"
     env = bench_env(
@@ -234,6 +284,9 @@ def _steady(box: Sandbox, url: str, params: Params, progress: Progress) -> list[
                 kids.check_alive()
                 minute_commits.append(produced.commits)
                 seconds += produced.seconds
+                if vacuum_here:
+                    with psycopg.connect(url, autocommit=True) as maintenance:
+                        maintenance.execute(VACUUM_OUTBOX)
                 rows, live, dead, size = table_stats(conn)
                 progress.say(
                     f"growth steady minute {minute + 1}/{minutes}: {produced.achieved_rate:,.0f} jobs/s offered; "
