@@ -327,7 +327,7 @@ def _conforms_at(
 
 
 START_SLACK = 0.5  # of an interval: how far a start may come ahead of the start cell
-START_CATCH_UP = 1.0  # of an interval: how far behind its schedule the start cell may pick up from
+START_CATCH_UP = 1.0  # intervals of lateness through which the start cell keeps its schedule
 
 
 def allocate(candidates: Sequence[Candidate], state: State) -> list[Decision]:

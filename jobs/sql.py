@@ -555,7 +555,8 @@ class Statements(schema.Templates):
     # through WORKER_CLAIM, which ends or skips them.
     FLOW_LOCK_JOBS: LiteralString = """
     SELECT id, extract(epoch FROM flow_reserved_at)::float8,
-           state IN ('queued', 'running') OR id = ANY(%(direct)s::int8[]) AS marked
+           state IN ('queued', 'running') OR id = ANY(%(direct)s::int8[]) AS marked,
+           state = 'running' AS stale_run
       FROM {schema}.outbox
      WHERE id = ANY(%(ids)s::int8[])
        AND ((state IN ('pending', 'queued', 'retrying') AND available_at <= now())

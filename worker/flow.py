@@ -85,6 +85,7 @@ async def claim(
     lease: float,
     recheck: float,
     short_wait: float = 0.0,
+    relay_poll: float = 0.5,
 ) -> FlowClaim:
     """Claim what the limits allow of these deliveries; hold the rest back (one transaction).
 
@@ -111,8 +112,9 @@ async def claim(
             state_cur = await conn.execute(sql.active().FLOW_STATE, {"conc_keys": conc_keys, "rate_keys": rate_keys})
             locked = await jobs_cur.fetchall()
             state_rows = await state_cur.fetchall()
-        reserved_of = {job_id: reserved for job_id, reserved, _ in locked}
-        unmarked = {job_id for job_id, _, marked in locked if not marked}
+        reserved_of = {job_id: reserved for job_id, reserved, _, _ in locked}
+        unmarked = {job_id for job_id, _, marked, _ in locked if not marked}
+        stale = {job_id for job_id, _, _, running in locked if running}
         state = State(now=0.0)
         for kind, key, value in state_rows:
             if kind == "now":
@@ -142,39 +144,76 @@ async def claim(
         slots = [(key, job.id, job.attempt) for job in out.batch.run for key, _ in keys_of[job.id].concurrency]
         for job in out.batch.run:
             job.flow_slots = bool(keys_of[job.id].concurrency)
-        if out.batch.run or state.changed:
-            changed = sorted(state.changed)
-            cells = [state.cells(key) for key in changed]
-            await conn.execute(
-                sql.active().FLOW_TAKE,
-                {
-                    "slot_keys": [k for k, _, _ in slots],
-                    "slot_ids": [j for _, j, _ in slots],
-                    "slot_attempts": [a for _, _, a in slots],
-                    "rate_keys": changed,
-                    "tats": [tat for tat, _ in cells],
-                    "stats": [stat for _, stat in cells],
-                    "claimed": [job.id for job in out.batch.run],  # their hold-back marks are cleared
-                },
-            )
         # Waiting in this worker, the entry left pending: a near reservation; and, until
-        # the relay's mark, any hold-back (a reservation's token is written at once).
+        # the relay's mark, any hold-back (a reservation's token is written at once). Not
+        # a stale run's row (running): that one is held back through the relay.
         later: dict[int, float | None] = {}  # job id -> seconds (None: look again shortly, not marked yet)
         tokens: dict[int, float] = {}
         for job_id, decision in list(holds.items()):
             wait = decision.at - state.now if isinstance(decision, Reserve) else None
             near = wait is not None and wait <= short_wait
+            if job_id in stale:
+                continue
             if job_id in unmarked or (near and job_id not in direct):
                 if isinstance(decision, Reserve):
                     tokens[job_id] = decision.token_at
                 later[job_id] = max(0.0, wait) if near and wait is not None else None
-        if tokens:
-            ids_tok = sorted(tokens)
-            cur = await conn.execute(
-                sql.active().FLOW_RESERVE_IN_PLACE, {"ids": ids_tok, "tokens": [tokens[i] for i in ids_tok]}
-            )
-            written = {row[0] for row in await cur.fetchall()}  # (not a stale run's row: that one is held)
-            later = {i: v for i, v in later.items() if i not in tokens or i in written}
+                del holds[job_id]
+        hold_ids = sorted(holds)
+        until: list[float] = []
+        waits: list[str | None] = []
+        reserved: list[float | None] = []
+        for job_id in hold_ids:
+            decision = holds[job_id]
+            if isinstance(decision, Park):
+                until.append(state.now + recheck)  # (FLOW_HOLD backs the recheck off)
+                waits.append(decision.key)
+                reserved.append(None)  # a token it holds, it keeps
+            else:
+                assert isinstance(decision, Reserve)
+                until.append(decision.at)
+                waits.append(None)
+                reserved.append(decision.token_at)
+        # One round trip for what the decisions write: slots and cells, tokens, hold-backs.
+        held_rows: list[Any] = []
+        async with conn.pipeline():
+            if out.batch.run or state.changed:
+                changed = sorted(state.changed)
+                cells = [state.cells(key) for key in changed]
+                await conn.execute(
+                    sql.active().FLOW_TAKE,
+                    {
+                        "slot_keys": [k for k, _, _ in slots],
+                        "slot_ids": [j for _, j, _ in slots],
+                        "slot_attempts": [a for _, _, a in slots],
+                        "rate_keys": changed,
+                        "tats": [tat for tat, _ in cells],
+                        "stats": [stat for _, stat in cells],
+                        "claimed": [job.id for job in out.batch.run],  # their hold-back marks are cleared
+                    },
+                )
+            if tokens:
+                ids_tok = sorted(tokens)
+                await conn.execute(
+                    sql.active().FLOW_RESERVE_IN_PLACE, {"ids": ids_tok, "tokens": [tokens[i] for i in ids_tok]}
+                )
+            if hold_ids:
+                hold_cur = await conn.execute(
+                    sql.active().FLOW_HOLD,
+                    {
+                        "ids": hold_ids,
+                        "until": until,
+                        "waits": waits,
+                        "reserved": reserved,
+                        "recheck": recheck,
+                        "direct": direct,
+                    },
+                )
+                # The relay sleeps until its next due row, at most its poll interval: wake it
+                # only if a hold-back falls due before that (a NOTIFY serializes commits).
+                if min(until) < state.now + relay_poll:
+                    await conn.execute(sql.active().FLOW_NOTIFY_RELAY)
+                held_rows = await hold_cur.fetchall()
         waited: set[int] = set()
         for delivery, _ in deliveries:
             if delivery.job_id not in later:
@@ -188,39 +227,8 @@ async def claim(
                 out.unmarked.append(delivery)
             else:
                 out.waiting.append((delivery, delay))
-        for job_id in later:
-            del holds[job_id]
-        if holds:
-            hold_ids = sorted(holds)
-            until: list[float] = []
-            waits: list[str | None] = []
-            reserved: list[float | None] = []
-            for job_id in hold_ids:
-                decision = holds[job_id]
-                if isinstance(decision, Park):
-                    until.append(state.now + recheck)  # (FLOW_HOLD backs the recheck off)
-                    waits.append(decision.key)
-                    reserved.append(None)  # a token it holds, it keeps
-                else:
-                    assert isinstance(decision, Reserve)
-                    until.append(decision.at)
-                    waits.append(None)
-                    reserved.append(decision.token_at)
-            cur = await conn.execute(
-                sql.active().FLOW_HOLD,
-                {
-                    "ids": hold_ids,
-                    "until": until,
-                    "waits": waits,
-                    "reserved": reserved,
-                    "recheck": recheck,
-                    "direct": direct,
-                },
-            )
-            rows = await cur.fetchall()
-            if any(row[1] for row in rows):  # the relay sleeps until its next due row: that changed
-                await conn.execute(sql.active().FLOW_NOTIFY_RELAY)
-            held = {row[0] for row in rows if row[1]}
+        if hold_ids:
+            held = {row[0] for row in held_rows if row[1]}
             for delivery, _ in deliveries:
                 if delivery.job_id not in holds:
                     continue

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from postbox import sql
 from postbox.streams import GROUP
-from postbox.worker.delivery import Job
+from postbox.worker.delivery import Delivery, Job
 
 log = logging.getLogger("postbox.worker.heartbeat")
 
@@ -80,6 +80,18 @@ class Heartbeat:
                     pipe.xclaim(stream, GROUP, self._worker_id, 0, ids, justid=True)
                 await pipe.execute(raise_on_error=False)
         return len(ours)
+
+    async def touch(self, deliveries: Iterable[Delivery]) -> None:
+        """Refresh the idle time of entries this worker holds while their jobs wait here (flow control)."""
+        entries: dict[str, list[Any]] = defaultdict(list)
+        for delivery in deliveries:
+            if delivery.entry_id:
+                entries[delivery.stream].append(delivery.entry_id)
+        if entries:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for stream, ids in entries.items():
+                    pipe.xclaim(stream, GROUP, self._worker_id, 0, ids, justid=True)
+                await pipe.execute(raise_on_error=False)
 
     async def stopped(self, processed: int, failed: int) -> None:
         async with self._pool.connection() as conn:

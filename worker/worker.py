@@ -55,6 +55,8 @@ IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
 # by themselves while a claim is in flight.
 WAIT_EARLY = 0.004
 WAIT_RETRY = 0.01  # no capacity for a due one yet: look again this much later
+MAX_SHORT_WAIT = 30.0  # seconds: a rate reservation nearer than this waits in the worker
+MAX_WAITING = 20_000  # deliveries waiting in one worker at most (beyond: held back through the relay)
 UNMARKED_FIRST_LOOK = 0.01  # seconds before looking again at a limited job read before its publish's mark
 
 
@@ -510,6 +512,7 @@ class Worker:
             lease=self._lease,
             recheck=self._flow_recheck(),
             short_wait=self._flow_short_wait(),
+            relay_poll=self.settings.poll_interval,
         )
         for delivery in got.held:
             self.metrics.count(delivery.queue, delivery.task, "held")
@@ -536,9 +539,14 @@ class Worker:
     def _flow_short_wait(self) -> float:
         """A rate reservation at most this far away waits in this worker, its entry pending.
 
-        Well inside the visibility timeout: no other worker reclaims the entry meanwhile.
+        The heartbeat keeps a waiting entry's idle time fresh (as for a running job's),
+        so no other worker reclaims it while this one lives; a dead worker's waiting
+        entries are reclaimed after the visibility timeout. Bounded in count: past
+        MAX_WAITING, reservations go back through the relay.
         """
-        return min(2.0, self._lease / 4)
+        if len(self._waits) >= MAX_WAITING:
+            return 0.0
+        return min(MAX_SHORT_WAIT, 2 * self._lease)
 
     def _wait_in_place(self, delivery: Delivery, delay: float) -> None:
         """Claim ``delivery`` again in ``delay`` seconds (its reservation); its capacity is not held meanwhile.
@@ -781,6 +789,8 @@ class Worker:
 
     async def _tick_heartbeat(self) -> None:
         await self._heartbeat.renew(self.running.values())
+        if self._waits:
+            await self._heartbeat.touch([d for _, _, d in self._waits])
         await self._heartbeat.beat(len(self.running), self.processed, self.failed)
 
     async def _poll_control(self) -> None:

@@ -102,8 +102,9 @@ async def test_a_rate_limit_spaces_starts_across_workers(
     span = starts[-1] - starts[0]
     assert span >= 99 / 50 * 0.9  # 100 starts at 50/s take about 2 s
     # No second holds more than 50 starts, give or take the start cell's slack: a start may
-    # come half an interval ahead of it (docs/flow-control.md), so one or two more.
-    assert max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts) <= 52
+    # come half an interval ahead of it and the cell keeps its schedule through one interval
+    # of lateness (docs/flow-control.md): at most 2.5 more, plus one at the window's edge.
+    assert max(sum(1 for t in starts if s <= t < s + 1.0) for s in starts) <= 53
 
 
 async def test_an_unlimited_task_is_not_blocked_behind_a_limited_one(
