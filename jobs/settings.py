@@ -41,6 +41,14 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("POSTBOX_REDIS_URL", "REDIS_URL", "redis_url"),
         description="Redis URL (also read from REDIS_URL). Unset: the demo starts an embedded server.",
     )
+    redis_cluster: bool = Field(
+        default=False,
+        description=(
+            "POSTBOX_REDIS_URL is a node of a Redis Cluster: connect with the cluster client (it discovers the "
+            "other nodes). Relays, workers and the API refuse to start on a cluster node without it "
+            "(see docs/operations.md, Redis Cluster)."
+        ),
+    )
     schema_name: str = Field(
         default="postbox",
         validation_alias=AliasChoices("POSTBOX_SCHEMA", "schema_name"),

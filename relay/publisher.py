@@ -22,16 +22,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from postbox import events, pgarray, resp, sql, tracing
+from postbox import events, pgarray, redis_conn, resp, sql, tracing
 from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater
-from postbox.streams import GROUP, events_channel, stream_key
+from postbox.streams import GROUP, encode_entry, events_channel, stream_key
 
 log = logging.getLogger("postbox.relay")
 
@@ -65,7 +65,7 @@ def term_checked(row: Any, term: int | None) -> int:
     return int(row[1])
 
 
-async def ensure_group(redis: Redis, key: str) -> None:
+async def ensure_group(redis: redis_conn.AnyRedis, key: str) -> None:
     """Create the consumer group (and the stream) if missing; BUSYGROUP is not an error."""
     try:
         await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
@@ -79,7 +79,7 @@ class Publisher:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: redis_conn.AnyRedis,
         prefix: str,
         *,
         batch_size: int = 1000,
@@ -89,6 +89,7 @@ class Publisher:
         before_mark: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
+        self.cluster = redis_conn.is_cluster(redis)  # a Redis Cluster: batches go per node (redis_conn.run_commands)
         self.prefix = prefix
         self.batch_size = batch_size
         self.emit_events = emit_events  # None: only while someone subscribes (checked every second)
@@ -133,6 +134,29 @@ class Publisher:
         await self.ensure_groups(keys)
         emit = await self.events_wanted()
         now_ms = int(self.clock() * 1000)
+        with tracing.publish_span(rows):
+            if self.cluster:
+                results = await redis_conn.run_commands(self.redis, self._cluster_commands(rows, keys, emit, now_ms))
+            else:
+                results = await self._send_one_server(rows, keys, emit, now_ms)
+        step = 2 if emit else 1
+        ids: list[int] = []
+        sids: list[str] = []
+        refused: list[int] = []
+        added: list[str] = []
+        for row, key, result in zip(rows, keys, results[::step], strict=True):
+            if isinstance(result, BaseException):
+                refused.append(row[0])
+                log.warning("XADD refused", extra={"outbox_id": row[0], "queue": row[1], "error": str(result)})
+                continue
+            ids.append(row[0])
+            sids.append(result.decode() if isinstance(result, bytes) else str(result))
+            added.append(key)
+        self.high_water.record(added, sids)
+        return ids, sids, refused
+
+    async def _send_one_server(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> list[Any]:
+        """One server: the whole batch pre-encoded (:mod:`jobs.resp`), one write, one reply per command."""
         channel = events_channel(self.prefix).encode()
         key_bytes = {key: key.encode() for key in set(keys)}
         chunks: list[bytes] = []
@@ -155,23 +179,30 @@ class Publisher:
             if emit:
                 evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
                 chunks.append(resp.publish(channel, events.encode(evt)))
-        with tracing.publish_span(rows):
-            results = await resp.send_batch(self.redis, b"".join(chunks), len(chunks))
-        step = 2 if emit else 1
-        ids: list[int] = []
-        sids: list[str] = []
-        refused: list[int] = []
-        added: list[str] = []
-        for row, key, result in zip(rows, keys, results[::step], strict=True):
-            if isinstance(result, BaseException):
-                refused.append(row[0])
-                log.warning("XADD refused", extra={"outbox_id": row[0], "queue": row[1], "error": str(result)})
-                continue
-            ids.append(row[0])
-            sids.append(result.decode() if isinstance(result, bytes) else str(result))
-            added.append(key)
-        self.high_water.record(added, sids)
-        return ids, sids, refused
+        return await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))  # one server here
+
+    def _cluster_commands(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> list[tuple[Any, ...]]:
+        """The batch's commands for a cluster's pipeline, in the order of the one-server batch."""
+        channel = events_channel(self.prefix)
+        commands: list[tuple[Any, ...]] = []
+        for row, key in zip(rows, keys, strict=True):
+            job_id, queue, task, args, headers, priority, attempts, enq_ms = row[:8]
+            fields = encode_entry(
+                job_id=job_id,
+                task=task,
+                args=args,
+                headers=headers,
+                attempt=attempts + 1,
+                queue=queue,
+                priority=priority,
+                enqueued_ms=enq_ms,
+                published_ms=now_ms,
+            )
+            commands.append(("XADD", key, "*", *(part for item in fields.items() for part in item)))
+            if emit:
+                evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
+                commands.append(("PUBLISH", channel, events.encode(evt)))
+        return commands
 
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
         """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
@@ -289,7 +320,12 @@ class Publisher:
 
 
 async def publish_once(
-    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool | None = None
+    conn: AsyncConnection[Any],
+    redis: redis_conn.AnyRedis,
+    prefix: str,
+    *,
+    batch_size: int = 1000,
+    emit_events: bool | None = None,
 ) -> BatchResult:
     """Publish one batch of due rows with a throwaway :class:`Publisher` (tools, benchmarks).
 
@@ -300,7 +336,12 @@ async def publish_once(
 
 
 async def drain(
-    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool | None = None
+    conn: AsyncConnection[Any],
+    redis: redis_conn.AnyRedis,
+    prefix: str,
+    *,
+    batch_size: int = 1000,
+    emit_events: bool | None = None,
 ) -> int:
     """Publish batches until no row is due; return how many rows were published."""
     publisher = Publisher(redis, prefix, batch_size=batch_size, emit_events=emit_events)

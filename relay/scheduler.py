@@ -30,10 +30,10 @@ import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg import AsyncConnection
 from psycopg.errors import UndefinedTable
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from postbox import events, schedule_store
+from postbox.redis_conn import AnyRedis
 from postbox.schedule_store import Fired, TickReport
 from postbox.streams import events_channel
 
@@ -87,7 +87,7 @@ class ScheduleDuty:
     def __init__(
         self,
         *,
-        redis: Redis | None = None,
+        redis: AnyRedis | None = None,
         prefix: str = "postbox",
         registry: CollectorRegistry | None = None,
         refresh: float = 5.0,

@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import AsyncConnection
@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from postbox import events, pgarray, resp, sql
+from postbox import events, pgarray, redis_conn, resp, sql
 from postbox.streams import GROUP, events_channel
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import Outcome, storable
@@ -98,7 +98,7 @@ class Completer:
         self,
         *,
         pool: AsyncConnectionPool[Any],
-        redis: Redis,
+        redis: redis_conn.AnyRedis,
         prefix: str,
         worker_id: str,
         result_ttl: Callable[[Job], float],
@@ -109,6 +109,7 @@ class Completer:
     ) -> None:
         self._pool = pool
         self._redis = redis
+        self._cluster = redis_conn.is_cluster(redis)
         self._channel = events_channel(prefix)
         self._worker_id = worker_id
         self._result_ttl = result_ttl
@@ -355,6 +356,9 @@ class Completer:
             return
         # One buffer, one write, one deadline (jobs/resp.py): redis-py's pipeline packed
         # each command and read each reply under its own timeout, per batch.
+        if self._cluster:
+            await self._acknowledge_per_node(acks, pending_events)
+            return
         commands: list[bytes] = []
         for stream, ids in acks.items():
             key = stream.encode()
@@ -363,10 +367,22 @@ class Completer:
         channel = self._channel.encode()
         commands.extend(resp.publish(channel, payload) for payload in pending_events)
         try:
-            await resp.send_batch(self._redis, b"".join(commands), len(commands))
+            await resp.send_batch(cast(Redis, self._redis), b"".join(commands), len(commands))  # one server here
         except Exception:
             # The outcomes are committed; unacknowledged entries are reclaimed
             # later and skipped as finished. Nothing is lost.
+            log.warning("acknowledging entries failed; they will be reclaimed and skipped", exc_info=True)
+
+    async def _acknowledge_per_node(self, acks: dict[str, list[bytes]], pending_events: list[bytes]) -> None:
+        """On a Redis Cluster: the same commands through the cluster's pipeline (each node's share in parallel)."""
+        commands: list[tuple[Any, ...]] = []
+        for stream, ids in acks.items():
+            commands.append(("XACK", stream, GROUP, *ids))
+            commands.append(("XDEL", stream, *ids))
+        commands.extend(("PUBLISH", self._channel, payload) for payload in pending_events)
+        try:
+            await redis_conn.run_commands(self._redis, commands)
+        except Exception:
             log.warning("acknowledging entries failed; they will be reclaimed and skipped", exc_info=True)
 
 

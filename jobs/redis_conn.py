@@ -1,0 +1,84 @@
+"""Redis clients for postbox's processes: one server, or a Redis Cluster.
+
+Every process builds its Redis client here (:func:`connect`): a plain
+``redis.asyncio.Redis`` for one server (with replicas, Sentinel or not), or
+``redis.asyncio.cluster.RedisCluster`` when ``POSTBOX_REDIS_CLUSTER`` is set
+(``POSTBOX_REDIS_URL`` then names any node of the cluster; the client discovers
+the others and follows slot moves and failovers).
+
+The hot paths keep their raw, pre-encoded batches (:mod:`jobs.resp`) on one
+server. On a cluster a batch spans slots of several nodes, so it goes through
+:func:`run_commands`: the cluster client's pipeline, which groups the commands
+by node, writes each node's share in parallel and follows MOVED/ASK replies.
+
+Key layout on a cluster: the ``{queue}`` hash tag keeps all of a queue's
+streams in one slot (:mod:`jobs.streams`), so every per-queue operation (the
+worker's read script, XACK+XDEL, XAUTOCLAIM) stays single-slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import redis
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from postbox.settings import Settings
+
+AnyRedis: TypeAlias = Redis | RedisCluster
+
+__all__ = ["AnyRedis", "cluster_mode", "connect", "connect_url", "is_cluster", "run_commands"]
+
+
+def connect(settings: Settings, **options: Any) -> AnyRedis:
+    """The Redis client ``settings`` ask for (``POSTBOX_REDIS_URL``, ``POSTBOX_REDIS_CLUSTER``).
+
+    ``options`` go to the client (``socket_timeout``, ``decode_responses``, ...).
+    Raises :class:`~postbox.errors.SettingsError` when no Redis URL is set.
+    """
+    return connect_url(settings.require_redis_url(), cluster=settings.redis_cluster, **options)
+
+
+def connect_url(url: str, *, cluster: bool = False, **options: Any) -> AnyRedis:
+    """A client for ``url``: a cluster client (seeded with that node) when ``cluster``, else a plain one.
+
+    Nothing is connected yet: the first command connects (and, on a cluster,
+    reads the slot map).
+    """
+    if cluster:
+        return RedisCluster.from_url(url, **options)
+    return Redis.from_url(url, **options)
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+async def run_commands(client: AnyRedis, commands: Sequence[Sequence[Any]]) -> list[Any]:
+    """Run ``commands`` (each ``(NAME, *args)``), on a cluster above all; one reply per command, in order.
+
+    The commands go out per node in parallel (the cluster client's pipeline);
+    error replies come back as exception instances, as :func:`jobs.resp.send_batch`
+    returns them. A failure of a node's connection raises (after the client's own
+    retries on a refreshed slot map).
+    """
+    if not commands:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return list(await pipe.execute(raise_on_error=False))
+
+
+def cluster_mode(url: str, timeout: float = 2.0) -> bool | None:
+    """Whether the server at ``url`` is a Redis Cluster node; ``None`` when it cannot be asked (down)."""
+    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:
+        info: Any = client.info("cluster")  # typed differently across redis-py 5.3 .. 8
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+    return bool(info.get("cluster_enabled"))
