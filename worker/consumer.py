@@ -191,6 +191,11 @@ class Consumer:
             await asyncio.gather(*waits, return_exceptions=True)
         for wait in done:
             error = None if wait.cancelled() else wait.exception()
+            if isinstance(error, ResponseError) and str(error).startswith("UNBLOCKED"):
+                # The node turned replica (a failover): a wake-up like any other; the
+                # next read goes to the new primary (the cluster client follows MOVED).
+                log.info("a blocked wait ended by a failover", extra={"error": str(error)})
+                return
             if error is not None:
                 raise error
 
