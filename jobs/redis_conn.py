@@ -20,16 +20,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, TypeAlias
+from urllib.parse import urlsplit
 
 import redis
 from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
+from postbox.errors import SettingsError
 from postbox.settings import Settings
 
 AnyRedis: TypeAlias = Redis | RedisCluster
 
-__all__ = ["AnyRedis", "cluster_mode", "connect", "connect_url", "is_cluster", "run_commands"]
+__all__ = ["AnyRedis", "cluster_mode", "connect", "connect_url", "is_cluster", "run_commands", "seed_urls"]
 
 
 def connect(settings: Settings, **options: Any) -> AnyRedis:
@@ -42,14 +44,26 @@ def connect(settings: Settings, **options: Any) -> AnyRedis:
 
 
 def connect_url(url: str, *, cluster: bool = False, **options: Any) -> AnyRedis:
-    """A client for ``url``: a cluster client (seeded with that node) when ``cluster``, else a plain one.
+    """A client for ``url``: a cluster client seeded with its node(s) when ``cluster``, else a plain one.
 
+    On a cluster ``url`` may name several nodes, comma-separated
+    (``redis://a:6379,redis://b:6379``): a process starting while one of them
+    is down asks the next. Once connected, the client knows every node.
     Nothing is connected yet: the first command connects (and, on a cluster,
     reads the slot map).
     """
-    if cluster:
-        return RedisCluster.from_url(url, **options)
-    return Redis.from_url(url, **options)
+    seeds = seed_urls(url)
+    if not cluster:
+        if len(seeds) != 1:
+            raise SettingsError("POSTBOX_REDIS_URL: several URLs need POSTBOX_REDIS_CLUSTER=true")
+        return Redis.from_url(seeds[0], **options)
+    others = [ClusterNode(parsed.hostname or "127.0.0.1", parsed.port or 6379) for parsed in map(urlsplit, seeds[1:])]
+    return RedisCluster.from_url(seeds[0], startup_nodes=others or None, **options)
+
+
+def seed_urls(url: str) -> list[str]:
+    """The URLs of a comma-separated ``POSTBOX_REDIS_URL`` (one for a plain server)."""
+    return [part.strip() for part in url.split(",") if part.strip()]
 
 
 def is_cluster(client: Any) -> bool:
@@ -73,12 +87,17 @@ async def run_commands(client: AnyRedis, commands: Sequence[Sequence[Any]]) -> l
 
 
 def cluster_mode(url: str, timeout: float = 2.0) -> bool | None:
-    """Whether the server at ``url`` is a Redis Cluster node; ``None`` when it cannot be asked (down)."""
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
-    try:
-        info: Any = client.info("cluster")  # typed differently across redis-py 5.3 .. 8
-    except redis.RedisError:
-        return None
-    finally:
-        client.close()
-    return bool(info.get("cluster_enabled"))
+    """Whether the server at ``url`` is a Redis Cluster node; ``None`` when it cannot be asked (down).
+
+    Of several comma-separated URLs, the first that answers says.
+    """
+    for seed in seed_urls(url):
+        client = redis.Redis.from_url(seed, socket_connect_timeout=timeout, socket_timeout=timeout)
+        try:
+            info: Any = client.info("cluster")  # typed differently across redis-py 5.3 .. 8
+        except redis.RedisError:
+            continue
+        finally:
+            client.close()
+        return bool(info.get("cluster_enabled"))
+    return None

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from postbox import logs
 from postbox.errors import SettingsError
-from postbox.redis_conn import cluster_mode
+from postbox.redis_conn import cluster_mode, seed_urls
 from postbox.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -47,6 +47,8 @@ def cluster_refusal(redis_url: str, *, cluster: bool = False, timeout: float = 2
     ``cluster`` is ``POSTBOX_REDIS_CLUSTER``: it must match what the server is.
     An unreachable Redis is not refused: processes start and wait for it.
     """
+    if not cluster and len(seed_urls(redis_url)) > 1:
+        return "POSTBOX_REDIS_URL: several URLs need POSTBOX_REDIS_CLUSTER=true"
     found = cluster_mode(redis_url, timeout)
     if found is None or found == cluster:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 import redis as syncredis
+from redis.cluster import ClusterNode
+from redis.cluster import RedisCluster as SyncCluster
 
 from postbox.app.admin import queues_cli
 from postbox.relay import Relay, RelaySignals
@@ -48,16 +51,18 @@ def queues_on_three_primaries(cluster: RedisClusterServers, prefix: str) -> list
 
 
 def node_of(cluster: RedisClusterServers, key: str) -> int:
-    with cluster.client() as client:
-        client.nodes_manager.initialize()  # the slot map of now (after a failover)
+    """The port of the primary owning ``key`` now, as the live nodes see it (the seed node may be down)."""
+    live = [ClusterNode("127.0.0.1", node.port) for node in cluster.nodes if node.proc is not None]
+    with SyncCluster(startup_nodes=live) as client:
         return int(client.get_node_from_key(key).port)
 
 
 @pytest.fixture
 def csettings(settings: Settings, cluster: RedisClusterServers) -> Settings:
-    """The test's database and prefix, Redis = the cluster; a worker of three queues on three primaries."""
+    """The test's database and prefix, Redis = the cluster (every node a seed); three queues on three primaries."""
     queues = queues_on_three_primaries(cluster, settings.redis_prefix)
-    return worker_settings(settings.model_copy(update={"redis_url": cluster.url, "redis_cluster": True}), queues=queues)
+    seeds = ",".join(node.url for node in cluster.nodes)  # a process may start while one node is down
+    return worker_settings(settings.model_copy(update={"redis_url": seeds, "redis_cluster": True}), queues=queues)
 
 
 @asynccontextmanager
@@ -183,7 +188,7 @@ async def test_queue_stats_of_the_api_and_the_cli_read_the_cluster(
         assert client.get("/ready").status_code == 200
     for name, value in {
         "POSTBOX_DATABASE_URL": str(csettings.database_url),
-        "POSTBOX_REDIS_URL": cluster.url,
+        "POSTBOX_REDIS_URL": str(csettings.redis_url),
         "POSTBOX_REDIS_CLUSTER": "true",
         "POSTBOX_REDIS_PREFIX": csettings.redis_prefix,
     }.items():
@@ -243,3 +248,56 @@ async def test_a_failover_mid_run_loses_no_job_and_runs_none_twice(
 
 async def _some_succeeded(aconn: psycopg.AsyncConnection[Any], ids: list[int], count: int) -> bool:
     return (await states(aconn, ids)).get("succeeded", 0) >= count
+
+
+@pytest.mark.timeout(300)
+async def test_a_failover_to_a_replica_that_missed_the_last_writes_loses_no_job(
+    csettings: Settings, cluster: RedisClusterServers, effects: psycopg.AsyncConnection[Any]
+) -> None:
+    """The replica of a queue's primary is frozen (SIGSTOP) and cut off while the relay publishes more; the
+    primary dies; the replica, resumed, is promoted without those entries. The relay's per-stream high-water
+    check notices (the epoch key, on another node or not, says nothing), and every job runs once.
+
+    Runs last in this module: the killed primary comes back as a replica of its successor."""
+    prefix = csettings.redis_prefix
+    queue = csettings.queues[2]
+    key = queue_streams(prefix, queue)[0]
+    primary_port = node_of(cluster, key)
+    primary = next(node for node in cluster.nodes if node.port == primary_port)
+    replica = cluster.replica_of(primary_port)
+    assert replica.proc is not None and primary.proc is not None
+    first = [await enqueue(effects, t.w_slow_effect, {"seconds": 0.0, "label": "kept"}, queue=queue) for _ in range(20)]
+    signals = RelaySignals.all()
+    async with running_relay(csettings, signals):
+        await wait_until(lambda: _published_all(effects, first), 60, "the first 20 published")
+        with primary.client() as node:
+            assert node.wait(1, 10_000) == 1  # the replica has them
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            with primary.client() as node:  # the link's socket closes: nothing more reaches the frozen replica
+                node.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            lost = [
+                await enqueue(effects, t.w_slow_effect, {"seconds": 0.0, "label": "lost"}, queue=queue)
+                for _ in range(20)
+            ]
+            await wait_until(lambda: _published_all(effects, lost), 60, "20 more published to the primary only")
+            assert signals.redis_loss is not None
+            signals.redis_loss.clear()
+            primary.stop()
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        await wait_until(lambda: _owned_by(cluster, key, replica.port), 90, "the stale replica promoted")
+        await asyncio.wait_for(signals.redis_loss.wait(), 60)  # the tail's high-water mark
+        async with running_worker(csettings) as worker:
+            await wait_until(lambda: _all_succeeded(effects, first + lost), 90, "every job succeeded")
+            await worker.wait_idle()
+    assert await effects_of(effects, first + lost) == (40, 40)
+    primary.start()  # it rejoins as a replica of the promoted node
+    await asyncio.to_thread(cluster.wait_ok)
+
+
+def _owned_by(cluster: RedisClusterServers, key: str, port: int) -> bool:
+    try:
+        return node_of(cluster, key) == port
+    except syncredis.RedisError:
+        return False

@@ -76,6 +76,9 @@ def test_a_plain_server_or_an_unreachable_one_is_not_refused_and_the_cluster_set
     assert cluster_refusal(redis_url, cluster=True) == (
         "POSTBOX_REDIS_CLUSTER is set but POSTBOX_REDIS_URL is not a Redis Cluster node (cluster_enabled:0)"
     )
+    seeds = f"redis://127.0.0.1:{free_port()}/0,{cluster.url}"  # the first is down: the next one answers
+    assert cluster_refusal(seeds, cluster=True) is None
+    assert cluster_refusal(seeds) == "POSTBOX_REDIS_URL: several URLs need POSTBOX_REDIS_CLUSTER=true"
 
 
 def api_ready(port: int) -> bool:
