@@ -31,7 +31,16 @@ from postbox.settings import Settings
 
 AnyRedis: TypeAlias = Redis | RedisCluster
 
-__all__ = ["AnyRedis", "cluster_mode", "connect", "connect_url", "is_cluster", "run_commands", "seed_urls"]
+__all__ = [
+    "AnyRedis",
+    "cluster_mode",
+    "connect",
+    "connect_url",
+    "is_cluster",
+    "run_commands",
+    "seed_urls",
+    "subscribers",
+]
 
 
 def connect(settings: Settings, **options: Any) -> AnyRedis:
@@ -84,6 +93,21 @@ async def run_commands(client: AnyRedis, commands: Sequence[Sequence[Any]]) -> l
     for command in commands:
         pipe.execute_command(*command)
     return list(await pipe.execute(raise_on_error=False))
+
+
+async def subscribers(client: AnyRedis, channel: str | bytes) -> int:
+    """Clients subscribed to ``channel`` (``PUBSUB NUMSUB``).
+
+    On a cluster each node counts its own subscribers, and redis-py asks one
+    node only: this asks every primary and adds up. A subscriber through
+    redis-py's cluster pub/sub (the API's event hub) sits on the primary owning
+    the channel's slot; one connected to a replica is not counted.
+    """
+    if isinstance(client, RedisCluster):
+        found = await client.pubsub_numsub(channel, target_nodes=RedisCluster.PRIMARIES)
+    else:
+        found = await client.pubsub_numsub(channel)
+    return int(found[0][1]) if found else 0
 
 
 def cluster_mode(url: str, timeout: float = 2.0) -> bool | None:

@@ -113,8 +113,7 @@ class Publisher:
         now = self.monotonic()
         if now - self._subscribers_checked >= EVENTS_CHECK_INTERVAL:
             self._subscribers_checked = now
-            found = await self.redis.pubsub_numsub(events_channel(self.prefix))
-            self._subscribed = bool(found and int(found[0][1]) > 0)
+            self._subscribed = await redis_conn.subscribers(self.redis, events_channel(self.prefix)) > 0
         return self._subscribed
 
     def forget_groups(self) -> None:

@@ -153,11 +153,9 @@ class Completer:
             return
         self._events_checked = now
         try:
-            found = await self._redis.pubsub_numsub(self._channel)
+            self.events_wanted = await redis_conn.subscribers(self._redis, self._channel) > 0
         except RedisError:
             self.events_wanted = True  # unknown: keep publishing, best effort as always
-            return
-        self.events_wanted = bool(found and int(found[0][1]) > 0)
 
     async def wait_idle(self) -> None:
         await self._idle.wait()

@@ -21,10 +21,11 @@ import redis as syncredis
 from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as SyncCluster
 
+from postbox import redis_conn
 from postbox.app.admin import queues_cli
 from postbox.relay import Relay, RelaySignals
 from postbox.settings import Settings
-from postbox.streams import epoch_key, queue_streams
+from postbox.streams import epoch_key, events_channel, queue_streams
 from tests import tasks_worker as t
 from tests.harness.redis_cluster import RedisClusterServers, running_cluster
 from tests.integration.api_support import make_client
@@ -198,6 +199,45 @@ async def test_queue_stats_of_the_api_and_the_cli_read_the_cluster(
     listed = {q["queue"]: q for q in json.loads(capsys.readouterr().out)}
     for queue in queues:
         assert (listed[queue]["in_streams"], listed[queue]["redis_error"]) == (3, None), listed[queue]
+
+
+@pytest.mark.timeout(180)
+async def test_the_api_websocket_gets_the_relays_and_the_workers_events_over_the_cluster(
+    csettings: Settings, effects: psycopg.AsyncConnection[Any]
+) -> None:
+    """The hub subscribes on the primary of the channel's slot; the relay and the worker count subscribers
+    on every primary (PUBSUB NUMSUB is per node), so they publish their events."""
+    job = await enqueue(effects, t.w_noop, queue=csettings.queues[1])
+    client = redis_conn.connect(csettings)
+    try:
+        with make_client(csettings) as api, api.websocket_connect(f"/ws/events?job_id={job}") as ws:
+            channel = events_channel(csettings.redis_prefix)
+            await wait_until(lambda: _subscribed(client, channel), 30, "the API's hub subscribed")
+            async with running_relay(csettings), running_worker(csettings):
+                seen: list[str] = []
+                while "succeeded" not in seen:
+                    seen.append((await asyncio.wait_for(asyncio.to_thread(ws.receive_json), 60))["type"])
+        assert seen[0] == "published" and seen[-1] == "succeeded", seen
+    finally:
+        await client.aclose()
+
+
+async def test_subscribers_are_counted_on_every_primary(csettings: Settings, cluster: RedisClusterServers) -> None:
+    """PUBSUB NUMSUB counts one node's subscribers; redis-py's cluster client asks one node unless told."""
+    channel = f"{csettings.redis_prefix}:count-me"
+    client = redis_conn.connect(csettings)
+    try:
+        for node in cluster.primaries():
+            with node.client() as plain, plain.pubsub() as pubsub:
+                pubsub.subscribe(channel)
+                assert pubsub.get_message(timeout=5) is not None  # the subscribe confirmation
+                assert await redis_conn.subscribers(client, channel) == 1, node.port
+    finally:
+        await client.aclose()
+
+
+async def _subscribed(client: Any, channel: str) -> bool:
+    return await redis_conn.subscribers(client, channel) > 0
 
 
 @pytest.mark.timeout(240)
