@@ -6,10 +6,11 @@ Every process builds its Redis client here (:func:`connect`): a plain
 (``POSTBOX_REDIS_URL`` then names any node of the cluster; the client discovers
 the others and follows slot moves and failovers).
 
-The hot paths keep their raw, pre-encoded batches (:mod:`jobs.resp`) on one
-server. On a cluster a batch spans slots of several nodes, so it goes through
-:func:`run_commands`: the cluster client's pipeline, which groups the commands
-by node, writes each node's share in parallel and follows MOVED/ASK replies.
+The hot paths send raw, pre-encoded batches (:mod:`jobs.resp`). On one server a
+batch is one write on one connection; on a cluster a batch spans slots of
+several nodes, so :func:`send_per_node` splits it by node and writes each
+node's share in parallel, keeping one reply per command (a node that fails
+fails its own commands only).
 
 Key layout on a cluster: the ``{queue}`` hash tag keeps all of a queue's
 streams in one slot (:mod:`jobs.streams`), so every per-queue operation (the
@@ -18,14 +19,18 @@ worker's read script, XACK+XDEL, XAUTOCLAIM) stays single-slot.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit
 
 import redis
+from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
+from postbox import resp
 from postbox.errors import SettingsError
 from postbox.settings import Settings
 
@@ -37,8 +42,8 @@ __all__ = [
     "connect",
     "connect_url",
     "is_cluster",
-    "run_commands",
     "seed_urls",
+    "send_per_node",
     "subscribers",
 ]
 
@@ -79,20 +84,62 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
-async def run_commands(client: AnyRedis, commands: Sequence[Sequence[Any]]) -> list[Any]:
-    """Run ``commands`` (each ``(NAME, *args)``), on a cluster above all; one reply per command, in order.
+async def send_per_node(client: RedisCluster, commands: Sequence[tuple[str, bytes]]) -> list[Any]:
+    """Send pre-encoded commands (``(routing key, RESP bytes)``) to a cluster: one write per node, in parallel.
 
-    The commands go out per node in parallel (the cluster client's pipeline);
-    error replies come back as exception instances, as :func:`jobs.resp.send_batch`
-    returns them. A failure of a node's connection raises (after the client's own
-    retries on a refreshed slot map).
+    The commands are grouped by the primary that owns their key's slot (the
+    client's slot map), each node's share goes out as one buffer on one of its
+    connections (:func:`jobs.resp.exchange`), and the replies come back in the
+    order of ``commands``: values, or exception instances for error replies
+    (``MOVED`` after a slot moved, ``CLUSTERDOWN``...). A node that cannot be
+    reached gives its commands the connection error, and the others' replies
+    stand: the caller retries exactly the commands that failed, as it does with
+    refused ones on one server. After any failure the slot map is read again.
     """
     if not commands:
         return []
-    pipe = client.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)
-    return list(await pipe.execute(raise_on_error=False))
+    await client.initialize()  # a no-op once the slot map is known
+    groups: dict[str, tuple[ClusterNode, list[int]]] = {}
+    results: list[Any] = [None] * len(commands)
+    for index, (key, _payload) in enumerate(commands):
+        try:
+            node = client.get_node_from_key(key)
+        except rex.RedisError as exc:  # a slot no node serves (mid-failover)
+            results[index] = exc
+            continue
+        assert node is not None
+        groups.setdefault(node.name, (node, []))[1].append(index)
+
+    async def send(node: ClusterNode, indexes: list[int]) -> None:
+        payload = b"".join(commands[index][1] for index in indexes)
+        try:
+            replies = await _exchange_with(node, payload, len(indexes))
+        except (rex.RedisError, OSError) as exc:
+            replies = [exc] * len(indexes)
+        for index, reply in zip(indexes, replies, strict=True):
+            results[index] = reply
+
+    await asyncio.gather(*(send(node, indexes) for node, indexes in groups.values()))
+    if any(isinstance(reply, _STALE_MAP) for reply in results):
+        with contextlib.suppress(rex.RedisError, OSError):
+            await client.nodes_manager.initialize()  # where the slots are now (after a failover or a move)
+    return results
+
+
+# Replies that say the slot map is out of date (or a node is gone): read it again.
+_STALE_MAP = (rex.MovedError, rex.AskError, rex.ClusterDownError, rex.TryAgainError, rex.ConnectionError, OSError)
+
+
+async def _exchange_with(node: ClusterNode, payload: bytes, replies: int) -> list[Any]:
+    """One buffer on one of ``node``'s pooled connections (the cluster client's own pool of that node)."""
+    conn = node.acquire_connection()
+    try:
+        reconnect = getattr(node, "disconnect_if_needed", None)  # redis-py 8: a connection marked after a failover
+        if reconnect is not None:
+            await reconnect(conn)
+        return await resp.exchange(conn, payload, replies)
+    finally:
+        node.release(conn)
 
 
 async def subscribers(client: AnyRedis, channel: str | bytes) -> int:

@@ -26,12 +26,13 @@ from typing import Any, cast
 
 from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from postbox import events, pgarray, redis_conn, resp, sql, tracing
 from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater
-from postbox.streams import GROUP, encode_entry, events_channel, stream_key
+from postbox.streams import GROUP, events_channel, stream_key
 
 log = logging.getLogger("postbox.relay")
 
@@ -89,7 +90,7 @@ class Publisher:
         before_mark: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
-        self.cluster = redis_conn.is_cluster(redis)  # a Redis Cluster: batches go per node (redis_conn.run_commands)
+        self.cluster = redis_conn.is_cluster(redis)  # a Redis Cluster: batches go per node (redis_conn.send_per_node)
         self.prefix = prefix
         self.batch_size = batch_size
         self.emit_events = emit_events  # None: only while someone subscribes (checked every second)
@@ -134,10 +135,13 @@ class Publisher:
         emit = await self.events_wanted()
         now_ms = int(self.clock() * 1000)
         with tracing.publish_span(rows):
-            if self.cluster:
-                results = await redis_conn.run_commands(self.redis, self._cluster_commands(rows, keys, emit, now_ms))
+            chunks, routes = self._encode(rows, keys, emit, now_ms)
+            if self.cluster:  # each node's share in parallel, one reply per command as on one server
+                results = await redis_conn.send_per_node(
+                    cast(RedisCluster, self.redis), list(zip(routes, chunks, strict=True))
+                )
             else:
-                results = await self._send_one_server(rows, keys, emit, now_ms)
+                results = await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))
         step = 2 if emit else 1
         ids: list[int] = []
         sids: list[str] = []
@@ -154,11 +158,13 @@ class Publisher:
         self.high_water.record(added, sids)
         return ids, sids, refused
 
-    async def _send_one_server(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> list[Any]:
-        """One server: the whole batch pre-encoded (:mod:`jobs.resp`), one write, one reply per command."""
-        channel = events_channel(self.prefix).encode()
+    def _encode(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> tuple[list[bytes], list[str]]:
+        """The batch's commands pre-encoded (:mod:`jobs.resp`), and the key each is routed by on a cluster."""
+        channel_name = events_channel(self.prefix)
+        channel = channel_name.encode()
         key_bytes = {key: key.encode() for key in set(keys)}
         chunks: list[bytes] = []
+        routes: list[str] = []
         for row, key in zip(rows, keys, strict=True):
             job_id, queue, task, args, headers, priority, attempts, enq_ms = row[:8]
             chunks.append(
@@ -175,33 +181,12 @@ class Publisher:
                     published_ms=now_ms,
                 )
             )
+            routes.append(key)
             if emit:
                 evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
                 chunks.append(resp.publish(channel, events.encode(evt)))
-        return await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))  # one server here
-
-    def _cluster_commands(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> list[tuple[Any, ...]]:
-        """The batch's commands for a cluster's pipeline, in the order of the one-server batch."""
-        channel = events_channel(self.prefix)
-        commands: list[tuple[Any, ...]] = []
-        for row, key in zip(rows, keys, strict=True):
-            job_id, queue, task, args, headers, priority, attempts, enq_ms = row[:8]
-            fields = encode_entry(
-                job_id=job_id,
-                task=task,
-                args=args,
-                headers=headers,
-                attempt=attempts + 1,
-                queue=queue,
-                priority=priority,
-                enqueued_ms=enq_ms,
-                published_ms=now_ms,
-            )
-            commands.append(("XADD", key, "*", *(part for item in fields.items() for part in item)))
-            if emit:
-                evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
-                commands.append(("PUBLISH", channel, events.encode(evt)))
-        return commands
+                routes.append(channel_name)
+        return chunks, routes
 
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
         """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from postbox import events, pgarray, redis_conn, resp, sql
@@ -354,33 +355,26 @@ class Completer:
             return
         # One buffer, one write, one deadline (jobs/resp.py): redis-py's pipeline packed
         # each command and read each reply under its own timeout, per batch.
-        if self._cluster:
-            await self._acknowledge_per_node(acks, pending_events)
-            return
         commands: list[bytes] = []
+        routes: list[str] = []
         for stream, ids in acks.items():
             key = stream.encode()
             commands.append(resp.command(b"XACK", key, _GROUP, *ids))
             commands.append(resp.command(b"XDEL", key, *ids))
+            routes += [stream, stream]
         channel = self._channel.encode()
         commands.extend(resp.publish(channel, payload) for payload in pending_events)
+        routes += [self._channel] * len(pending_events)
         try:
-            await resp.send_batch(cast(Redis, self._redis), b"".join(commands), len(commands))  # one server here
+            if self._cluster:  # each node's share in parallel (jobs/redis_conn.py)
+                await redis_conn.send_per_node(
+                    cast(RedisCluster, self._redis), list(zip(routes, commands, strict=True))
+                )
+            else:
+                await resp.send_batch(cast(Redis, self._redis), b"".join(commands), len(commands))
         except Exception:
             # The outcomes are committed; unacknowledged entries are reclaimed
             # later and skipped as finished. Nothing is lost.
-            log.warning("acknowledging entries failed; they will be reclaimed and skipped", exc_info=True)
-
-    async def _acknowledge_per_node(self, acks: dict[str, list[bytes]], pending_events: list[bytes]) -> None:
-        """On a Redis Cluster: the same commands through the cluster's pipeline (each node's share in parallel)."""
-        commands: list[tuple[Any, ...]] = []
-        for stream, ids in acks.items():
-            commands.append(("XACK", stream, GROUP, *ids))
-            commands.append(("XDEL", stream, *ids))
-        commands.extend(("PUBLISH", self._channel, payload) for payload in pending_events)
-        try:
-            await redis_conn.run_commands(self._redis, commands)
-        except Exception:
             log.warning("acknowledging entries failed; they will be reclaimed and skipped", exc_info=True)
 
 

@@ -21,7 +21,7 @@ import redis as syncredis
 from redis.cluster import ClusterNode
 from redis.cluster import RedisCluster as SyncCluster
 
-from postbox import redis_conn
+from postbox import redis_conn, resp
 from postbox.app.admin import queues_cli
 from postbox.relay import Relay, RelaySignals
 from postbox.settings import Settings
@@ -238,6 +238,33 @@ async def test_subscribers_are_counted_on_every_primary(csettings: Settings, clu
 
 async def _subscribed(client: Any, channel: str) -> bool:
     return await redis_conn.subscribers(client, channel) > 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_batch_over_three_nodes_fails_only_the_commands_of_a_node_that_does_not_answer(
+    csettings: Settings, cluster: RedisClusterServers
+) -> None:
+    """The relay's and the completer's per-node sending: a frozen primary (SIGSTOP, shorter than the node
+    timeout) fails its own commands; the other nodes' replies stand, so the caller retries only those."""
+    keys = [queue_streams(csettings.redis_prefix, queue)[4] for queue in csettings.queues]  # three primaries
+    commands = [(key, resp.command(b"XADD", key.encode(), b"*", b"id", b"1")) for key in keys]
+    client = redis_conn.connect(csettings, socket_timeout=0.5, socket_connect_timeout=0.5)
+    frozen_port = node_of(cluster, keys[0])
+    frozen = next(node for node in cluster.nodes if node.port == frozen_port)
+    assert frozen.proc is not None
+    try:
+        assert all(isinstance(reply, bytes) for reply in await redis_conn.send_per_node(client, commands))
+        frozen.proc.send_signal(signal.SIGSTOP)
+        try:
+            replies = await redis_conn.send_per_node(client, commands)
+        finally:
+            frozen.proc.send_signal(signal.SIGCONT)
+        assert isinstance(replies[0], Exception), replies
+        assert all(isinstance(reply, bytes) for reply in replies[1:]), replies
+        await asyncio.to_thread(cluster.wait_ok)
+        assert all(isinstance(reply, bytes) for reply in await redis_conn.send_per_node(client, commands))
+    finally:
+        await client.aclose()
 
 
 @pytest.mark.timeout(240)
