@@ -3,8 +3,9 @@
 Every process builds its Redis client here (:func:`connect`): a plain
 ``redis.asyncio.Redis`` for one server (with replicas, Sentinel or not), or
 ``redis.asyncio.cluster.RedisCluster`` when ``POSTBOX_REDIS_CLUSTER`` is set
-(``POSTBOX_REDIS_URL`` then names any node of the cluster; the client discovers
-the others and follows slot moves and failovers).
+(``POSTBOX_REDIS_URL`` then names one or several nodes of the cluster,
+comma-separated; the client discovers the others and follows slot moves and
+failovers).
 
 The hot paths send raw, pre-encoded batches (:mod:`jobs.resp`). On one server a
 batch is one write on one connection; on a cluster a batch spans slots of
