@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
 
@@ -83,6 +84,17 @@ async def send_batch(redis: Redis, payload: bytes, replies: int) -> list[Any]:
         conn = await pool.get_connection()
     except TypeError:  # redis-py < 5.3 requires a command name (5.3+ deprecates it)
         conn = await pool.get_connection("XADD")  # type: ignore[call-arg,unused-ignore]
+    try:
+        return await exchange(conn, payload, replies)
+    finally:
+        await pool.release(conn)
+
+
+async def exchange(conn: Connection, payload: bytes, replies: int) -> list[Any]:
+    """Write ``payload`` on ``conn``, read ``replies`` replies (errors as instances); drop ``conn`` on failure.
+
+    The caller owns ``conn`` (takes it from its pool and gives it back).
+    """
     limit = conn.socket_timeout
     try:
         await conn.send_packed_command(payload, check_health=False)
@@ -103,4 +115,3 @@ async def send_batch(redis: Redis, payload: bytes, replies: int) -> list[Any]:
         raise
     finally:
         conn.socket_timeout = limit
-        await pool.release(conn)

@@ -41,6 +41,14 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("POSTBOX_REDIS_URL", "REDIS_URL", "redis_url"),
         description="Redis URL (also read from REDIS_URL). Unset: the demo starts an embedded server.",
     )
+    redis_cluster: bool = Field(
+        default=False,
+        description=(
+            "POSTBOX_REDIS_URL is a node of a Redis Cluster (or several, comma-separated, tried in turn at "
+            "start): connect with the cluster client, which discovers the other nodes. Relays, workers and the "
+            "API refuse to start on a cluster node without it (see docs/operations.md, Redis Cluster)."
+        ),
+    )
     schema_name: str = Field(
         default="postbox",
         validation_alias=AliasChoices("POSTBOX_SCHEMA", "schema_name"),
@@ -263,8 +271,9 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _check_redis_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        parts = [] if value is None else [part.strip() for part in value.split(",")]
+        if any(not part.startswith(("redis://", "rediss://", "unix://")) for part in parts):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL (several, comma-separated: cluster nodes)")
         return value
 
     @field_validator("api_key", mode="before")

@@ -2,8 +2,9 @@
 
 Shared by ``relay run``, ``worker run`` and ``api run`` so each fails the same
 way on bad settings (one line naming the setting, exit 2) and starts the same way.
-A Redis Cluster node is refused the same way (postbox speaks to one Redis endpoint:
-keys of other nodes' slots would fail with MOVED, queue by queue, mid-run).
+A Redis Cluster node without ``POSTBOX_REDIS_CLUSTER`` is refused the same way
+(a plain client would fail with MOVED, queue by queue, mid-run), and so is the
+setting on a server that is not a cluster node.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import redis
-
 from postbox import logs
 from postbox.errors import SettingsError
+from postbox.redis_conn import cluster_mode, seed_urls
 from postbox.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -30,7 +30,7 @@ def process_settings(command: str, **overrides: Any) -> Settings | None:
     try:
         settings = load_settings(**{name: value for name, value in overrides.items() if value is not None})
         settings.require_database_url()
-        refusal = cluster_refusal(settings.require_redis_url())
+        refusal = cluster_refusal(settings.require_redis_url(), cluster=settings.redis_cluster)
     except SettingsError as exc:
         print(f"postbox {command}: {exc}", file=sys.stderr)
         return None
@@ -41,24 +41,23 @@ def process_settings(command: str, **overrides: Any) -> Settings | None:
     return settings
 
 
-def cluster_refusal(redis_url: str, timeout: float = 2.0) -> str | None:
-    """Why ``redis_url`` cannot be used, if it is a Redis Cluster node; ``None`` otherwise or when it is down.
+def cluster_refusal(redis_url: str, *, cluster: bool = False, timeout: float = 2.0) -> str | None:
+    """Why ``redis_url`` cannot be used as configured; ``None`` when it can, or when it is down.
 
+    ``cluster`` is ``POSTBOX_REDIS_CLUSTER``: it must match what the server is.
     An unreachable Redis is not refused: processes start and wait for it.
     """
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=timeout, socket_timeout=timeout)
-    try:
-        info: Any = client.info("cluster")  # typed differently across redis-py 5.3 .. 8
-    except redis.RedisError:
+    if not cluster and len(seed_urls(redis_url)) > 1:
+        return "POSTBOX_REDIS_URL: several URLs need POSTBOX_REDIS_CLUSTER=true"
+    found = cluster_mode(redis_url, timeout)
+    if found is None or found == cluster:
         return None
-    finally:
-        client.close()
-    if not info.get("cluster_enabled"):
-        return None
-    return (
-        "POSTBOX_REDIS_URL points at a Redis Cluster node; Redis Cluster is not supported yet "
-        "(use one Redis server with replicas; see docs/operations.md)"
-    )
+    if found:
+        return (
+            "POSTBOX_REDIS_URL points at a Redis Cluster node: set POSTBOX_REDIS_CLUSTER=true "
+            "to use the cluster (see docs/operations.md, Redis Cluster)"
+        )
+    return "POSTBOX_REDIS_CLUSTER is set but POSTBOX_REDIS_URL is not a Redis Cluster node (cluster_enabled:0)"
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -22,13 +22,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from postbox import events, pgarray, resp, sql, tracing
+from postbox import events, pgarray, redis_conn, resp, sql, tracing
 from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater
 from postbox.streams import GROUP, events_channel, stream_key
@@ -65,7 +66,7 @@ def term_checked(row: Any, term: int | None) -> int:
     return int(row[1])
 
 
-async def ensure_group(redis: Redis, key: str) -> None:
+async def ensure_group(redis: redis_conn.AnyRedis, key: str) -> None:
     """Create the consumer group (and the stream) if missing; BUSYGROUP is not an error."""
     try:
         await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
@@ -79,7 +80,7 @@ class Publisher:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: redis_conn.AnyRedis,
         prefix: str,
         *,
         batch_size: int = 1000,
@@ -89,6 +90,7 @@ class Publisher:
         before_mark: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
+        self.cluster = redis_conn.is_cluster(redis)  # a Redis Cluster: batches go per node (redis_conn.send_per_node)
         self.prefix = prefix
         self.batch_size = batch_size
         self.emit_events = emit_events  # None: only while someone subscribes (checked every second)
@@ -112,8 +114,7 @@ class Publisher:
         now = self.monotonic()
         if now - self._subscribers_checked >= EVENTS_CHECK_INTERVAL:
             self._subscribers_checked = now
-            found = await self.redis.pubsub_numsub(events_channel(self.prefix))
-            self._subscribed = bool(found and int(found[0][1]) > 0)
+            self._subscribed = await redis_conn.subscribers(self.redis, events_channel(self.prefix)) > 0
         return self._subscribed
 
     def forget_groups(self) -> None:
@@ -133,9 +134,37 @@ class Publisher:
         await self.ensure_groups(keys)
         emit = await self.events_wanted()
         now_ms = int(self.clock() * 1000)
-        channel = events_channel(self.prefix).encode()
+        with tracing.publish_span(rows):
+            chunks, routes = self._encode(rows, keys, emit, now_ms)
+            if self.cluster:  # each node's share in parallel, one reply per command as on one server
+                results = await redis_conn.send_per_node(
+                    cast(RedisCluster, self.redis), list(zip(routes, chunks, strict=True))
+                )
+            else:
+                results = await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))
+        step = 2 if emit else 1
+        ids: list[int] = []
+        sids: list[str] = []
+        refused: list[int] = []
+        added: list[str] = []
+        for row, key, result in zip(rows, keys, results[::step], strict=True):
+            if isinstance(result, BaseException):
+                refused.append(row[0])
+                log.warning("XADD refused", extra={"outbox_id": row[0], "queue": row[1], "error": str(result)})
+                continue
+            ids.append(row[0])
+            sids.append(result.decode() if isinstance(result, bytes) else str(result))
+            added.append(key)
+        self.high_water.record(added, sids)
+        return ids, sids, refused
+
+    def _encode(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> tuple[list[bytes], list[str]]:
+        """The batch's commands pre-encoded (:mod:`jobs.resp`), and the key each is routed by on a cluster."""
+        channel_name = events_channel(self.prefix)
+        channel = channel_name.encode()
         key_bytes = {key: key.encode() for key in set(keys)}
         chunks: list[bytes] = []
+        routes: list[str] = []
         for row, key in zip(rows, keys, strict=True):
             job_id, queue, task, args, headers, priority, attempts, enq_ms = row[:8]
             chunks.append(
@@ -152,26 +181,12 @@ class Publisher:
                     published_ms=now_ms,
                 )
             )
+            routes.append(key)
             if emit:
                 evt = events.event("published", job_id=job_id, queue=queue, task=task, attempt=attempts + 1)
                 chunks.append(resp.publish(channel, events.encode(evt)))
-        with tracing.publish_span(rows):
-            results = await resp.send_batch(self.redis, b"".join(chunks), len(chunks))
-        step = 2 if emit else 1
-        ids: list[int] = []
-        sids: list[str] = []
-        refused: list[int] = []
-        added: list[str] = []
-        for row, key, result in zip(rows, keys, results[::step], strict=True):
-            if isinstance(result, BaseException):
-                refused.append(row[0])
-                log.warning("XADD refused", extra={"outbox_id": row[0], "queue": row[1], "error": str(result)})
-                continue
-            ids.append(row[0])
-            sids.append(result.decode() if isinstance(result, bytes) else str(result))
-            added.append(key)
-        self.high_water.record(added, sids)
-        return ids, sids, refused
+                routes.append(channel_name)
+        return chunks, routes
 
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
         """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
@@ -289,7 +304,12 @@ class Publisher:
 
 
 async def publish_once(
-    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool | None = None
+    conn: AsyncConnection[Any],
+    redis: redis_conn.AnyRedis,
+    prefix: str,
+    *,
+    batch_size: int = 1000,
+    emit_events: bool | None = None,
 ) -> BatchResult:
     """Publish one batch of due rows with a throwaway :class:`Publisher` (tools, benchmarks).
 
@@ -300,7 +320,12 @@ async def publish_once(
 
 
 async def drain(
-    conn: AsyncConnection[Any], redis: Redis, prefix: str, *, batch_size: int = 1000, emit_events: bool | None = None
+    conn: AsyncConnection[Any],
+    redis: redis_conn.AnyRedis,
+    prefix: str,
+    *,
+    batch_size: int = 1000,
+    emit_events: bool | None = None,
 ) -> int:
     """Publish batches until no row is due; return how many rows were published."""
     publisher = Publisher(redis, prefix, batch_size=batch_size, emit_events=emit_events)

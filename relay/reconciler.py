@@ -37,9 +37,9 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
-from redis.asyncio import Redis
 
 from postbox import sql
+from postbox.redis_conn import AnyRedis
 from postbox.relay.publisher import Publisher, Row, check_term
 from postbox.relay.watermark import EntryId, parse_entry_id, tails_lost
 from postbox.streams import decode_entry, epoch_key, stream_key
@@ -93,7 +93,7 @@ def holds_job(entries: Any, job_id: int) -> bool:
 class Reconciler:
     def __init__(
         self,
-        redis: Redis,
+        redis: AnyRedis,
         prefix: str,
         publisher: Publisher,
         *,

@@ -30,10 +30,10 @@ import psycopg
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from psycopg import AsyncConnection
 from psycopg.errors import UndefinedTable
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from postbox import events, schedule_store
+from postbox.redis_conn import AnyRedis, subscribers
 from postbox.schedule_store import Fired, TickReport
 from postbox.streams import events_channel
 
@@ -87,7 +87,7 @@ class ScheduleDuty:
     def __init__(
         self,
         *,
-        redis: Redis | None = None,
+        redis: AnyRedis | None = None,
         prefix: str = "postbox",
         registry: CollectorRegistry | None = None,
         refresh: float = 5.0,
@@ -197,5 +197,4 @@ class ScheduleDuty:
     async def _listened(self) -> bool:
         """Whether anyone subscribes to the events channel (``emit_events=None``: publish only then)."""
         assert self.redis is not None
-        found = await self.redis.pubsub_numsub(self.channel)
-        return bool(found and found[0][1])
+        return await subscribers(self.redis, self.channel) > 0

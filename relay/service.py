@@ -32,10 +32,9 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from postbox import sql
+from postbox import redis_conn, sql
 from postbox.relay.leader import LeaderSession, LeadershipLost
 from postbox.relay.metrics import RelayMetrics
 from postbox.relay.notifier import Notifier
@@ -147,7 +146,7 @@ class Relay:
 
     async def run(self) -> None:
         """Stand by / lead until :meth:`stop`; always releases the lock before returning."""
-        redis = Redis.from_url(self.redis_url, decode_responses=False, socket_timeout=5, socket_connect_timeout=2)
+        redis = redis_conn.connect(self.settings, decode_responses=False, socket_timeout=5, socket_connect_timeout=2)
         if self.settings.relay_metrics_port:
             self.metrics.serve(self.settings.relay_metrics_port)
         try:
@@ -162,7 +161,7 @@ class Relay:
             log.info("stopped", extra={"relay_id": self.id, "role": "stopped"})
             _fire(self.signals.stopped)
 
-    async def _session_loop(self, redis: Redis) -> None:
+    async def _session_loop(self, redis: redis_conn.AnyRedis) -> None:
         session: LeaderSession | None = None
         try:
             session = await self._open_session()
@@ -243,7 +242,7 @@ class Relay:
 
     # --- leading -------------------------------------------------------------------
 
-    async def _lead(self, session: LeaderSession, redis: Redis) -> None:
+    async def _lead(self, session: LeaderSession, redis: redis_conn.AnyRedis) -> None:
         self.term = session.term
         self._set_role("leader")
         conn = session.conn

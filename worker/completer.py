@@ -15,15 +15,16 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from postbox import events, pgarray, resp, sql
+from postbox import events, pgarray, redis_conn, resp, sql
 from postbox.streams import GROUP, events_channel
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import Outcome, storable
@@ -98,7 +99,7 @@ class Completer:
         self,
         *,
         pool: AsyncConnectionPool[Any],
-        redis: Redis,
+        redis: redis_conn.AnyRedis,
         prefix: str,
         worker_id: str,
         result_ttl: Callable[[Job], float],
@@ -109,6 +110,7 @@ class Completer:
     ) -> None:
         self._pool = pool
         self._redis = redis
+        self._cluster = redis_conn.is_cluster(redis)
         self._channel = events_channel(prefix)
         self._worker_id = worker_id
         self._result_ttl = result_ttl
@@ -152,11 +154,9 @@ class Completer:
             return
         self._events_checked = now
         try:
-            found = await self._redis.pubsub_numsub(self._channel)
+            self.events_wanted = await redis_conn.subscribers(self._redis, self._channel) > 0
         except RedisError:
             self.events_wanted = True  # unknown: keep publishing, best effort as always
-            return
-        self.events_wanted = bool(found and int(found[0][1]) > 0)
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
@@ -358,14 +358,22 @@ class Completer:
         # One buffer, one write, one deadline (jobs/resp.py): redis-py's pipeline packed
         # each command and read each reply under its own timeout, per batch.
         commands: list[bytes] = []
+        routes: list[str] = []
         for stream, ids in acks.items():
             key = stream.encode()
             commands.append(resp.command(b"XACK", key, _GROUP, *ids))
             commands.append(resp.command(b"XDEL", key, *ids))
+            routes += [stream, stream]
         channel = self._channel.encode()
         commands.extend(resp.publish(channel, payload) for payload in pending_events)
+        routes += [self._channel] * len(pending_events)
         try:
-            await resp.send_batch(self._redis, b"".join(commands), len(commands))
+            if self._cluster:  # each node's share in parallel (jobs/redis_conn.py)
+                await redis_conn.send_per_node(
+                    cast(RedisCluster, self._redis), list(zip(routes, commands, strict=True))
+                )
+            else:
+                await resp.send_batch(cast(Redis, self._redis), b"".join(commands), len(commands))
         except Exception:
             # The outcomes are committed; unacknowledged entries are reclaimed
             # later and skipped as finished. Nothing is lost.

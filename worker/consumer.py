@@ -7,18 +7,27 @@ beyond free capacity is taken. When the streams are drained the script also
 returns each stream's newest entry id; the consumer then blocks on a plain
 XREAD after those ids, a wake-up that consumes nothing from the group.
 A group that vanished (Redis lost its data) is recreated from ``0``.
+
+On a Redis Cluster a worker's queues live in different slots (one slot per
+queue, the ``{queue}`` hash tag), and a script may only touch one slot: the
+script runs once per queue, in the worker's queue order, each read asking for
+what the previous ones left of ``count``. Strict priority holds within each
+queue; across queues the earlier queue in the worker's list comes first (on one
+server a higher priority of any queue comes first). The wake-up is one blocking
+XREAD per queue, in parallel, ended as soon as one of them sees an entry.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from postbox import resp
+from postbox import redis_conn, resp
 from postbox.streams import GROUP
 from postbox.worker.delivery import Delivery, parse_delivery
 
@@ -54,7 +63,7 @@ def is_nogroup(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and "NOGROUP" in str(exc)
 
 
-async def ensure_groups(redis: Redis, streams: Sequence[str]) -> None:
+async def ensure_groups(redis: redis_conn.AnyRedis, streams: Sequence[str]) -> None:
     """Create the consumer group on every stream (from 0, MKSTREAM); BUSYGROUP is fine."""
     async with redis.pipeline(transaction=False) as pipe:
         for key in streams:
@@ -70,8 +79,9 @@ def _text(value: bytes | str) -> str:
 
 
 class Consumer:
-    def __init__(self, redis: Redis, *, consumer: str) -> None:
+    def __init__(self, redis: redis_conn.AnyRedis, *, consumer: str) -> None:
         self._redis = redis
+        self._cluster = redis_conn.is_cluster(redis)
         self._script = redis.register_script(READ_SCRIPT)
         self._group_and_consumer = (GROUP.encode(), consumer.encode())
 
@@ -83,18 +93,45 @@ class Consumer:
         claimed batch. A server without the script (restarted, flushed) gets it
         loaded and the call repeated.
         """
+        if self._cluster:
+            return await self._run_script_per_queue(streams, count)
         keys = [key.encode() for key in streams]
         payload = resp.command(
             b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer, b"%d" % count
         )
         for attempt in (1, 2):
-            [reply] = await resp.send_batch(self._redis, payload, 1)
+            [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)  # one server here
             if not isinstance(reply, ResponseError):
                 return reply
             if attempt == 1 and isinstance(reply, NoScriptError):
                 await self._redis.script_load(READ_SCRIPT)
                 continue
             raise reply
+
+    async def _run_script_per_queue(self, streams: Sequence[str], count: int) -> Any:
+        """A cluster: the script once per queue (one slot each), merged into one reply of the same shape."""
+        found: list[Any] = []
+        tails: dict[str, Any] = {}
+        want = count
+        for group in _by_slot(streams):
+            if want <= 0:
+                break
+            args: list[bytes | int] = [*self._group_and_consumer, want]
+            try:
+                part_found, part_tails = await self._script(keys=group, args=args)
+            except ResponseError as exc:
+                if not is_nogroup(exc):
+                    raise
+                log.warning("consumer group missing (Redis lost data?); recreating it from 0")
+                await ensure_groups(self._redis, group)  # this queue's only: the others' entries are in hand
+                part_found, part_tails = await self._script(keys=group, args=args)
+            for _stream, entries in part_found:
+                want -= len(entries)
+            found.extend(part_found)
+            tails.update(zip(group, part_tails, strict=False))
+        if want > 0:  # every queue drained: tails in the order of ``streams``, as one server returns them
+            return [found, [tails.get(key, b"0-0") for key in streams]]
+        return [found, []]
 
     async def read(
         self, streams: Sequence[str], count: int
@@ -129,4 +166,44 @@ class Consumer:
         """Block until an entry newer than ``tails`` arrives on any stream (or timeout)."""
         if not tails:
             return
+        if self._cluster:
+            await self._wait_per_queue(tails, block)
+            return
         await self._redis.xread(tails, count=1, block=max(1, int(block * 1000)))  # type: ignore[arg-type]
+
+    async def _wait_per_queue(self, tails: dict[str, str], block: float) -> None:
+        """A cluster: one blocking XREAD per queue (an XREAD may not span slots), until the first answers."""
+        waits = [
+            asyncio.ensure_future(
+                self._redis.xread(
+                    {key: tails[key] for key in group},
+                    count=1,
+                    block=max(1, int(block * 1000)),
+                )
+            )
+            for group in _by_slot(list(tails))
+        ]
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()  # a cancelled read drops its connection: its reply cannot come back later
+            await asyncio.gather(*waits, return_exceptions=True)
+        for wait in done:
+            error = None if wait.cancelled() else wait.exception()
+            if isinstance(error, ResponseError) and str(error).startswith("UNBLOCKED"):
+                # The node turned replica (a failover): a wake-up like any other; the
+                # next read goes to the new primary (the cluster client follows MOVED).
+                log.info("a blocked wait ended by a failover", extra={"error": str(error)})
+                return
+            if error is not None:
+                raise error
+
+
+def _by_slot(streams: Sequence[str]) -> list[list[str]]:
+    """``streams`` grouped by queue (their ``{queue}`` hash tag, so by cluster slot), in order of first appearance."""
+    groups: dict[str, list[str]] = {}
+    for key in streams:
+        tag = key[key.index("{") : key.index("}") + 1] if "{" in key and "}" in key else key
+        groups.setdefault(tag, []).append(key)
+    return list(groups.values())

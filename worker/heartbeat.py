@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
 from postbox import sql
+from postbox.redis_conn import AnyRedis
 from postbox.streams import GROUP
 from postbox.worker.delivery import Delivery, Job
 
@@ -30,7 +30,7 @@ class Heartbeat:
     def __init__(
         self,
         pool: AsyncConnectionPool[Any],
-        redis: Redis,
+        redis: AnyRedis,
         *,
         worker_id: str,
         queues: list[str],

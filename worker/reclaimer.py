@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
 from postbox import sql
+from postbox.redis_conn import AnyRedis
 from postbox.streams import GROUP, parse_stream_key
 from postbox.worker.consumer import ensure_groups, is_nogroup
 from postbox.worker.delivery import Delivery, parse_delivery
@@ -57,7 +57,7 @@ def parse_autoclaim(reply: Sequence[Any]) -> tuple[bytes, list[tuple[bytes, dict
 
 
 class Reclaimer:
-    def __init__(self, redis: Redis, pool: AsyncConnectionPool[Any], *, prefix: str, consumer: str, min_idle: float):
+    def __init__(self, redis: AnyRedis, pool: AsyncConnectionPool[Any], *, prefix: str, consumer: str, min_idle: float):
         self._redis = redis
         self._pool = pool
         self._prefix = prefix

@@ -23,9 +23,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
-from redis.asyncio import Redis
 
-from postbox import definitions, events, sql
+from postbox import definitions, events, redis_conn, sql
 from postbox import flow as flow_limits
 from postbox.errors import SettingsError
 from postbox.registry import Registry, default_registry
@@ -142,7 +141,7 @@ class Worker:
 
     async def run(self) -> None:
         s = self.settings
-        redis = Redis.from_url(s.require_redis_url(), decode_responses=False)
+        redis = redis_conn.connect(s, decode_responses=False)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             s.require_database_url(),
             min_size=2,

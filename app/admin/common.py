@@ -17,8 +17,8 @@ from typing import Any, TextIO
 
 import orjson
 import psycopg
-import redis.asyncio as aioredis
 
+from postbox import redis_conn
 from postbox.control import Actor, ControlError
 from postbox.errors import EnqueueError, PostboxError, SettingsError
 from postbox.settings import Settings, load_settings
@@ -149,7 +149,7 @@ async def _with_session(settings: Settings, command: Command, args: argparse.Nam
     )
     redis = None
     if settings.redis_url:
-        redis = aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=2.0, socket_timeout=5.0)
+        redis = redis_conn.connect(settings, socket_connect_timeout=2.0, socket_timeout=5.0)
     try:
         return await command(Session(settings, conn, redis), args)
     finally:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from postbox.events import TERMINAL_EVENTS, EventType, decode, encode, event
+from postbox.redis_conn import is_cluster
 from postbox.streams import events_channel
 
 log = logging.getLogger("postbox.api.events")
@@ -110,6 +111,8 @@ class EventHub:
             client = self._redis_factory()
             pubsub = client.pubsub()
             try:
+                if is_cluster(client):
+                    await client.initialize()  # the slot map: the subscription goes to the channel's primary
                 await pubsub.subscribe(self.channel)
                 while True:
                     message = await pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)

@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, FastAPI
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import migrate
+from postbox import migrate, redis_conn
 from postbox.app.api import (
     errors,
     results,
@@ -52,7 +51,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
     as ``app.state.postbox.pool``): the Stagedoor demo's API process does.
     """
     database_url = settings.require_database_url()
-    redis_url = settings.require_redis_url()
+    settings.require_redis_url()
     if registry is None:
         load_task_modules(settings.tasks)
         registry = default_registry
@@ -70,8 +69,8 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
             name="postbox-api",
         )
         await pool.open(wait=False)
-        client = aioredis.Redis.from_url(redis_url, socket_connect_timeout=2.0, socket_timeout=5.0)
-        hub = EventHub(lambda: aioredis.Redis.from_url(redis_url, socket_connect_timeout=2.0), settings.redis_prefix)
+        client = redis_conn.connect(settings, socket_connect_timeout=2.0, socket_timeout=5.0)
+        hub = EventHub(lambda: redis_conn.connect(settings, socket_connect_timeout=2.0), settings.redis_prefix)
         app.state.postbox = ApiState(
             settings=settings,
             registry=task_registry,

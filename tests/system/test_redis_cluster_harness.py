@@ -1,24 +1,30 @@
-"""The harness's real Redis Cluster, what postbox's key layout gives on it, and the refusal to run on it.
+"""The harness's real Redis Cluster, postbox's key layout on it, and postbox's processes on it.
 
 Three primaries with a replica each on loopback ports (tests/harness/redis_cluster.py),
 started once for this module. A queue's ten priority streams hash to one slot
-(the ``{queue}`` tag), so one queue is always on one node; different queues
+(the ``{queue}`` hash tag), so one queue is always on one node; different queues
 spread over the primaries. A replica takes over its primary's slots
-(``CLUSTER FAILOVER``). postbox's processes do not run on a cluster yet: they
-refuse it at start with one line, instead of failing queue by queue mid-run.
+(``CLUSTER FAILOVER``). With ``POSTBOX_REDIS_CLUSTER=true`` the relay, workers,
+the API and the CLI run on the cluster, through a failover; without it they
+refuse a cluster node at start with one line (and the setting on a plain server too).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
+import psycopg
 import pytest
 
 from postbox.startup import cluster_refusal
 from postbox.streams import queue_streams
-from tests.ha_support import wait_for
+from tests import tasks_ha
+from tests.ha_support import Processes, Producer, all_finished, check_invariants, finished_count, wait_for
 from tests.harness.redis_cluster import RedisClusterServers, running_cluster
 from tests.harness.redis_server import free_port
 
@@ -32,7 +38,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterSe
 
 
 @pytest.mark.timeout(120)
-def test_relay_worker_and_api_refuse_a_cluster_at_start_with_one_line(
+def test_without_the_cluster_setting_relay_worker_and_api_refuse_a_cluster_node_with_one_line(
     cluster: RedisClusterServers, child_env: dict[str, str]
 ) -> None:
     env = dict(child_env, POSTBOX_REDIS_URL=cluster.url)
@@ -50,8 +56,8 @@ def test_relay_worker_and_api_refuse_a_cluster_at_start_with_one_line(
             _out, err = proc.communicate(timeout=60)
             assert proc.returncode == 2, (name, err.decode())
             assert err.decode().strip().splitlines()[-1] == (
-                f"postbox {name}: POSTBOX_REDIS_URL points at a Redis Cluster node; Redis Cluster is not supported "
-                "yet (use one Redis server with replicas; see docs/operations.md)"
+                f"postbox {name}: POSTBOX_REDIS_URL points at a Redis Cluster node: set POSTBOX_REDIS_CLUSTER=true "
+                "to use the cluster (see docs/operations.md, Redis Cluster)"
             )
     finally:
         for proc in procs.values():
@@ -60,9 +66,86 @@ def test_relay_worker_and_api_refuse_a_cluster_at_start_with_one_line(
                 proc.wait(timeout=10)
 
 
-def test_a_plain_server_or_an_unreachable_one_is_not_refused(redis_url: str) -> None:
+def test_a_plain_server_or_an_unreachable_one_is_not_refused_and_the_cluster_setting_on_a_plain_one_is(
+    redis_url: str, cluster: RedisClusterServers
+) -> None:
     assert cluster_refusal(redis_url) is None
     assert cluster_refusal(f"redis://127.0.0.1:{free_port()}/0") is None  # down: processes start and wait
+    assert cluster_refusal(f"redis://127.0.0.1:{free_port()}/0", cluster=True) is None
+    assert cluster_refusal(cluster.url, cluster=True) is None
+    assert cluster_refusal(redis_url, cluster=True) == (
+        "POSTBOX_REDIS_CLUSTER is set but POSTBOX_REDIS_URL is not a Redis Cluster node (cluster_enabled:0)"
+    )
+    seeds = f"redis://127.0.0.1:{free_port()}/0,{cluster.url}"  # the first is down: the next one answers
+    assert cluster_refusal(seeds, cluster=True) is None
+    assert cluster_refusal(seeds) == "POSTBOX_REDIS_URL: several URLs need POSTBOX_REDIS_CLUSTER=true"
+
+
+def api_ready(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.timeout(240)
+def test_relay_workers_api_and_cli_processes_run_on_the_cluster_through_a_failover(
+    cluster: RedisClusterServers, database_url: str, child_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A steady producer; two relays, two workers and the API as processes; the queue's primary fails over."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(tasks_ha.EFFECTS_DDL)
+    env = dict(
+        child_env,
+        POSTBOX_REDIS_URL=cluster.url,
+        POSTBOX_REDIS_CLUSTER="true",
+        POSTBOX_VISIBILITY_TIMEOUT="3",
+        POSTBOX_HEARTBEAT_INTERVAL="0.5",
+        POSTBOX_RELAY_SESSION_TIMEOUT="2",
+        POSTBOX_DRAIN_TIMEOUT="2",
+        POSTBOX_TASKS="tests.tasks_ha",
+        POSTBOX_API_INSECURE="true",
+    )
+    key = queue_streams(env["POSTBOX_REDIS_PREFIX"], tasks_ha.QUEUE)[0]
+    port = free_port()
+    procs = Processes(env, tmp_path)
+    producer = Producer(database_url)
+    try:
+        procs.relay()
+        procs.relay()
+        procs.worker()
+        procs.worker()
+        procs.start("-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port))
+        wait_for(lambda: api_ready(port), 60, "the API ready")
+        producer.start()
+        wait_for(lambda: finished_count(database_url) >= 50, 60, "the first 50 jobs done")
+        with cluster.client() as client:
+            owner = int(client.get_node_from_key(key).port)
+        replica = cluster.replica_of(owner)
+        with replica.client() as node:
+            node.execute_command("CLUSTER", "FAILOVER")
+        cluster.wait_ok()
+        done = finished_count(database_url)
+        wait_for(lambda: finished_count(database_url) >= done + 50, 60, "50 more jobs done after the failover")
+        producer.stop()
+        wait_for(lambda: all_finished(database_url), 60, "every job done")
+        check_invariants(database_url, producer.committed)
+        stats = httpx.get(f"http://127.0.0.1:{port}/api/v1/queues/{tasks_ha.QUEUE}", timeout=10).json()
+        assert (stats["in_streams"], stats["stream_pending"], stats["redis_error"]) == (0, 0, None), stats
+        for argv in (["pause", tasks_ha.QUEUE], ["list", "--json"]):  # paused: listed with no job waiting
+            listed = subprocess.run(
+                [sys.executable, "-m", "postbox.app", "queues", *argv],
+                env=env, capture_output=True, text=True, timeout=60, check=True,
+            )  # fmt: skip
+        rows = [q for q in json.loads(listed.stdout) if q["queue"] == tasks_ha.QUEUE]
+        assert len(rows) == 1, (listed.stdout, listed.stderr)
+        [row] = rows
+        assert (row["in_streams"], row["stream_pending"], row["redis_error"]) == (0, 0, None), row
+        assert all(code is None for code in procs.exit_codes()), procs.tail()
+        assert "Traceback" not in procs.text("worker") + procs.text("relay"), procs.tail()
+    finally:
+        producer.stop()
+        procs.close()
 
 
 @pytest.mark.timeout(120)

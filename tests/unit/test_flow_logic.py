@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from postbox.errors import InvalidOptionError
@@ -136,7 +138,7 @@ def test_starts_never_come_closer_than_half_an_interval() -> None:
         state.now = step * 0.01
         if allocate([Candidate(step, rate, reserved_at=0.0)], state) == [Start(step)]:
             starts.append(state.now)
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert min(gaps) >= 0.05 - 1e-9
     assert len(starts) == pytest.approx(20, abs=1)  # 10 per second over 2 s: the cell keeps the schedule
 
