@@ -164,3 +164,26 @@ def test_prune_removes_flow_state_that_no_longer_counts_and_keeps_live_slots(
     assert report.limits == 2
     assert conn.execute("SELECT job_id FROM postbox.limit_slots").fetchall() == [(live[0],)]
     assert conn.execute("SELECT key FROM postbox.limit_rates").fetchall() == [("task:busy",)]
+
+
+async def test_a_queue_limit_holds_for_every_task_of_the_queue(
+    fsettings: Settings, runs: psycopg.AsyncConnection[Any]
+) -> None:
+    """limit_queue()/an override on the queue: concurrency and rate across all its tasks."""
+    aconn = runs
+    await aconn.execute(
+        "INSERT INTO postbox.limits (scope, name, override, override_by, override_at)"
+        ' VALUES (\'queue\', %s, \'{"concurrency": 2, "rate": {"limit": 40, "period": 1.0, "burst": 1}}\','
+        " 'test', now())",
+        (f.QUEUE,),
+    )
+    await aconn.commit()
+    await enqueue_many(aconn, [(f.f_free, {}) for _ in range(30)] + [(f.f_part, {"customer_id": i}) for i in range(30)])
+    async with relay_running(fsettings), running_worker(fsettings) as w1, running_worker(fsettings):
+        assert w1.limits.queues[f.QUEUE].concurrency == 2
+        await wait_until(lambda: all_done(aconn, 60), 60, "60 jobs of two tasks done")
+    rows = await fetch(aconn, "SELECT started, ended FROM flow_runs ORDER BY started")
+    assert len(rows) == 60
+    assert f.max_overlap([(s, e) for s, e in rows]) <= 2  # both tasks together
+    starts = [s for s, _ in rows]
+    assert starts[-1] - starts[0] >= 59 / 40 * 0.9  # 60 starts at 40/s take about 1.5 s
