@@ -1,7 +1,8 @@
 """``postbox bench <scenario>``: measure postbox (and peers) here.
 
 Scenarios: enqueue, relay, worker, latency (``all`` runs these four), and
-schedules, flow, exactly-once, rest, growth (each on its own: minutes each).
+schedules, flow, exactly-once, rest, growth, cluster (each on its own: minutes each;
+cluster starts Redis servers of its own).
 
 Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
 DATABASE_URL and POSTBOX_REDIS_URL / REDIS_URL, in a database and key prefix
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from postbox.app.bench.peers import Peer, PeerDrain
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
-EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "rest", "growth")  # not part of `all`: minutes each
+EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "rest", "growth", "cluster")  # not part of `all`: minutes each
 GROWTH_PARTS = ("drain", "queues", "steady", "processes")
 
 
@@ -160,6 +161,10 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
         from postbox.app.bench.growth import run as run_growth
 
         return run_growth
+    if name == "cluster":
+        from postbox.app.bench.cluster import run as run_cluster
+
+        return run_cluster
     raise ValueError(f"unknown scenario {name!r}")
 
 

@@ -254,3 +254,22 @@ def test_bench_growth_queues_and_steady_at_tiny_sizes(servers: Servers) -> None:
     ):
         assert len(figures[key].values) == 1 and figures[key].values[0] > 0, key
     assert figures["growth.steady_rows_end"].values[0] >= 0
+
+
+def test_bench_cluster_drains_on_one_redis_and_on_a_three_primary_cluster_it_starts_itself(servers: Servers) -> None:
+    """`bench cluster` at tiny sizes: its own servers, six queues two per primary, both drains complete."""
+    from postbox.app.bench import cluster as bench_cluster
+
+    if not bench_cluster.available():
+        pytest.skip(bench_cluster.MISSING)
+    params = Params(jobs=300, repeat=1, batch=300, concurrency=10)
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = {f.key: f for f in bench_cluster.run(box, url, params, Progress(quiet=True))}
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
+    assert sorted(figures) == ["cluster.cluster", "cluster.ratio", "cluster.single"]
+    assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
+    assert "timed out" not in figures["cluster.cluster"].label
+    ratio = figures["cluster.ratio"].values[0]
+    assert ratio == figures["cluster.cluster"].values[0] / figures["cluster.single"].values[0]
