@@ -70,3 +70,8 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         now += step
         best = max(best, now)
     return best
+
+
+@task(queue=QUEUE, retry=FAST, rate="1/4s")
+async def f_slow_rate(ctx: Any) -> None:
+    await _run(ctx, "f_slow_rate", None, 0)

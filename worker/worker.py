@@ -130,6 +130,7 @@ class Worker:
             self._abort.set()
         self._stopping.set()
         self.capacity.wake()
+        self._wake_waits.set()  # jobs waiting here for their reservation stay pending for another worker
 
     async def wait_idle(self) -> None:
         """Return once every outcome and acknowledgement handed to the completer is done (tests)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -187,3 +188,21 @@ async def test_a_queue_limit_holds_for_every_task_of_the_queue(
     assert f.max_overlap([(s, e) for s, e in rows]) <= 2  # both tasks together
     starts = [s for s, _ in rows]
     assert starts[-1] - starts[0] >= 59 / 40 * 0.9  # 60 starts at 40/s take about 1.5 s
+
+
+async def test_a_worker_stops_at_once_while_a_job_waits_in_it_for_its_reservation(
+    fsettings: Settings, runs: psycopg.AsyncConnection[Any]
+) -> None:
+    """The reservation (4 s away) waits in the worker; stopping leaves its entry to another worker."""
+    aconn = runs
+    await enqueue_many(aconn, [(f.f_slow_rate, {}) for _ in range(2)])
+    async with relay_running(fsettings):
+        async with running_worker(fsettings) as worker:
+            await wait_until(lambda: fetchval(aconn, "SELECT count(*) = 1 FROM flow_runs"), 30, "the first start")
+            await wait_until(lambda: len(worker._waits) == 1, 30, "the second waiting in the worker")
+            stopping = time.monotonic()
+        assert time.monotonic() - stopping < 2.0  # not the 4 s to its reservation
+        async with running_worker(fsettings):  # the entry left pending is reclaimed, its token kept
+            await wait_until(lambda: fetchval(aconn, "SELECT count(*) = 2 FROM flow_runs"), 30, "the second start")
+    gap = await fetchval(aconn, "SELECT max(started) - min(started) FROM flow_runs")
+    assert gap >= 4.0 * 0.9
