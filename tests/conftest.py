@@ -52,11 +52,19 @@ def template_db(servers: Servers) -> Iterator[str]:
     databases.drop(servers.database_url, name)
 
 
+@pytest.fixture(scope="session")
+def database_copies(servers: Servers, template_db: str) -> Iterator[databases.Copies]:
+    copies = databases.Copies(servers.database_url, template_db)
+    yield copies
+    copies.close()
+
+
 @pytest.fixture
-def database_url(servers: Servers, template_db: str) -> Iterator[str]:
-    name = databases.create_from_template(servers.database_url, template_db)
+def database_url(servers: Servers, database_copies: databases.Copies) -> Iterator[str]:
+    """A fresh copy of the migrated template, this test's alone; dropped after it."""
+    name = database_copies.take()
     yield databases.with_database(servers.database_url, name)
-    databases.drop(servers.database_url, name)
+    database_copies.give_back(name)
 
 
 @pytest.fixture
