@@ -35,10 +35,21 @@ prepared statements (psycopg prepares a statement run often).
 The worker also reads and acknowledges each delivery in Redis, and the relay
 publishes and marks each job: work pgbench does not do. Without pgbench on
 PATH the pgbench figures are skipped with the reason in their label.
+
+4. **PgQueuer writing the same effect** (``exactly_once.pgqueuer``, with the
+   bench extra installed): the same N jobs enqueued in bulk in PgQueuer's
+   own database, one worker process in its best configuration
+   (``pgqueuer_peer.BEST``) whose handler writes the same effect row in a
+   transaction of its own on an asyncpg pool as large as postbox's, timed by
+   the handler's tally after each commit; ``exactly_once.ratio_pgqueuer`` is
+   postbox / PgQueuer per repetition. PgQueuer cannot commit the effect with
+   the job's completion (a crash between the two runs the handler again), so
+   it does less than postbox here.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, LiteralString
 
 import psycopg
@@ -49,7 +60,7 @@ from postbox.app.bench import worker as bench_worker
 from postbox.app.bench.params import Params
 from postbox.app.bench.procs import bench_env
 from postbox.app.bench.progress import Progress
-from postbox.app.bench.report import Figure, Target
+from postbox.app.bench.report import Figure, Report, Target
 from postbox.app.bench.sandbox import Sandbox
 from postbox.app.bench.tasks import EFFECTS_DDL
 
@@ -134,6 +145,71 @@ def _check_done(conn: psycopg.Connection[Any], jobs: int) -> None:
         raise RuntimeError(f"expected {jobs} succeeded jobs and effects, found {found} and {effects} effects")
 
 
+class PgQueuerEffect:
+    """PgQueuer's handler writing the effect row (its best configuration), one drain per repetition."""
+
+    def __init__(self, box: Sandbox, params: Params, jobs: int, pool: int, progress: Progress) -> None:
+        from postbox.app.bench import peers
+        from postbox.app.bench.peers import pgqueuer_peer
+        from postbox.app.bench.peers.common import PeerConfig
+
+        self.progress = progress
+        self.jobs = jobs
+        self.report = Report(machine={}, parameters={})  # a failed drain's note; the figure's label carries it
+        cfg = PeerConfig(database_url=box.database("pgqueuer", migrated=False), concurrency=params.concurrency)
+        peers.sync(pgqueuer_peer.install(cfg))
+        with psycopg.connect(cfg.database_url) as conn:
+            conn.execute(EFFECTS_DDL)
+        self.database_url = cfg.database_url
+        env = {**bench_env("", "", box.prefix), pgqueuer_peer.EFFECT_ENV: str(pool)}
+        peer = peers.Peer("pgqueuer", pgqueuer_peer, cfg, env)
+        self.drain = peers.PeerDrain(peer, replace(params, jobs=jobs), progress, self.report)
+        self.drain.figure.scenario = SCENARIO
+        self.drain.figure.key = "exactly_once.pgqueuer"
+        self.drain.figure.system = ""
+        self.drain.figure.paired = False
+        self.drain.figure.label = (
+            f"{peer.label}: handler writing the effect row in its own transaction, pool {pool}, jobs/s ({jobs:,} jobs)"
+        )
+
+    @property
+    def figure(self) -> Figure:
+        return self.drain.figure
+
+    def _reset_effects(self) -> None:
+        with psycopg.connect(self.database_url) as conn:
+            conn.execute(RESET_EFFECTS)
+
+    def warm_up(self) -> None:
+        self._reset_effects()
+        self.drain.warm_up()
+
+    def rep(self, index: int) -> float | None:
+        """This repetition's jobs/s, or None when the drain failed (the figure's label says why)."""
+        self._reset_effects()
+        before = len(self.figure.values)
+        self.drain.rep(index)
+        if len(self.figure.values) == before:
+            if "[failed" not in self.figure.label:
+                self.figure.label += f" [failed: {'; '.join(self.report.notes)}]"
+            return None
+        with psycopg.connect(self.database_url) as conn:
+            effects = outbox.scalar(conn, COUNT_EFFECTS)
+        if effects != self.jobs:
+            raise RuntimeError(f"pgqueuer: expected {self.jobs} effect rows, found {effects}")
+        return self.figure.values[-1]
+
+
+def _pgqueuer_effect(box: Sandbox, params: Params, jobs: int, pool: int, progress: Progress) -> PgQueuerEffect | str:
+    """The PgQueuer comparison, or why it cannot run (its package missing)."""
+    try:
+        import asyncpg  # noqa: F401
+        import pgqueuer  # noqa: F401
+    except ImportError as exc:
+        return f"PgQueuer not installed ({exc.name}): pip install -e '.[bench]'"
+    return PgQueuerEffect(box, params, jobs, pool, progress)
+
+
 def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
     clients = pool_size(params.concurrency)
     per_client = max(1, params.jobs // clients)
@@ -158,7 +234,14 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
         SCENARIO, "exactly_once.ratio", "postbox / pgbench job transaction (paired)", "x", target=Target(">=", 0.8)
     )
     ratio_claim = Figure(SCENARIO, "exactly_once.ratio_claim", "postbox / pgbench claim + transaction (paired)", "x")
-    figures = [tx, claim_tx, ours, ratio, ratio_claim]
+    ratio_pgq = Figure(SCENARIO, "exactly_once.ratio_pgqueuer", "postbox / PgQueuer writing the effect (paired)", "x")
+    peer = _pgqueuer_effect(box, params, jobs, clients, progress)
+    if isinstance(peer, str):
+        progress.say(f"exactly-once: {peer}; the PgQueuer figures skipped")
+        ratio_pgq.label += f" [skipped: {peer}]"
+        figures = [tx, claim_tx, ours, ratio, ratio_claim, ratio_pgq]
+    else:
+        figures = [tx, claim_tx, ours, peer.figure, ratio, ratio_claim, ratio_pgq]
     have_pgbench = pgbench.available()
     if not have_pgbench:
         progress.say(f"exactly-once: {pgbench.MISSING}; pgbench figures skipped")
@@ -172,6 +255,8 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
         conn.execute(CREATE_PICK)
         conn.commit()
         bench_worker.drain_once(box, conn, env, variant, params, min(bench_worker.WARMUP_JOBS, jobs))
+        if not isinstance(peer, str):
+            peer.warm_up()
         progress.say("exactly-once warm-up drain done")
         for rep in range(params.repeat):
             if have_pgbench:
@@ -194,6 +279,9 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
             if have_pgbench:
                 ratio.values.append(rate / tx.values[-1])
                 ratio_claim.values.append(rate / claim_tx.values[-1])
+            if not isinstance(peer, str) and (theirs := peer.rep(rep)) is not None:
+                ratio_pgq.values.append(rate / theirs)
+                progress.say(f"exactly-once rep {rep + 1}/{params.repeat} pgqueuer: {theirs:,.0f} jobs/s")
         outbox.reset(conn)
         conn.execute(RESET_EFFECTS)
         conn.commit()

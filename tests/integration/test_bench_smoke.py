@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -169,18 +170,30 @@ def test_bench_exactly_once_runs_pgbench_and_postbox_on_the_same_jobs(servers: S
         with psycopg.connect(url) as conn:
             assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
             assert conn.execute("SELECT count(*) FROM public.bench_effects").fetchone() == (0,)
+    pgqueuer = importlib.util.find_spec("pgqueuer") is not None  # the bench extra: its handler writes the effect
     assert sorted(figures) == [
         "exactly_once.pgbench_claim_tx",
         "exactly_once.pgbench_tx",
+        *(["exactly_once.pgqueuer"] if pgqueuer else []),
         "exactly_once.postbox",
         "exactly_once.ratio",
         "exactly_once.ratio_claim",
+        "exactly_once.ratio_pgqueuer",
     ]
-    assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
+    measured = [f for f in figures.values() if pgqueuer or f.key != "exactly_once.ratio_pgqueuer"]
+    assert all(len(f.values) == 1 and f.values[0] > 0 for f in measured)
     assert "8 clients" in figures["exactly_once.pgbench_tx"].label  # the worker's pool: min(4, 20) + 4
     ratio = figures["exactly_once.ratio"]
     assert ratio.values[0] == figures["exactly_once.postbox"].values[0] / figures["exactly_once.pgbench_tx"].values[0]
     assert str(ratio.target) == ">= 0.80"
+    if pgqueuer:
+        theirs = figures["exactly_once.pgqueuer"]
+        assert "pool 8" in theirs.label and "[failed" not in theirs.label
+        ours = figures["exactly_once.postbox"].values[0]
+        assert figures["exactly_once.ratio_pgqueuer"].values == [ours / theirs.values[0]]
+    else:
+        assert figures["exactly_once.ratio_pgqueuer"].values == []
+        assert "[skipped: PgQueuer not installed" in figures["exactly_once.ratio_pgqueuer"].label
 
 
 def test_bench_rest_drives_the_api_with_ab_and_pgbench_inserts(servers: Servers) -> None:

@@ -8,11 +8,19 @@ benchmark tool, the number of dequeuers and their batch size), so up to
 ``M*B`` jobs run at once.  Everything else is PgQueuer's default, log
 aggregation included.  The drain is timed by the handler's in-memory tally
 (``common.Probe``), not by PgQueuer's tables.
+
+With ``POSTBOX_BENCH_PEER_EFFECT=<pool size>`` (``bench exactly-once``) the
+handler instead writes the effect row ``bench_effect`` writes, in a
+transaction of its own on an asyncpg pool of that size, and is counted once
+that transaction committed.  PgQueuer has no way to commit a handler's effect
+together with the job's completion, so this is the nearest it comes to the
+exactly-once path: the effect committed, the job acknowledged after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from postbox.app.bench.peers.common import PeerConfig, Probe, load, paced
@@ -28,6 +36,8 @@ CONFIGS = {
     "10x5": (10, 5),
 }
 BEST = "1x50"
+EFFECT_ENV = "POSTBOX_BENCH_PEER_EFFECT"  # the handler's pool size: write the effect row (bench exactly-once)
+EFFECT_INSERT = "INSERT INTO public.bench_effects (job_id, n) VALUES ($1, 0)"
 
 
 def shape(cfg: PeerConfig) -> tuple[int, int]:
@@ -107,13 +117,26 @@ async def work(cfg: PeerConfig) -> None:
     pgq = load("pgqueuer")
     probe = Probe()
     count, batch = shape(cfg)
+    pool: Any = None
+    if effect_pool := int(os.environ.get(EFFECT_ENV) or 0):
+        pool = await load("asyncpg").create_pool(cfg.database_url, min_size=effect_pool, max_size=effect_pool)
     managers = []
     for _ in range(count):
         qm = pgq.QueueManager(pgq.Queries(pgq.AsyncpgDriver(await _connect(cfg))))
 
-        @qm.entrypoint(ENTRYPOINT)
-        async def bench_noop(job: Any) -> None:
-            probe.hit(job.id)
+        if pool is None:
+
+            @qm.entrypoint(ENTRYPOINT)
+            async def bench_noop(job: Any) -> None:
+                probe.hit(job.id)
+
+        else:
+
+            @qm.entrypoint(ENTRYPOINT)
+            async def bench_effect(job: Any) -> None:
+                async with pool.acquire() as conn, conn.transaction():
+                    await conn.execute(EFFECT_INSERT, job.id)
+                probe.hit(job.id)
 
         managers.append(qm)
     await asyncio.gather(*(qm.run(batch_size=batch) for qm in managers))
