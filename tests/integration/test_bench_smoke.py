@@ -24,6 +24,7 @@ from postbox.app.bench.params import Params
 from postbox.app.bench.progress import Progress
 from postbox.app.bench.report import Report, render
 from postbox.app.bench.sandbox import sandbox
+from tests.harness.redis_cluster import needs_cluster_client
 from tests.harness.servers import Servers
 
 
@@ -269,6 +270,7 @@ def test_bench_growth_queues_and_steady_at_tiny_sizes(servers: Servers) -> None:
     assert figures["growth.steady_rows_end"].values[0] >= 0
 
 
+@needs_cluster_client
 def test_bench_cluster_drains_on_one_redis_and_on_a_three_primary_cluster_it_starts_itself(servers: Servers) -> None:
     """`bench cluster` at tiny sizes: its own servers, six queues two per primary, both drains complete."""
     from postbox.app.bench import cluster as bench_cluster
