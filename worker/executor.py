@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import hooks, tracing
@@ -25,7 +24,6 @@ from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
 from postbox.registry import Registry, TaskSpec
 from postbox.settings import Settings
 from postbox.worker import outcomes
-from postbox.worker.completer import record_outcomes
 from postbox.worker.context import StaleAttempt, WorkerJobContext
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import JobTimeout, Outcome
@@ -73,9 +71,6 @@ class Executor:
     def result_ttl(self, job: Job) -> float:
         spec = self.spec(job.delivery.task)
         return spec.result_ttl if spec is not None else DEFAULT_RESULT_TTL
-
-    async def _record_in_transaction(self, conn: AsyncConnection[Any], job: Job, outcome: Outcome) -> bool:
-        return bool(await record_outcomes(conn, self._worker_id, [(job, outcome)], self.result_ttl, notify=False))
 
     def arguments(self, delivery: Delivery) -> dict[str, Any] | Exception:
         """The handler's keyword arguments from the delivery's args, or why its handler refuses them.
@@ -140,7 +135,6 @@ class Executor:
             pool=self._pool,
             registry=self._registry,
             deadline=time.monotonic() + timeout if timeout else None,
-            record_in_transaction=self._record_in_transaction,
         )
         if self._on_start is not None:
             self._on_start(job)

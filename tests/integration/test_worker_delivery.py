@@ -139,7 +139,6 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
             pool=pool,
             registry=postbox.default_registry,
             deadline=None,
-            record_in_transaction=lambda c, j, o: record_outcomes(c, "worker-aaaaaaaa", [(j, o)], lambda _: 60),
         )
         with pytest.raises(StaleAttempt):
             async with ctx.transaction() as conn:
