@@ -510,7 +510,7 @@ class Statements(schema.Templates):
     """
 
     # ctx.transaction(): the job's success inside the handler's own transaction, sent
-    # together with COMMIT (worker/context.py, pipeline mode). What WORKER_RECORD_OUTCOMES
+    # together with COMMIT (WORKER_RECORD_SUCCESS_AND_COMMIT, worker/context.py). What WORKER_RECORD_OUTCOMES
     # writes for one 'succeeded' outcome without a result (notify off), fenced the same
     # way; keep the two in step (test_worker_delivery compares their rows). A refused
     # fence must abort the transaction, so the COMMIT behind it does not run:
@@ -540,6 +540,12 @@ class Statements(schema.Templates):
     INSERT INTO {schema}.processed_jobs (outbox_id) VALUES (%(id)s)
     ON CONFLICT (outbox_id) DO NOTHING RETURNING outbox_id
     """
+
+    # The two round trips of ctx.transaction() around the handler's body, each one
+    # simple query of two statements (worker/context.py binds the parameters on the
+    # client side): BEGIN with the processed row, the success with COMMIT.
+    WORKER_BEGIN_PROCESSED: LiteralString = "BEGIN;" + WORKER_INSERT_PROCESSED
+    WORKER_RECORD_SUCCESS_AND_COMMIT: LiteralString = WORKER_RECORD_SUCCESS_IN_TRANSACTION + ";\nCOMMIT"
 
     # A result set after the job's success already committed (keep_result with
     # ctx.transaction(): the return value is known only when the handler returns).

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from psycopg import AsyncConnection, AsyncTransaction
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
@@ -86,43 +86,45 @@ class WorkerJobContext:
         self._entered = True
         statements = sql.active()
         async with self._pool.connection() as conn:
-            # Two round trips besides the body's own statements, each a short pipeline
-            # (the body itself runs on the connection in its normal mode):
+            # Two round trips besides the body's own statements, each one simple query
+            # of two statements (client-side parameters: one send, one wait):
             # 1. BEGIN + the processed row. The row is inserted before the body runs: it
             #    is the lock a concurrent run of the same job waits on, to then find it
             #    committed (AlreadyProcessed) or rolled back (and insert it itself).
-            tx = AsyncTransaction(conn)
+            cur = AsyncClientCursor(conn)
             try:
-                async with conn.pipeline():
-                    await tx.__aenter__()
-                    cur = await conn.execute(statements.WORKER_INSERT_PROCESSED, {"id": self.job_id})
+                await cur.execute(statements.WORKER_BEGIN_PROCESSED, {"id": self.job_id}, prepare=False)
+                cur.nextset()  # past BEGIN's
                 fresh = await cur.fetchone() is not None
-            except BaseException as exc:
-                await _roll_back(conn, tx, exc)
+            except BaseException:
+                await _roll_back(conn)
                 raise
             if not fresh:
-                already = AlreadyProcessed(f"job {self.job_id} already committed its effects")
-                await _roll_back(conn, tx, already)
-                raise already
+                await _roll_back(conn)
+                raise AlreadyProcessed(f"job {self.job_id} already committed its effects")
             self._conn = conn
             try:
                 yield conn
-            except BaseException as exc:
-                self._conn = None
-                if await tx.__aexit__(type(exc), exc, exc.__traceback__):
-                    return  # psycopg.Rollback raised by the body: rolled back, swallowed
+            except BaseException:
+                await _roll_back(conn)
                 raise
-            self._conn = None
+            finally:
+                self._conn = None
+            if conn.pgconn.transaction_status != TransactionStatus.INTRANS:
+                # The body ended the job's transaction itself (commit() or rollback()), or
+                # left it failed: the success cannot join it.
+                await _roll_back(conn)
+                raise RuntimeError(
+                    f"job {self.job_id}: the job's transaction was ended or failed inside ctx.transaction()"
+                )
             # 2. The success outcome (fenced) + COMMIT. A refused fence raises in the
-            #    outcome statement: PostgreSQL skips the COMMIT queued behind it, and the
+            #    outcome statement: PostgreSQL skips the COMMIT behind it, and the
             #    body's effects roll back with the processed row.
             params = {"id": self.job_id, "worker": self.worker_id, "attempt": self.attempt}
             try:
-                async with conn.pipeline():
-                    await conn.execute(statements.WORKER_RECORD_SUCCESS_IN_TRANSACTION, params)
-                    await tx.__aexit__(None, None, None)
+                await cur.execute(statements.WORKER_RECORD_SUCCESS_AND_COMMIT, params, prepare=False)
             except BaseException as exc:
-                await _roll_back(conn, tx, exc)
+                await _roll_back(conn)
                 if isinstance(exc, psycopg.Error) and exc.sqlstate == sql.STALE_ATTEMPT_SQLSTATE:
                     raise StaleAttempt(f"job {self.job_id}: attempt {self.attempt} is no longer current") from None
                 raise
@@ -140,16 +142,19 @@ class WorkerJobContext:
         return await enqueue_async(self._conn, task, args, **options)
 
 
-async def _roll_back(conn: AsyncConnection[Any], tx: AsyncTransaction, exc: BaseException) -> None:
-    """End the job's transaction after ``exc``: roll back whatever is open, never mask ``exc``."""
-    if tx.status is tx.Status.ACTIVE:
-        await tx.__aexit__(type(exc), exc, exc.__traceback__)  # warns rather than raises on a failed rollback
-        return
-    # The COMMIT was queued but an earlier statement of its pipeline failed: PostgreSQL
-    # skipped it and the transaction is aborted.
+async def _roll_back(conn: AsyncConnection[Any]) -> None:
+    """Roll back the job's transaction, if one is open, without masking the error being handled.
+
+    A connection left busy (a query cut by a cancellation) or broken is the
+    pool's to discard.
+    """
     pgconn = conn.pgconn
-    if pgconn.status == ConnStatus.OK and pgconn.transaction_status == TransactionStatus.INERROR:
-        try:
-            await conn.rollback()
-        except psycopg.Error as failed:
-            logger.warning("rollback after %s failed: %s", type(exc).__name__, failed)
+    if pgconn.status != ConnStatus.OK or pgconn.transaction_status not in _OPEN:
+        return
+    try:
+        await conn.rollback()
+    except psycopg.Error as failed:
+        logger.warning("rolling back the job's transaction failed: %s", failed)
+
+
+_OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)
