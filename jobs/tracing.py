@@ -31,6 +31,20 @@ def available() -> bool:
     return importlib.util.find_spec("opentelemetry") is not None
 
 
+def recording() -> bool:
+    """Whether a span made now could be recorded: OpenTelemetry installed and a tracer provider set.
+
+    Without a provider (the API's default proxy, or the no-op one) a span is the
+    invalid span whatever its parent: the worker skips making one per job.
+    Looked up each time, as a provider may be set after the worker started.
+    """
+    if not available():
+        return False
+    from opentelemetry import trace
+
+    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
 def with_trace_context(headers: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """``headers`` plus the current trace context, if there is one and the caller did not set it."""
     if not available():
@@ -69,7 +83,7 @@ def process_span(
     job_id: int, task: str, queue: str, attempt: int, headers: Mapping[str, Any] | str | None
 ) -> Iterator[Any]:
     """The worker's run of one job, linked to the producer's trace."""
-    if not available():
+    if not recording():
         yield None
         return
     from opentelemetry import trace

@@ -94,7 +94,7 @@ class Executor:
         With hooks registered (:mod:`postbox.hooks`) they are called around the
         run; with OpenTelemetry installed the run is a span (:mod:`postbox.tracing`).
         """
-        if not hooks.registered and not tracing.available():
+        if not hooks.registered and not tracing.recording():
             return await self._run(job, None)
         delivery = job.delivery
         info = hooks.JobRun(job.id, delivery.task, delivery.queue, job.attempt, job.max_attempts, self._worker_id)
