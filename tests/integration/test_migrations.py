@@ -120,6 +120,7 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("enqueue", "function"),
         ("notify_outbox", "function"),
         ("unique_claim", "function"),
+        ("require_current_attempt", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),

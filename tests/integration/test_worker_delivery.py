@@ -190,6 +190,8 @@ async def test_a_fence_refusing_at_commit_rolls_the_body_back_and_raises_stale_a
         with pytest.raises(StaleAttempt):
             async with ctx.transaction() as conn:
                 await conn.execute("UPDATE worker_counter SET value = value + 1")
+                async with conn.transaction():  # a savepoint inside the job's transaction
+                    await conn.execute("UPDATE worker_counter SET value = value + 10")
                 # While the body runs, its lease runs out and worker B takes the job over:
                 # the fence refuses this run's success in the statement sent with COMMIT.
                 await aconn.execute("UPDATE postbox.outbox SET lease_until = now() - interval '1 second'")
@@ -216,6 +218,27 @@ async def test_a_fence_refusing_at_commit_rolls_the_body_back_and_raises_stale_a
     assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM postbox.job_attempts") == [
         (1, "worker-bbbbbbbb", "succeeded")
     ]
+
+
+async def test_a_body_that_commits_the_jobs_transaction_itself_gets_an_error_and_its_rerun_is_a_duplicate(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    aconn = effects
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+        _, [job] = await _claimed(aconn, redis, wsettings.redis_prefix, pool, 1, "worker-aaaaaaaa")
+        ctx = _ctx(job, "worker-aaaaaaaa", pool)
+        with pytest.raises(RuntimeError, match=r"ended or failed inside ctx\.transaction\(\)"):
+            async with ctx.transaction() as conn:
+                await conn.execute("UPDATE worker_counter SET value = value + 1")
+                await conn.commit()
+        assert not ctx.committed
+        # Committed with its processed row: the run's retry finds it, the success was not written.
+        with pytest.raises(AlreadyProcessed):
+            async with _ctx(job, "worker-aaaaaaaa", pool).transaction():
+                pass
+    assert await fetchval(aconn, "SELECT value FROM worker_counter") == 1
+    assert await fetchval(aconn, "SELECT count(*) FROM postbox.processed_jobs") == 1
+    assert await fetch(aconn, "SELECT state, claimed_by FROM postbox.outbox") == [("running", "worker-aaaaaaaa")]
 
 
 async def test_a_duplicate_run_waits_on_the_processed_row_then_raises_already_processed(
