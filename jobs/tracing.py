@@ -9,8 +9,9 @@
   the task and the attempt.
 
 Whether OpenTelemetry is importable is looked up once; without it every
-function here returns at once. With the API but no SDK configured, spans are
-non-recording and cost next to nothing.
+function here returns at once. With the API but no tracer provider set, the
+worker makes no span per run (:func:`recording`); the relay's publish spans
+are non-recording and cost next to nothing.
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ class Executor:
         """Run the attempt; never raises except CancelledError from a shutdown.
 
         With hooks registered (:mod:`postbox.hooks`) they are called around the
-        run; with OpenTelemetry installed the run is a span (:mod:`postbox.tracing`).
+        run; with OpenTelemetry installed and a tracer provider set the run is a span
+        (:mod:`postbox.tracing`).
         """
         if not hooks.registered and not tracing.recording():
             return await self._run(job, None)
