@@ -12,9 +12,10 @@ minutes):
    ``bench_effect`` writes it); WORKER_RECORD_SUCCESS_IN_TRANSACTION for
    that job (the fenced success, raising if refused); ``COMMIT``. The worker
    sends ``BEGIN`` with the processed row, and the outcome with ``COMMIT``, in
-   one round trip each (pipeline mode); pgbench sends each statement on its own
-   and waits for its answer: it is not pipelined, so this is PostgreSQL's
-   bound for these statements, not a copy of the worker's traffic. Each pgbench
+   one round trip each (one simple query of two statements); pgbench sends
+   each statement on its own and waits for its answer (not pipelined), so
+   this is PostgreSQL's bound for these statements, not a copy of the
+   worker's traffic. Each pgbench
    transaction takes the next job id from a sequence, so every job is done
    once. This is the limit the issue names: what PostgreSQL can commit for a
    job's effect, its processed-jobs row and its outcome.
