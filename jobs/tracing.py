@@ -9,8 +9,9 @@
   the task and the attempt.
 
 Whether OpenTelemetry is importable is looked up once; without it every
-function here returns at once. With the API but no SDK configured, spans are
-non-recording and cost next to nothing.
+function here returns at once. With the API but no tracer provider set, the
+worker makes no span per run (:func:`recording`); the relay's publish spans
+are non-recording and cost next to nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,20 @@ MAX_LINKS = 128  # per publish span: a batch of thousands links its first jobs o
 @cache
 def available() -> bool:
     return importlib.util.find_spec("opentelemetry") is not None
+
+
+def recording() -> bool:
+    """Whether a span made now could be recorded: OpenTelemetry installed and a tracer provider set.
+
+    Without a provider (the API's default proxy, or the no-op one) a span is the
+    invalid span whatever its parent: the worker skips making one per job.
+    Looked up each time, as a provider may be set after the worker started.
+    """
+    if not available():
+        return False
+    from opentelemetry import trace
+
+    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 def with_trace_context(headers: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -69,7 +84,7 @@ def process_span(
     job_id: int, task: str, queue: str, attempt: int, headers: Mapping[str, Any] | str | None
 ) -> Iterator[Any]:
     """The worker's run of one job, linked to the producer's trace."""
-    if not available():
+    if not recording():
         yield None
         return
     from opentelemetry import trace

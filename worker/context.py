@@ -8,7 +8,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
-from psycopg import AsyncConnection
+import psycopg
+from psycopg import AsyncClientCursor, AsyncConnection
+from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import sql
@@ -16,7 +18,6 @@ from postbox.errors import AlreadyProcessed
 from postbox.producer import enqueue_async
 from postbox.registry import Registry
 from postbox.worker.delivery import Job
-from postbox.worker.outcomes import Outcome
 
 logger = logging.getLogger("postbox.job")
 
@@ -40,13 +41,11 @@ class WorkerJobContext:
         pool: AsyncConnectionPool[Any],
         registry: Registry,
         deadline: float | None,
-        record_in_transaction: Callable[[AsyncConnection[Any], Job, Outcome], Any],
     ) -> None:
         delivery = job.delivery
         self._job = job
         self._pool = pool
         self._registry = registry
-        self._record = record_in_transaction
         self._conn: AsyncConnection[Any] | None = None
         self._entered = False
         self._headers: Mapping[str, Any] | None = None
@@ -85,19 +84,50 @@ class WorkerJobContext:
         if self._entered:
             raise RuntimeError("ctx.transaction() may be entered once per run")
         self._entered = True
-        async with self._pool.connection() as conn, conn.transaction():
-            cur = await conn.execute(sql.active().WORKER_INSERT_PROCESSED, {"id": self.job_id})
-            if await cur.fetchone() is None:
+        statements = sql.active()
+        async with self._pool.connection() as conn:
+            # Two round trips besides the body's own statements, each one simple query
+            # of two statements (client-side parameters: one send, one wait):
+            # 1. BEGIN + the processed row. The row is inserted before the body runs: it
+            #    is the lock a concurrent run of the same job waits on, to then find it
+            #    committed (AlreadyProcessed) or rolled back (and insert it itself).
+            cur = AsyncClientCursor(conn)
+            try:
+                await cur.execute(statements.WORKER_BEGIN_PROCESSED, {"id": self.job_id}, prepare=False)
+                cur.nextset()  # past BEGIN's
+                fresh = await cur.fetchone() is not None
+            except BaseException:
+                await _roll_back(conn)
+                raise
+            if not fresh:
+                await _roll_back(conn)
                 raise AlreadyProcessed(f"job {self.job_id} already committed its effects")
             self._conn = conn
             try:
                 yield conn
+            except BaseException:
+                await _roll_back(conn)
+                raise
             finally:
                 self._conn = None
-            # The body committed nothing yet: the success outcome joins the same
-            # transaction. A refused fence rolls everything back.
-            if not await self._record(conn, self._job, Outcome("succeeded", "succeeded")):
-                raise StaleAttempt(f"job {self.job_id}: attempt {self.attempt} is no longer current")
+            if conn.pgconn.transaction_status != TransactionStatus.INTRANS:
+                # The body ended the job's transaction itself (commit() or rollback()), or
+                # left it failed: the success cannot join it.
+                await _roll_back(conn)
+                raise RuntimeError(
+                    f"job {self.job_id}: the job's transaction was ended or failed inside ctx.transaction()"
+                )
+            # 2. The success outcome (fenced) + COMMIT. A refused fence raises in the
+            #    outcome statement: PostgreSQL skips the COMMIT behind it, and the
+            #    body's effects roll back with the processed row.
+            params = {"id": self.job_id, "worker": self.worker_id, "attempt": self.attempt}
+            try:
+                await cur.execute(statements.WORKER_RECORD_SUCCESS_AND_COMMIT, params, prepare=False)
+            except BaseException as exc:
+                await _roll_back(conn)
+                if isinstance(exc, psycopg.Error) and exc.sqlstate == sql.STALE_ATTEMPT_SQLSTATE:
+                    raise StaleAttempt(f"job {self.job_id}: attempt {self.attempt} is no longer current") from None
+                raise
         self.committed = True
 
     def transaction(self) -> Any:
@@ -110,3 +140,21 @@ class WorkerJobContext:
             raise RuntimeError("ctx.enqueue() runs inside `async with ctx.transaction()`")
         options.setdefault("registry", self._registry)
         return await enqueue_async(self._conn, task, args, **options)
+
+
+async def _roll_back(conn: AsyncConnection[Any]) -> None:
+    """Roll back the job's transaction, if one is open, without masking the error being handled.
+
+    A connection left busy (a query cut by a cancellation) or broken is the
+    pool's to discard.
+    """
+    pgconn = conn.pgconn
+    if pgconn.status != ConnStatus.OK or pgconn.transaction_status not in _OPEN:
+        return
+    try:
+        await conn.rollback()
+    except psycopg.Error as failed:
+        logger.warning("rolling back the job's transaction failed: %s", failed)
+
+
+_OPEN = (TransactionStatus.INTRANS, TransactionStatus.INERROR)

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import hooks, tracing
@@ -25,7 +24,6 @@ from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
 from postbox.registry import Registry, TaskSpec
 from postbox.settings import Settings
 from postbox.worker import outcomes
-from postbox.worker.completer import record_outcomes
 from postbox.worker.context import StaleAttempt, WorkerJobContext
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import JobTimeout, Outcome
@@ -74,9 +72,6 @@ class Executor:
         spec = self.spec(job.delivery.task)
         return spec.result_ttl if spec is not None else DEFAULT_RESULT_TTL
 
-    async def _record_in_transaction(self, conn: AsyncConnection[Any], job: Job, outcome: Outcome) -> bool:
-        return bool(await record_outcomes(conn, self._worker_id, [(job, outcome)], self.result_ttl, notify=False))
-
     def arguments(self, delivery: Delivery) -> dict[str, Any] | Exception:
         """The handler's keyword arguments from the delivery's args, or why its handler refuses them.
 
@@ -97,9 +92,10 @@ class Executor:
         """Run the attempt; never raises except CancelledError from a shutdown.
 
         With hooks registered (:mod:`postbox.hooks`) they are called around the
-        run; with OpenTelemetry installed the run is a span (:mod:`postbox.tracing`).
+        run; with OpenTelemetry installed and a tracer provider set the run is a span
+        (:mod:`postbox.tracing`).
         """
-        if not hooks.registered and not tracing.available():
+        if not hooks.registered and not tracing.recording():
             return await self._run(job, None)
         delivery = job.delivery
         info = hooks.JobRun(job.id, delivery.task, delivery.queue, job.attempt, job.max_attempts, self._worker_id)
@@ -140,7 +136,6 @@ class Executor:
             pool=self._pool,
             registry=self._registry,
             deadline=time.monotonic() + timeout if timeout else None,
-            record_in_transaction=self._record_in_transaction,
         )
         if self._on_start is not None:
             self._on_start(job)

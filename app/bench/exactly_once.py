@@ -9,8 +9,13 @@ minutes):
    job's own transaction, as the worker sends them (the texts come from
    ``jobs/sql.py``; see :func:`scripts`): ``BEGIN``; WORKER_INSERT_PROCESSED;
    the handler's effect (one row into ``public.bench_effects``, as
-   ``bench_effect`` writes it); WORKER_RECORD_OUTCOMES for that job (notify
-   off, as inside a handler's transaction); ``COMMIT``. Each pgbench
+   ``bench_effect`` writes it); WORKER_RECORD_SUCCESS_IN_TRANSACTION for
+   that job (the fenced success, raising if refused); ``COMMIT``. The worker
+   sends ``BEGIN`` with the processed row, and the outcome with ``COMMIT``, in
+   one round trip each (one simple query of two statements); pgbench sends
+   each statement on its own and waits for its answer (not pipelined), so
+   this is PostgreSQL's bound for these statements, not a copy of the
+   worker's traffic. Each pgbench
    transaction takes the next job id from a sequence, so every job is done
    once. This is the limit the issue names: what PostgreSQL can commit for a
    job's effect, its processed-jobs row and its outcome.
@@ -99,22 +104,7 @@ def scripts() -> tuple[str, str]:
     claim = pgbench.render(statements.WORKER_CLAIM, {"ids": one, "worker": f"'{WORKER}'", "lease": "3600"})
     processed = pgbench.render(statements.WORKER_INSERT_PROCESSED, {"id": job_id})
     outcome = pgbench.render(
-        statements.WORKER_RECORD_OUTCOMES,
-        {
-            "ids": one,
-            "worker": f"'{WORKER}'",
-            "attempts": "'{1}'",
-            "states": "'{succeeded}'",
-            "delays": "NULL",
-            "results": "NULL",
-            "result_ttls": "NULL",
-            "error_classes": "NULL",
-            "errors": "NULL",
-            "tracebacks": "NULL",
-            "outcomes": "'{succeeded}'",
-            "notify": "false",
-            "also_notify": "NULL",
-        },
+        statements.WORKER_RECORD_SUCCESS_IN_TRANSACTION, {"id": job_id, "worker": f"'{WORKER}'", "attempt": "1"}
     )
     transaction = "\n".join(["BEGIN;", processed, _EFFECT, outcome, "COMMIT;"])
     return f"{_PICK}\n{transaction}\n", f"{_PICK}\n{claim}\n{transaction}\n"

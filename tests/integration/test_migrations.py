@@ -87,9 +87,26 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
         ("postbox", "limit_rates", "r"),
         ("postbox", "limit_rates_pkey", "i"),
         ("postbox", "outbox_flow_wait", "i"),
+        ("postbox", "require_current_attempt", "function"),
     }
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
+
+
+def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    migrate.downgrade(empty_database_url, "0004_unique_jobs")
+    assert everything - objects(empty_database_url) == {("postbox", "require_current_attempt", "function")}
+    assert objects(empty_database_url) - everything == set()
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT postbox.require_current_attempt(1, 7, 2)").fetchone() == (1,)
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("SELECT postbox.require_current_attempt(0, 7, 2)")
+    assert refused.value.sqlstate == "PB001"
+    assert "job 7 attempt 2 is no longer current" in str(refused.value)
 
 
 def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
@@ -103,6 +120,7 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("enqueue", "function"),
         ("notify_outbox", "function"),
         ("unique_claim", "function"),
+        ("require_current_attempt", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),

@@ -14,12 +14,14 @@ import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
 import postbox
+from postbox.errors import AlreadyProcessed
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
 from postbox.worker import claims
 from postbox.worker.completer import record_outcomes
-from postbox.worker.consumer import ensure_groups
+from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.context import StaleAttempt, WorkerJobContext
+from postbox.worker.delivery import Job
 from postbox.worker.outcomes import Outcome
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due, xadd_again
@@ -103,8 +105,6 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
     job_id = await enqueue(aconn, t.w_noop)
     await ensure_groups(redis, [stream_key(wsettings.redis_prefix, t.QUEUE, 5)])
     await publish_due(aconn, redis, wsettings.redis_prefix)
-    from postbox.worker.consumer import Consumer
-
     reader = Consumer(redis, consumer="worker-aaaaaaaa")
     deliveries, _, _ = await reader.read([stream_key(wsettings.redis_prefix, t.QUEUE, 5)], 1)
     async with AsyncConnectionPool(database_url, min_size=1, kwargs={"autocommit": True}) as pool:
@@ -139,7 +139,6 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
             pool=pool,
             registry=postbox.default_registry,
             deadline=None,
-            record_in_transaction=lambda c, j, o: record_outcomes(c, "worker-aaaaaaaa", [(j, o)], lambda _: 60),
         )
         with pytest.raises(StaleAttempt):
             async with ctx.transaction() as conn:
@@ -156,6 +155,163 @@ async def test_stale_attempts_outcome_is_rejected_by_the_fence(
         (1, "worker-aaaaaaaa", "lost"),
         (2, "worker-bbbbbbbb", "succeeded"),
     ]
+
+
+async def _claimed(
+    aconn: psycopg.AsyncConnection[Any],
+    redis: aioredis.Redis,
+    prefix: str,
+    pool: AsyncConnectionPool[Any],
+    count: int,
+    worker: str,
+) -> tuple[list[Any], list[Job]]:
+    """``count`` w_noop jobs enqueued, published, read and claimed by ``worker``: (deliveries, jobs by id)."""
+    for _ in range(count):
+        await enqueue(aconn, t.w_noop)
+    stream = stream_key(prefix, t.QUEUE, 5)
+    await ensure_groups(redis, [stream])
+    await publish_due(aconn, redis, prefix)
+    deliveries, _, _ = await Consumer(redis, consumer=worker).read([stream], count)
+    batch = await claims.claim(pool, deliveries, worker_id=worker, lease=30)
+    return deliveries, sorted(batch.run, key=lambda job: job.id)
+
+
+def _ctx(job: Job, worker: str, pool: AsyncConnectionPool[Any]) -> WorkerJobContext:
+    return WorkerJobContext(job, worker_id=worker, pool=pool, registry=postbox.default_registry, deadline=None)
+
+
+async def test_a_fence_refusing_at_commit_rolls_the_body_back_and_raises_stale_attempt(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    aconn = effects
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=3, kwargs={"autocommit": True}) as pool:
+        deliveries, [stale] = await _claimed(aconn, redis, wsettings.redis_prefix, pool, 1, "worker-aaaaaaaa")
+        ctx = _ctx(stale, "worker-aaaaaaaa", pool)
+        with pytest.raises(StaleAttempt):
+            async with ctx.transaction() as conn:
+                await conn.execute("UPDATE worker_counter SET value = value + 1")
+                async with conn.transaction():  # a savepoint inside the job's transaction
+                    await conn.execute("UPDATE worker_counter SET value = value + 10")
+                # While the body runs, its lease runs out and worker B takes the job over:
+                # the fence refuses this run's success in the statement sent with COMMIT.
+                await aconn.execute("UPDATE postbox.outbox SET lease_until = now() - interval '1 second'")
+                await aconn.commit()
+                deliveries[0].reclaimed = True
+                [current] = (await claims.claim(pool, deliveries, worker_id="worker-bbbbbbbb", lease=30)).run
+        assert not ctx.committed
+        assert await fetchval(aconn, "SELECT value FROM worker_counter") == 0
+        assert await fetchval(aconn, "SELECT count(*) FROM postbox.processed_jobs") == 0
+        # Taken over from a run among others, so not charged: same attempt number, B's claim.
+        assert current.attempt == stale.attempt == 1
+        assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM postbox.outbox") == [
+            ("running", 1, "worker-bbbbbbbb")
+        ]
+        # The connection went back to the pool idle (rolled back), and serves the current attempt.
+        async with pool.connection() as conn:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        ctx = _ctx(current, "worker-bbbbbbbb", pool)
+        async with ctx.transaction() as conn:
+            await conn.execute("UPDATE worker_counter SET value = value + 1")
+        assert ctx.committed
+    assert await fetchval(aconn, "SELECT value FROM worker_counter") == 1
+    assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM postbox.outbox") == [("succeeded", 1, None)]
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM postbox.job_attempts") == [
+        (1, "worker-bbbbbbbb", "succeeded")
+    ]
+
+
+async def test_a_body_that_commits_the_jobs_transaction_itself_gets_an_error_and_its_rerun_is_a_duplicate(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    aconn = effects
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+        _, [job] = await _claimed(aconn, redis, wsettings.redis_prefix, pool, 1, "worker-aaaaaaaa")
+        ctx = _ctx(job, "worker-aaaaaaaa", pool)
+        with pytest.raises(RuntimeError, match=r"ended or failed inside ctx\.transaction\(\)"):
+            async with ctx.transaction() as conn:
+                await conn.execute("UPDATE worker_counter SET value = value + 1")
+                await conn.commit()
+        assert not ctx.committed
+        # Committed with its processed row: the run's retry finds it, the success was not written.
+        with pytest.raises(AlreadyProcessed):
+            async with _ctx(job, "worker-aaaaaaaa", pool).transaction():
+                pass
+    assert await fetchval(aconn, "SELECT value FROM worker_counter") == 1
+    assert await fetchval(aconn, "SELECT count(*) FROM postbox.processed_jobs") == 1
+    assert await fetch(aconn, "SELECT state, claimed_by FROM postbox.outbox") == [("running", "worker-aaaaaaaa")]
+
+
+async def test_a_duplicate_run_waits_on_the_processed_row_then_raises_already_processed(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    aconn = effects
+    async with AsyncConnectionPool(database_url, min_size=2, max_size=3, kwargs={"autocommit": True}) as pool:
+        _, [job] = await _claimed(aconn, redis, wsettings.redis_prefix, pool, 1, "worker-aaaaaaaa")
+        bodies: list[str] = []
+
+        async def duplicate() -> None:
+            async with _ctx(job, "worker-aaaaaaaa", pool).transaction() as conn:
+                bodies.append("duplicate")
+                await conn.execute("UPDATE worker_counter SET value = value + 1")
+
+        first = _ctx(job, "worker-aaaaaaaa", pool)
+        async with first.transaction() as conn:
+            bodies.append("first")
+            await conn.execute("UPDATE worker_counter SET value = value + 1")
+            # A second run enters meanwhile: its processed row waits on this one's.
+            second = asyncio.create_task(duplicate())
+            await wait_until(
+                lambda: fetchval(
+                    aconn,
+                    "SELECT count(*) = 1 FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%%processed_jobs%%'",
+                ),
+                10,
+                "the duplicate waiting on the processed row",
+            )
+            assert not second.done()
+        assert first.committed
+        with pytest.raises(AlreadyProcessed):
+            await asyncio.wait_for(second, 10)
+        # A later run finds it committed at once.
+        with pytest.raises(AlreadyProcessed):
+            await duplicate()
+        async with pool.connection() as conn:
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert bodies == ["first"]
+    assert await fetchval(aconn, "SELECT value FROM worker_counter") == 1
+    assert await fetchval(aconn, "SELECT count(*) FROM postbox.processed_jobs") == 1
+    assert await fetch(aconn, "SELECT state, claimed_by FROM postbox.outbox") == [("succeeded", None)]
+
+
+# What a recorded success leaves, whichever statement wrote it (timestamps: set or not).
+SUCCESS_ROW = """
+SELECT o.state, o.attempts, o.claimed_by, o.lease_until, o.result, o.result_expires_at, o.last_error_class,
+       o.last_error, o.finished_at IS NOT NULL, o.available_at = o.created_at, o.published_at IS NOT NULL,
+       a.attempt, a.worker_id, a.outcome, a.error_class, a.error, a.traceback, a.started_at IS NOT NULL,
+       a.finished_at IS NOT NULL
+  FROM postbox.outbox o JOIN postbox.job_attempts a ON a.outbox_id = o.id
+ WHERE o.id = %s
+"""
+
+
+async def test_the_success_in_a_transaction_writes_what_the_batched_outcome_writes(
+    wsettings: Settings, effects: psycopg.AsyncConnection[Any], redis: aioredis.Redis, database_url: str
+) -> None:
+    aconn = effects
+    async with AsyncConnectionPool(database_url, min_size=1, max_size=2, kwargs={"autocommit": True}) as pool:
+        _, [batched, in_tx] = await _claimed(aconn, redis, wsettings.redis_prefix, pool, 2, "worker-aaaaaaaa")
+        async with pool.connection() as conn:
+            recorded = await record_outcomes(
+                conn, "worker-aaaaaaaa", [(batched, Outcome("succeeded", "succeeded"))], lambda _: 60, notify=False
+            )
+        assert recorded == {batched.id}
+        async with _ctx(in_tx, "worker-aaaaaaaa", pool).transaction():
+            pass
+    [written] = await fetch(aconn, SUCCESS_ROW, (batched.id,))
+    assert written == ("succeeded", 1, None, None, None, None, None, None, True, True, True,
+                       1, "worker-aaaaaaaa", "succeeded", None, None, None, True, True)  # fmt: skip
+    assert await fetch(aconn, SUCCESS_ROW, (in_tx.id,)) == [written]
 
 
 async def test_xautoclaim_with_a_deleted_entry_still_completes_the_job(
