@@ -2,10 +2,9 @@
 
 One Lua script reads the worker's streams highest priority first
 (XREADGROUP ``>`` on each stream holding entries, stopping once ``count``
-entries are in hand; one multi-key XREAD in the script says which hold any,
-so empty streams cost next to nothing), so an
-available higher-priority entry always comes before a lower one and nothing
-beyond free capacity is taken. When the streams are drained the script also
+entries are in hand; an empty stream costs one XLEN), so an available
+higher-priority entry always comes before a lower one and nothing beyond free
+capacity is taken. When the streams are drained the script also
 returns each stream's newest entry id; the consumer then blocks on a plain
 XREAD after those ids, a wake-up that consumes nothing from the group.
 A group that vanished (Redis lost its data) is recreated from ``0`` once its
@@ -41,32 +40,22 @@ log = logging.getLogger("postbox.worker.consumer")
 # count was reached), and then the newest entry id of each stream holding any,
 # as {index, id, ...} (the others are empty: '0-0' for the wake-up XREAD).
 #
-# Which streams hold entries at all is asked first, with one XREAD per chunk
-# of streams (from 0, COUNT 1): a command per stream, XREADGROUP and
-# XREVRANGE, only on those. Streams are emptied as jobs end (XACK + XDEL), so
-# below saturation most of a worker's streams are empty, and one multi-key
-# XREAD costs Redis a small fraction of a command per stream (about 0.7 ms for
-# 1,000 streams, against 6-15 ms for two commands on each of them).
+# XREADGROUP and XREVRANGE go only to streams holding entries (XLEN > 0).
+# Entries are deleted as their jobs end (XACK + XDEL), so below saturation most
+# of a worker's streams are empty, and an XLEN costs Redis a fraction of the two
+# commands it saves: an empty read over 1,000 streams, 22.5 -> 2.2 ms of Redis
+# time; over a backlog (20 entries in each), 2.0 -> 1.3 ms.
 READ_SCRIPT = """
 local want = tonumber(ARGV[3])
 local held = {}
-for first = 1, #KEYS, CHUNK do
-    local last = math.min(first + CHUNK - 1, #KEYS)
-    local args = {'COUNT', 1, 'STREAMS'}
-    for i = first, last do args[#args + 1] = KEYS[i] end
-    for _ = first, last do args[#args + 1] = '0-0' end
-    local reply = redis.call('XREAD', unpack(args))
-    if reply then
-        for _, item in ipairs(reply) do held[item[1]] = true end
-    end
-end
 local found = {}
-for _, key in ipairs(KEYS) do
+for i, key in ipairs(KEYS) do
     if want <= 0 then break end
-    if held[key] then
-        local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
-        if reply then
-            local entries = reply[1][2]
+    if redis.call('XLEN', key) > 0 then
+        held[i] = true
+        local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
+        if got then
+            local entries = got[1][2]
             want = want - #entries
             found[#found + 1] = {key, entries}
         end
@@ -75,7 +64,7 @@ end
 local tails = {}
 if want > 0 then
     for i, key in ipairs(KEYS) do
-        if held[key] then
+        if held[i] then
             local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
             if #last > 0 then
                 tails[#tails + 1] = i
@@ -83,10 +72,10 @@ if want > 0 then
             end
         end
     end
+    return {found, 1, tails}
 end
-if want > 0 then return {found, 1, tails} end
 return {found, 0, tails}
-""".replace("CHUNK", "1000")  # keys per XREAD: Lua's unpack() is limited to a few thousand values
+"""
 
 EMPTY_TAIL = "0-0"
 
