@@ -93,9 +93,11 @@ class Reclaimer:
         script call; one per queue on a Redis Cluster, in parallel) must not keep
         its reads waiting, and usually finds nothing. A missing group is recreated.
         """
+        if not streams:
+            return []
         groups = by_slot(streams) if is_cluster(self._redis) else [list(streams)]
         replies = await asyncio.gather(
-            *(self._idle_script(keys=group, args=[GROUP, self._min_idle_ms]) for group in groups if group)
+            *(self._idle_script(keys=group, args=[GROUP, self._min_idle_ms]) for group in groups)
         )
         idle: set[str] = set()
         missing: list[str] = []
