@@ -1,12 +1,14 @@
 """Read stream entries for this worker: strict priority, never more than free capacity.
 
 One Lua script reads the worker's streams highest priority first
-(XREADGROUP ``>`` on each, stopping once ``count`` entries are in hand), so an
-available higher-priority entry always comes before a lower one and nothing
-beyond free capacity is taken. When the streams are drained the script also
+(XREADGROUP ``>`` on each stream holding entries, stopping once ``count``
+entries are in hand; an empty stream costs one XLEN), so an available
+higher-priority entry always comes before a lower one and nothing beyond free
+capacity is taken. When the streams are drained the script also
 returns each stream's newest entry id; the consumer then blocks on a plain
 XREAD after those ids, a wake-up that consumes nothing from the group.
-A group that vanished (Redis lost its data) is recreated from ``0``.
+A group that vanished (Redis lost its data) is recreated from ``0`` once its
+stream holds an entry again (a read of an empty stream never asks for it).
 
 On a Redis Cluster a worker's queues live in different slots (one slot per
 queue, the ``{queue}`` hash tag), and a script may only touch one slot: the
@@ -34,29 +36,48 @@ from postbox.worker.delivery import Delivery, parse_delivery
 log = logging.getLogger("postbox.worker.consumer")
 
 # KEYS: streams, highest priority first. ARGV: group, consumer, count.
-# Returns {{stream, entries}...} and, when fewer than count were found, each
-# stream's newest entry id ('0-0' for an empty stream) for the wake-up XREAD.
+# Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the
+# count was reached), and then the newest entry id of each stream holding any,
+# as {index, id, ...} (the others are empty: '0-0' for the wake-up XREAD).
+#
+# XREADGROUP and XREVRANGE go only to streams holding entries (XLEN > 0).
+# Entries are deleted as their jobs end (XACK + XDEL), so below saturation most
+# of a worker's streams are empty, and an XLEN costs Redis a fraction of the two
+# commands it saves: an empty read over 1,000 streams, 22.5 -> 2.2 ms of Redis
+# time; over a backlog (20 entries in each), 2.0 -> 1.3 ms.
 READ_SCRIPT = """
 local want = tonumber(ARGV[3])
+local held = {}
 local found = {}
-for _, key in ipairs(KEYS) do
+for i, key in ipairs(KEYS) do
     if want <= 0 then break end
-    local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
-    if reply then
-        local entries = reply[1][2]
-        want = want - #entries
-        found[#found + 1] = {key, entries}
+    if redis.call('XLEN', key) > 0 then
+        held[i] = true
+        local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
+        if got then
+            local entries = got[1][2]
+            want = want - #entries
+            found[#found + 1] = {key, entries}
+        end
     end
 end
 local tails = {}
 if want > 0 then
     for i, key in ipairs(KEYS) do
-        local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-        if #last > 0 then tails[i] = last[1][1] else tails[i] = '0-0' end
+        if held[i] then
+            local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
+            if #last > 0 then
+                tails[#tails + 1] = i
+                tails[#tails + 1] = last[1][1]
+            end
+        end
     end
+    return {found, 1, tails}
 end
-return {found, tails}
+return {found, 0, tails}
 """
+
+EMPTY_TAIL = "0-0"
 
 
 def is_nogroup(exc: BaseException) -> bool:
@@ -111,34 +132,37 @@ class Consumer:
     async def _run_script_per_queue(self, streams: Sequence[str], count: int) -> Any:
         """A cluster: the script once per queue (one slot each), merged into one reply of the same shape."""
         found: list[Any] = []
-        tails: dict[str, Any] = {}
+        tails: list[Any] = []
         want = count
-        for group in _by_slot(streams):
+        position = {key: index for index, key in enumerate(streams, start=1)}  # the tails' indexes
+        for group in by_slot(streams):
             if want <= 0:
                 break
             args: list[bytes | int] = [*self._group_and_consumer, want]
             try:
-                part_found, part_tails = await self._script(keys=group, args=args)
+                part_found, _drained, part_tails = await self._script(keys=group, args=args)
             except ResponseError as exc:
                 if not is_nogroup(exc):
                     raise
                 log.warning("consumer group missing (Redis lost data?); recreating it from 0")
                 await ensure_groups(self._redis, group)  # this queue's only: the others' entries are in hand
-                part_found, part_tails = await self._script(keys=group, args=args)
+                part_found, _drained, part_tails = await self._script(keys=group, args=args)
             for _stream, entries in part_found:
                 want -= len(entries)
             found.extend(part_found)
-            tails.update(zip(group, part_tails, strict=False))
-        if want > 0:  # every queue drained: tails in the order of ``streams``, as one server returns them
-            return [found, [tails.get(key, b"0-0") for key in streams]]
-        return [found, []]
+            for index, tail in zip(part_tails[::2], part_tails[1::2], strict=True):
+                tails += [position[group[int(index) - 1]], tail]
+        if want > 0:  # every queue drained: the tails of all of them, as one server reports them
+            return [found, 1, tails]
+        return [found, 0, []]
 
     async def read(
         self, streams: Sequence[str], count: int
     ) -> tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]:
         """Up to ``count`` new entries in priority order, malformed (stream, id) pairs, and tails.
 
-        Tails are empty when ``count`` entries were found (more may be waiting).
+        Tails are empty when ``count`` entries were found (more may be waiting);
+        otherwise every stream's newest entry id (``0-0`` for an empty stream).
         """
         try:
             reply: Any = await self._run_script(streams, count)
@@ -148,7 +172,7 @@ class Consumer:
             log.warning("consumer group missing (Redis lost data?); recreating it from 0")
             await ensure_groups(self._redis, streams)
             reply = await self._run_script(streams, count)
-        found, tails = reply
+        found, drained, tails = reply
         deliveries: list[Delivery] = []
         malformed: list[tuple[str, bytes]] = []
         for stream_raw, entries in found:
@@ -159,7 +183,11 @@ class Consumer:
                     deliveries.append(parse_delivery(stream, entry_id, fields))
                 except ValueError:
                     malformed.append((stream, entry_id))
-        tail_ids = {stream: _text(tail) for stream, tail in zip(streams, tails, strict=False)} if tails else {}
+        tail_ids: dict[str, str] = {}
+        if int(drained):
+            tail_ids = dict.fromkeys(streams, EMPTY_TAIL)
+            for index, tail in zip(tails[::2], tails[1::2], strict=True):
+                tail_ids[streams[int(index) - 1]] = _text(tail)
         return deliveries, malformed, tail_ids
 
     async def wait_for_new(self, tails: dict[str, str], block: float) -> None:
@@ -181,7 +209,7 @@ class Consumer:
                     block=max(1, int(block * 1000)),
                 )
             )
-            for group in _by_slot(list(tails))
+            for group in by_slot(list(tails))
         ]
         try:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -200,7 +228,7 @@ class Consumer:
                 raise error
 
 
-def _by_slot(streams: Sequence[str]) -> list[list[str]]:
+def by_slot(streams: Sequence[str]) -> list[list[str]]:
     """``streams`` grouped by queue (their ``{queue}`` hash tag, so by cluster slot), in order of first appearance."""
     groups: dict[str, list[str]] = {}
     for key in streams:

@@ -9,22 +9,43 @@ jobs are made publishable again, so the relay sends them anew.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from psycopg_pool import AsyncConnectionPool
+from redis.asyncio import Redis
 
 from postbox import sql
-from postbox.redis_conn import AnyRedis
+from postbox.redis_conn import AnyRedis, is_cluster
 from postbox.streams import GROUP, parse_stream_key
-from postbox.worker.consumer import ensure_groups, is_nogroup
+from postbox.worker.consumer import by_slot, ensure_groups, is_nogroup
 from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger("postbox.worker.reclaimer")
 
 MAX_SCANS_PER_STREAM = 10
+
+# KEYS: streams. ARGV: group, min idle (ms). Returns the (1-based) indexes of the
+# streams holding an entry idle for at least min idle, and of those whose group
+# is missing (Redis lost data), as {{idle...}, {missing...}}. The summary
+# XPENDING (a count) is cheap; the scan by idle time runs only where anything is
+# pending. One call for all of a worker's streams, and no capacity is held.
+IDLE_SCRIPT = """
+local idle, missing = {}, {}
+for i, key in ipairs(KEYS) do
+    local summary = redis.pcall('XPENDING', key, ARGV[1])
+    if type(summary) == 'table' and summary.err then
+        if string.find(summary.err, 'NOGROUP', 1, true) then missing[#missing + 1] = i
+        else return summary end
+    elseif summary[1] > 0 then
+        if #redis.call('XPENDING', key, ARGV[1], 'IDLE', ARGV[2], '-', '+', 1) > 0 then idle[#idle + 1] = i end
+    end
+end
+return {idle, missing}
+"""
 
 
 @dataclass
@@ -63,6 +84,29 @@ class Reclaimer:
         self._prefix = prefix
         self._consumer = consumer
         self._min_idle_ms = max(1, int(min_idle * 1000))
+        self._idle_script = cast(Redis, redis).register_script(IDLE_SCRIPT)  # the cluster client has it too
+
+    async def idle_streams(self, streams: Sequence[str]) -> list[str]:
+        """Those of ``streams`` holding an entry idle past the visibility timeout, in their order.
+
+        Asked before any capacity is taken: a pass over a worker's streams (one
+        script call; one per queue on a Redis Cluster, in parallel) must not keep
+        its reads waiting, and usually finds nothing. A missing group is recreated.
+        """
+        if not streams:
+            return []
+        groups = by_slot(streams) if is_cluster(self._redis) else [list(streams)]
+        replies = await asyncio.gather(
+            *(self._idle_script(keys=group, args=[GROUP, self._min_idle_ms]) for group in groups)
+        )
+        idle: set[str] = set()
+        missing: list[str] = []
+        for group, (found, lost) in zip(groups, replies, strict=True):
+            idle.update(group[int(index) - 1] for index in found)
+            missing += [group[int(index) - 1] for index in lost]
+        if missing:
+            await ensure_groups(self._redis, missing)
+        return [stream for stream in streams if stream in idle]
 
     async def reclaim(self, streams: Sequence[str], count: int) -> Reclaimed:
         """Up to ``count`` idle entries, highest priority streams first."""
