@@ -70,6 +70,7 @@ def serve_parsed(args: argparse.Namespace, prog: str, factory: Callable[[Setting
         host=settings.api_host,
         port=settings.api_port,
         log_config=None,
+        access_log=False,  # logs.py silences uvicorn.access; off, uvicorn skips formatting each line
         proxy_headers=False,
         root_path=root_path,
     )

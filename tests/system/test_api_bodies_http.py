@@ -51,7 +51,7 @@ def api(child_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
         )
     try:
         try:
-            wait_until(lambda: _healthy(f"http://127.0.0.1:{port}"), timeout=30)
+            wait_until(lambda: _healthy(f"http://127.0.0.1:{port}"), timeout=120)  # a busy machine starts it slowly
         except AssertionError:
             raise AssertionError(log_path.read_text()) from None
         yield "127.0.0.1", port
