@@ -156,11 +156,8 @@ class PgQueuerEffect:
         self.drain = peers.PeerDrain(peer, replace(params, jobs=jobs), progress, self.report)
         self.drain.figure.scenario = SCENARIO
         self.drain.figure.key = "exactly_once.pgqueuer"
-        self.drain.figure.system = ""
-        self.drain.figure.paired = False
-        self.drain.figure.label = (
-            f"{peer.label}: handler writing the effect row in its own transaction, pool {pool}, jobs/s ({jobs:,} jobs)"
-        )
+        self.drain.figure.paired = False  # the repetitions alternate with postbox's; the ratio is its own figure
+        self.drain.figure.label = f"handler writing the effect row in its own transaction, pool {pool} ({jobs:,} jobs)"
 
     @property
     def figure(self) -> Figure:
