@@ -42,8 +42,12 @@ $(VENV)/.files-$(FILES): | $(VENV)/bin/python
 demo: $(VENV)/.demo-$(DEPS) $(VENV)/.files-$(FILES)
 	$(VENV)/bin/postbox demo $(DEMO_ARGS)
 
+# The suite on TEST_PROCESSES pytest-xdist processes (most tests wait on the servers;
+# tests marked `alone` run with nothing beside them: tests/harness/alone.py).
+TEST_PROCESSES ?= 2
+
 test: $(VENV)/.dev-$(DEPS) $(VENV)/.files-$(FILES)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist worksteal $(PYTEST_ARGS)
 
 test-unit: $(VENV)/.dev-$(DEPS) $(VENV)/.files-$(FILES)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -7,6 +7,9 @@
 - ``child_env``: the environment for a postbox subprocess using the same servers.
 
 Unit tests (tests/unit) use none of these and need no servers.
+
+A test marked ``alone`` runs with no other test beside it when the suite runs
+on several processes (``make test``: see harness/alone.py).
 """
 
 from __future__ import annotations
@@ -22,9 +25,16 @@ import redis as syncredis
 import redis.asyncio as aioredis
 
 from postbox.settings import Settings
-from tests.harness import databases
+from tests.harness import alone, databases
 from tests.harness.redis_server import private_redis  # noqa: F401 - a fixture for every suite
 from tests.harness.servers import Servers, acquire
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Set-up, call and teardown inside the test's turn (exclusive for ``alone`` tests)."""
+    with alone.turn(item.get_closest_marker(alone.MARKER) is not None):
+        return (yield)
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,8 @@ from postbox.app.bench.sandbox import sandbox
 from tests.harness.redis_cluster import needs_cluster_client
 from tests.harness.servers import Servers
 
+pytestmark = pytest.mark.alone  # CPU-heavy; some figures are bounded
+
 
 def test_bench_enqueue_runs_prints_figures_and_cleans_up(servers: Servers) -> None:
     env = {

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 import redis.asyncio as aioredis
 
 from postbox.settings import Settings
@@ -18,6 +19,8 @@ from tests.relay_support import (
     running_relay,
     states,
 )
+
+pytestmark = pytest.mark.alone  # wake-up times within 0.2 s of the poll
 
 
 async def test_late_commit_is_published_after_a_higher_id(

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 import redis.asyncio as aioredis
 
 import postbox
@@ -23,6 +24,8 @@ from postbox.worker.worker import IDLE_BLOCK
 from tests import tasks_worker as t
 from tests.harness.publish import publish_due
 from tests.worker_support import enqueue, finished, running_worker, worker_settings
+
+pytestmark = pytest.mark.alone  # start times over 1,000 streams
 
 QUEUES = [f"m{i:03d}" for i in range(100)]
 

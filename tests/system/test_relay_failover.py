@@ -24,7 +24,7 @@ from tests.relay_support import (
     wait_until_sync,
 )
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.alone]  # failover and exit times
 
 
 def roles(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, int]]:

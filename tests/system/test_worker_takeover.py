@@ -21,7 +21,7 @@ from tests import tasks_hardening as h
 from tests import tasks_worker as t
 from tests.system.test_worker_processes import VISIBILITY, Fleet, one, wait_for, worker_id_of
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.alone]  # take-over and drain times
 
 TASKS = "tests.tasks_worker,tests.tasks_hardening"
 # Lease and idle time are refreshed every min(heartbeat, visibility / 3) = 0.5 s and
