@@ -19,7 +19,7 @@ second):
    both sides of each ratio alike. In B every delivery costs one lookup of its
    queue and task among the limits in force, and takes the plain claim.
    Wall-clock jobs/s on a shared machine moves with everything else running;
-   the worker's CPU time per job (utime + stime from ``/proc``, from the
+   the worker's CPU time per job (its threads' scheduler time from ``/proc``, from the
    jobs' commit to the end of the drain) moves much less, so it is reported
    too, paired the same way (``flow.cpu_*``); and, in-process, the work B
    adds to the worker's claim, timed alone (``flow.decision_ns_*``: the truth

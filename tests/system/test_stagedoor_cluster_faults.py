@@ -43,7 +43,7 @@ from tests.system.test_stagedoor_faults import (
     stagedoor_env,
 )
 
-pytestmark = [pytest.mark.system, needs_cluster_client]
+pytestmark = [pytest.mark.system, pytest.mark.alone, needs_cluster_client]  # the email rate, at the handlers
 
 ORDERS = 300
 RATE = 25.0

@@ -41,7 +41,7 @@ from tests.harness.redis_server import RedisServer, private_redis
 
 __all__ = ["private_redis"]  # the fixture, used by name
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.alone]  # the email rate, at the provider
 
 VISIBILITY_TIMEOUT = 3.0
 CLAIM_TTL = 20.0
