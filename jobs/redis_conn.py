@@ -112,6 +112,20 @@ def seed_urls(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
+async def run_script(script: Any, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+    """Run a registered script (``register_script``) on the node serving ``keys``.
+
+    redis-py loads a script the server lacks and tries once more, but on a cluster
+    it loads it on the primaries it knows: just after a failover that list can
+    still miss the promoted node, which has no script cache of its own. Then the
+    script's text is sent (EVAL), which the node serving the keys runs and keeps.
+    """
+    try:
+        return await script(keys=keys, args=args)
+    except rex.NoScriptError:
+        return await script.registered_client.eval(script.script, len(keys), *keys, *args)
+
+
 def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 

@@ -140,13 +140,13 @@ class Consumer:
                 break
             args: list[bytes | int] = [*self._group_and_consumer, want]
             try:
-                part_found, _drained, part_tails = await self._script(keys=group, args=args)
+                part_found, _drained, part_tails = await redis_conn.run_script(self._script, group, args)
             except ResponseError as exc:
                 if not is_nogroup(exc):
                     raise
                 log.warning("consumer group missing (Redis lost data?); recreating it from 0")
                 await ensure_groups(self._redis, group)  # this queue's only: the others' entries are in hand
-                part_found, _drained, part_tails = await self._script(keys=group, args=args)
+                part_found, _drained, part_tails = await redis_conn.run_script(self._script, group, args)
             for _stream, entries in part_found:
                 want -= len(entries)
             found.extend(part_found)

@@ -19,7 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import Redis
 
 from postbox import sql
-from postbox.redis_conn import AnyRedis, is_cluster
+from postbox.redis_conn import AnyRedis, is_cluster, run_script
 from postbox.streams import GROUP, parse_stream_key
 from postbox.worker.consumer import by_slot, ensure_groups, is_nogroup
 from postbox.worker.delivery import Delivery, parse_delivery
@@ -97,7 +97,7 @@ class Reclaimer:
             return []
         groups = by_slot(streams) if is_cluster(self._redis) else [list(streams)]
         replies = await asyncio.gather(
-            *(self._idle_script(keys=group, args=[GROUP, self._min_idle_ms]) for group in groups)
+            *(run_script(self._idle_script, group, [GROUP, self._min_idle_ms]) for group in groups)
         )
         idle: set[str] = set()
         missing: list[str] = []
