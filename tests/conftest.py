@@ -30,6 +30,17 @@ from tests.harness.redis_server import private_redis  # noqa: F401 - a fixture f
 from tests.harness.servers import Servers, acquire
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The controlling process of an xdist run names the run, to remove its lock files after it."""
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", "") is None:
+        config.option.testrunuid = uuid.uuid4().hex
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and getattr(config.option, "testrunuid", None):
+        alone.remove(config.option.testrunuid)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     """Set-up, call and teardown inside the test's turn (exclusive for ``alone`` tests)."""

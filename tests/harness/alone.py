@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,14 +30,24 @@ from typing import IO
 MARKER = "alone"
 
 
+def lock_path(run: str) -> Path:
+    """The folder of run ``run``'s lock files (the xdist test run's id)."""
+    return Path(tempfile.gettempdir()) / f"postbox-tests-{run}"
+
+
 def lock_dir() -> Path | None:
     """Where this run's lock files live; None when the suite runs on one process."""
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if not run or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
         return None
-    path = Path(tempfile.gettempdir()) / f"postbox-tests-{run}"
+    path = lock_path(run)
     path.mkdir(exist_ok=True)
     return path
+
+
+def remove(run: str) -> None:
+    """Remove run ``run``'s lock files (by the controlling process, once its workers are gone)."""
+    shutil.rmtree(lock_path(run), ignore_errors=True)
 
 
 @contextlib.contextmanager
