@@ -21,7 +21,7 @@ from typing import LiteralString
 from postbox import schema
 
 # The SQLSTATE of a refused fence inside a handler's transaction (migration 0005's
-# require_current_attempt(); WORKER_RECORD_SUCCESS_IN_TRANSACTION).
+# require_current_attempt(), called by 0006's record_success(); WORKER_RECORD_SUCCESS_IN_TRANSACTION).
 STALE_ATTEMPT_SQLSTATE = "PB001"
 
 
@@ -510,41 +510,33 @@ class Statements(schema.Templates):
     """
 
     # ctx.transaction(): the job's success inside the handler's own transaction, sent
-    # together with COMMIT (WORKER_RECORD_SUCCESS_AND_COMMIT, worker/context.py). What WORKER_RECORD_OUTCOMES
-    # writes for one 'succeeded' outcome without a result (notify off), fenced the same
-    # way; keep the two in step (test_worker_delivery compares their rows). A refused
-    # fence must abort the transaction, so the COMMIT behind it does not run:
-    # require_current_attempt() (migration 0005) raises STALE_ATTEMPT_SQLSTATE when
-    # no row was recorded.
-    WORKER_RECORD_SUCCESS_IN_TRANSACTION: LiteralString = """
-    WITH done AS (
-        UPDATE {schema}.outbox j
-           SET state = 'succeeded', finished_at = now(), claimed_by = NULL, lease_until = NULL,
-               result = NULL, result_expires_at = NULL
-         WHERE j.id = %(id)s AND j.claimed_by = %(worker)s AND j.state = 'running' AND j.attempts = %(attempt)s
-     RETURNING j.id, j.attempts, j.started_at
-    ), history AS (
-        INSERT INTO {schema}.job_attempts AS a
-               (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback)
-        SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, now()), now(), 'succeeded', NULL, NULL, NULL
-          FROM done d
-        ON CONFLICT (outbox_id, attempt) DO UPDATE
-           SET finished_at = excluded.finished_at, outcome = excluded.outcome,
-               error_class = excluded.error_class, error = excluded.error, traceback = excluded.traceback
+    # together with COMMIT (WORKER_RECORD_SUCCESS_AND_COMMIT, worker/context.py). The
+    # statements are in record_success() (migration 0006), where PostgreSQL keeps their
+    # plans per connection: a simple query is planned every time it runs, and planning
+    # the UPDATE with its history upsert cost more than running it. It writes what
+    # WORKER_RECORD_OUTCOMES writes for one 'succeeded' outcome without a result (notify
+    # off), fenced the same way; keep the two in step (test_worker_delivery compares
+    # their rows). A refused fence must abort the transaction, so the COMMIT behind it
+    # does not run: the function raises STALE_ATTEMPT_SQLSTATE when no row was recorded.
+    WORKER_RECORD_SUCCESS_IN_TRANSACTION: LiteralString = (
+        "SELECT {schema}.record_success(%(id)s::int8, %(worker)s::text, %(attempt)s::int4)"
     )
-    SELECT {schema}.require_current_attempt((SELECT count(*) FROM done), %(id)s::int8, %(attempt)s::int4)
-    """
 
-    # ctx.transaction(): the job id as the idempotency key of its effects.
+    # ctx.transaction(): the job id as the idempotency key of its effects (postbox.testing
+    # runs this one; the worker the same INSERT through begin_processed(), migration 0006).
     WORKER_INSERT_PROCESSED: LiteralString = """
     INSERT INTO {schema}.processed_jobs (outbox_id) VALUES (%(id)s)
     ON CONFLICT (outbox_id) DO NOTHING RETURNING outbox_id
     """
 
+    # The processed row as the worker inserts it: the job's id when fresh, NULL when an
+    # earlier run committed it.
+    WORKER_PROCESSED_FRESH: LiteralString = "SELECT {schema}.begin_processed(%(id)s::int8)"
+
     # The two round trips of ctx.transaction() around the handler's body, each one
     # simple query of two statements (worker/context.py binds the parameters on the
     # client side): BEGIN with the processed row, the success with COMMIT.
-    WORKER_BEGIN_PROCESSED: LiteralString = "BEGIN;" + WORKER_INSERT_PROCESSED
+    WORKER_BEGIN_PROCESSED: LiteralString = "BEGIN;" + WORKER_PROCESSED_FRESH
     WORKER_RECORD_SUCCESS_AND_COMMIT: LiteralString = WORKER_RECORD_SUCCESS_IN_TRANSACTION + ";\nCOMMIT"
 
     # A result set after the job's success already committed (keep_result with

@@ -95,7 +95,8 @@ class WorkerJobContext:
             try:
                 await cur.execute(statements.WORKER_BEGIN_PROCESSED, {"id": self.job_id}, prepare=False)
                 cur.nextset()  # past BEGIN's
-                fresh = await cur.fetchone() is not None
+                row = await cur.fetchone()
+                fresh = row is not None and row[0] is not None
             except BaseException:
                 await _roll_back(conn)
                 raise

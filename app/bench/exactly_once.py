@@ -7,7 +7,7 @@ minutes):
    are first marked running under the claim of a pretend worker (untimed);
    then pgbench runs, per job, exactly the statements of a ``ctx.transaction()``
    job's own transaction, as the worker sends them (the texts come from
-   ``jobs/sql.py``; see :func:`scripts`): ``BEGIN``; WORKER_INSERT_PROCESSED;
+   ``jobs/sql.py``; see :func:`scripts`): ``BEGIN``; WORKER_PROCESSED_FRESH;
    the handler's effect (one row into ``public.bench_effects``, as
    ``bench_effect`` writes it); WORKER_RECORD_SUCCESS_IN_TRANSACTION for
    that job (the fenced success, raising if refused); ``COMMIT``. The worker
@@ -102,7 +102,7 @@ def scripts() -> tuple[str, str]:
     job_id = "(:id)::int8"
     one = f"ARRAY[{job_id}]"
     claim = pgbench.render(statements.WORKER_CLAIM, {"ids": one, "worker": f"'{WORKER}'", "lease": "3600"})
-    processed = pgbench.render(statements.WORKER_INSERT_PROCESSED, {"id": job_id})
+    processed = pgbench.render(statements.WORKER_PROCESSED_FRESH, {"id": job_id})
     outcome = pgbench.render(
         statements.WORKER_RECORD_SUCCESS_IN_TRANSACTION, {"id": job_id, "worker": f"'{WORKER}'", "attempt": "1"}
     )

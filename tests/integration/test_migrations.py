@@ -88,6 +88,8 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
         ("postbox", "limit_rates_pkey", "i"),
         ("postbox", "outbox_flow_wait", "i"),
         ("postbox", "require_current_attempt", "function"),
+        ("postbox", "begin_processed", "function"),
+        ("postbox", "record_success", "function"),
     }
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
@@ -97,7 +99,11 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0004_unique_jobs")
-    assert everything - objects(empty_database_url) == {("postbox", "require_current_attempt", "function")}
+    assert everything - objects(empty_database_url) == {
+        ("postbox", "require_current_attempt", "function"),
+        ("postbox", "begin_processed", "function"),  # 0006's, which calls it
+        ("postbox", "record_success", "function"),
+    }
     assert objects(empty_database_url) - everything == set()
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
@@ -105,6 +111,28 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
         assert conn.execute("SELECT postbox.require_current_attempt(1, 7, 2)").fetchone() == (1,)
         with pytest.raises(psycopg.Error) as refused:
             conn.execute("SELECT postbox.require_current_attempt(0, 7, 2)")
+    assert refused.value.sqlstate == "PB001"
+    assert "job 7 attempt 2 is no longer current" in str(refused.value)
+
+
+def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    migrate.downgrade(empty_database_url, "0005_fenced_success")
+    assert everything - objects(empty_database_url) == {
+        ("postbox", "begin_processed", "function"),
+        ("postbox", "record_success", "function"),
+    }
+    assert objects(empty_database_url) - everything == set()
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
+    with psycopg.connect(empty_database_url) as conn:
+        # The processed row: the id when fresh, NULL when already there.
+        assert conn.execute("SELECT postbox.begin_processed(7)").fetchone() == (7,)
+        assert conn.execute("SELECT postbox.begin_processed(7)").fetchone() == (None,)
+        # No running attempt 2 of job 7: the fence refuses, with 0005's error.
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("SELECT postbox.record_success(7, 'w', 2)")
     assert refused.value.sqlstate == "PB001"
     assert "job 7 attempt 2 is no longer current" in str(refused.value)
 
@@ -121,6 +149,8 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("notify_outbox", "function"),
         ("unique_claim", "function"),
         ("require_current_attempt", "function"),
+        ("begin_processed", "function"),
+        ("record_success", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),

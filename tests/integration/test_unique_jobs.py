@@ -344,6 +344,8 @@ def test_0004_downgrades_to_0003_restoring_the_sql_function_and_upgrades_again(e
     assert everything - schema_objects(empty_database_url) == {
         ("unique_claim", "function"),
         ("require_current_attempt", "function"),  # 0005's
+        ("begin_processed", "function"),  # 0006's
+        ("record_success", "function"),
         ("outbox_unique_key", "i"),
         ("postbox.outbox.unique_key", "column"),
         ("postbox.tasks.unique_rule", "column"),

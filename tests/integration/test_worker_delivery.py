@@ -264,7 +264,7 @@ async def test_a_duplicate_run_waits_on_the_processed_row_then_raises_already_pr
                 lambda: fetchval(
                     aconn,
                     "SELECT count(*) = 1 FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND query LIKE '%%processed_jobs%%'",
+                    " WHERE wait_event_type = 'Lock' AND query LIKE '%%begin_processed%%'",
                 ),
                 10,
                 "the duplicate waiting on the processed row",

@@ -21,9 +21,9 @@ def test_exactly_once_scripts_run_the_workers_statements_on_one_picked_job() -> 
         assert script.startswith("SELECT nextval('public.bench_pick') AS id \\gset\n")
         assert "%(" not in script
         assert "INSERT INTO public.bench_effects (job_id, n) VALUES (:id, 0);" in script
-        assert re.search(r"BEGIN;\n.*processed_jobs.*COMMIT;\n$", script, re.DOTALL)
+        assert re.search(r"BEGIN;\nSELECT \"postbox\".begin_processed\(\(:id\)::int8::int8\);\n", script)
         # The worker's in-transaction success, fenced on the pretend worker's attempt 1, just before COMMIT.
-        assert re.search(r"require_current_attempt\(.*\(:id\)::int8::int8, 1::int4\);\nCOMMIT;\n$", script)
+        assert re.search(r"record_success\(\(:id\)::int8::int8, 'pgbench'::text, 1::int4\);\nCOMMIT;\n$", script)
     assert "synchronous_commit" not in transaction and "synchronous_commit" in with_claim
     assert with_claim.index("FOR UPDATE") < with_claim.index("BEGIN;")  # the claim is its own transaction
 
