@@ -18,6 +18,11 @@ class SettingsError(PostboxError):
     """A setting is missing or invalid; the message names it."""
 
 
+class SchemaOutdatedError(PostboxError):
+    """The database's postbox schema is older than this code needs, or was never
+    migrated; the message names both revisions and says to run ``postbox migrate``."""
+
+
 class TaskModuleError(SettingsError):
     """A module named in ``POSTBOX_TASKS`` / ``--tasks`` failed to import.
 

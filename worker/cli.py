@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from postbox.errors import SettingsError, TaskModuleError
+from postbox.errors import SchemaOutdatedError, SettingsError, TaskModuleError
 from postbox.registry import load_task_modules
 from postbox.startup import process_settings, run_loop
 
@@ -57,7 +57,7 @@ def main(argv: Sequence[str]) -> int:
         return 2
 
     async def serve() -> None:
-        from postbox import schedule_store
+        from postbox import revision, schedule_store
         from postbox.periodic import default_schedules
         from postbox.registry import default_registry
 
@@ -69,11 +69,17 @@ def main(argv: Sequence[str]) -> int:
             loop.add_signal_handler(sig, guard.on_signal)
         for _ in early:
             guard.on_signal()
+        # A schema older than this code: refuse before the schedules' sync writes anything.
+        await revision.require_at(settings.require_database_url())
         # Periodic jobs follow the code: this worker's tasks' schedules (docs/periodic-jobs.md).
         await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
         if settings.worker_metrics_port:
             worker.metrics.serve(settings.worker_metrics_port)
         await worker.run()  # the guard's deadline stands until the process has exited
 
-    run_loop(serve())
+    try:
+        run_loop(serve())
+    except SchemaOutdatedError as exc:
+        print(f"postbox worker: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -24,7 +24,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import definitions, events, redis_conn, sql
+from postbox import definitions, events, redis_conn, revision, sql
 from postbox import flow as flow_limits
 from postbox.errors import SettingsError
 from postbox.registry import Registry, default_registry
@@ -155,6 +155,8 @@ class Worker:
         background: list[asyncio.Task[None]] = []
         try:
             await pool.open(wait=True, timeout=30)
+            async with pool.connection() as conn:  # this code's statements need the newest migration
+                await revision.require(conn)
             await ensure_groups(redis, all_streams(self._prefix, self.queues))
             self._redis = redis
             self._pool = pool

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 import postbox
+from postbox import migrate
 from tests import tasks_worker as t
 
 pytestmark = pytest.mark.system
@@ -44,6 +45,41 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_a_database_older_than_the_code_is_refused_before_anything_is_written(
+    child_env: dict[str, str], empty_database_url: str, tmp_path: Path
+) -> None:
+    # A task with a schedule: what a worker writes at its start (schedules, task definitions,
+    # its own row) would be written by one that did not check the schema first.
+    (tmp_path / "rev_tasks.py").write_text(
+        "import postbox\n\n@postbox.task(queue='rev')\ndef tick(ctx: object) -> None: ...\n\n"
+        "postbox.periodic(tick, every=300)\n"
+    )
+    env = {**child_env, "POSTBOX_DATABASE_URL": empty_database_url}
+
+    def start() -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "postbox.worker", "run", "--tasks", "rev_tasks"]
+        return subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    done = start()
+    assert done.returncode == 2, done.stderr
+    assert "postbox worker: the database has no postbox schema (revision 0006_job_transaction needed)" in done.stderr
+    assert "Traceback" not in done.stderr
+
+    migrate.upgrade(empty_database_url, "0005_fenced_success")
+    done = start()
+    assert done.returncode == 2, done.stderr
+    assert (
+        "the database's postbox schema is at revision 0005_fenced_success; this postbox needs 0006_job_transaction:"
+        " run `postbox migrate`"
+    ) in done.stderr
+    with psycopg.connect(empty_database_url) as conn:
+        written = conn.execute(
+            "SELECT (SELECT count(*) FROM postbox.workers), (SELECT count(*) FROM postbox.schedules),"
+            " (SELECT count(*) FROM postbox.tasks)"
+        ).fetchone()
+    assert written == (0, 0, 0)
 
 
 def test_worker_process_serves_metrics_and_stops_on_sigint(child_env: dict[str, str], database_url: str) -> None:

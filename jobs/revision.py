@@ -1,0 +1,71 @@
+"""The schema revision this code needs, and the check a worker makes at start.
+
+A worker's statements call what the newest migration created (migration 0006's
+functions for ``ctx.transaction()``), so a worker started on a database that
+was not migrated that far would fail every such job. It checks at start, and
+refuses with :class:`postbox.errors.SchemaOutdatedError` instead.
+
+A database *newer* than this code (a later postbox migrated it while older
+workers still run: a rolling deploy) passes: migrations only add what older
+code does not use. Revisions are ordered by their four-digit prefix
+(``0006_job_transaction``); a unit test holds every migration to it and
+:data:`REQUIRED` to the newest one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import AsyncConnection, OperationalError
+
+from postbox import sql
+from postbox.errors import SchemaOutdatedError
+
+REQUIRED = "0006_job_transaction"
+
+
+def order(revision: str) -> int | None:
+    """The revision's place in the chain, from its four-digit prefix (None: not one of ours)."""
+    prefix = revision[:4]
+    return int(prefix) if len(revision) > 5 and prefix.isdigit() and revision[4] == "_" else None
+
+
+def check(current: str | None, required: str = REQUIRED) -> None:
+    """Raise :class:`SchemaOutdatedError` unless ``current`` is ``required`` or newer."""
+    if current is None:
+        raise SchemaOutdatedError(
+            f"the database has no postbox schema (revision {required} needed): run `postbox migrate`"
+        )
+    place, needed = order(current), order(required)
+    assert needed is not None, required
+    if place is None:
+        raise SchemaOutdatedError(
+            f"the database's postbox schema is at an unknown revision {current!r} ({required} needed)"
+        )
+    if place < needed:
+        raise SchemaOutdatedError(
+            f"the database's postbox schema is at revision {current}; this postbox needs {required}:"
+            " run `postbox migrate`"
+        )
+
+
+async def require(conn: Any) -> None:
+    """Check the revision of the database behind ``conn`` (an async psycopg connection)."""
+    statements = sql.active()
+    exists = await (await conn.execute(statements.MIGRATION_TABLE_EXISTS)).fetchone()
+    row = await (await conn.execute(statements.OPS_MIGRATION_VERSION)).fetchone() if exists and exists[0] else None
+    check(row[0] if row else None)
+
+
+async def require_at(database_url: str) -> None:
+    """:func:`require` on a connection of its own, before a process writes anything.
+
+    A database that cannot be reached is not checked here: the process waits for
+    it as it does for any outage, and the worker checks again on its pool.
+    """
+    try:
+        conn = await AsyncConnection.connect(database_url, autocommit=True, application_name="postbox-revision")
+    except OperationalError:
+        return
+    async with conn:
+        await require(conn)
