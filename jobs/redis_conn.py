@@ -37,14 +37,8 @@ from postbox.settings import Settings
 
 AnyRedis: TypeAlias = Redis | RedisCluster
 
-# The asyncio cluster client gained PUBLISH, PUBSUB NUMSUB and pub/sub (the API's
-# event hub) in redis-py 8.0; a cluster on an older redis-py fails mid-run.
-CLUSTER_MIN_REDIS_PY = (8, 0)
-
 __all__ = [
-    "CLUSTER_MIN_REDIS_PY",
     "AnyRedis",
-    "check_cluster_support",
     "cluster_mode",
     "connect",
     "connect_url",
@@ -52,7 +46,6 @@ __all__ = [
     "seed_urls",
     "send_per_node",
     "subscribers",
-    "version_tuple",
 ]
 
 
@@ -79,32 +72,8 @@ def connect_url(url: str, *, cluster: bool = False, **options: Any) -> AnyRedis:
         if len(seeds) != 1:
             raise SettingsError("POSTBOX_REDIS_URL: several URLs need POSTBOX_REDIS_CLUSTER=true")
         return Redis.from_url(seeds[0], **options)
-    check_cluster_support(redis.__version__)
     others = [ClusterNode(parsed.hostname or "127.0.0.1", parsed.port or 6379) for parsed in map(urlsplit, seeds[1:])]
     return RedisCluster.from_url(seeds[0], startup_nodes=others or None, **options)
-
-
-def check_cluster_support(version: str) -> None:
-    """Raise :class:`SettingsError` when redis-py ``version`` cannot run postbox on a Redis Cluster.
-
-    Every package in the environment shares one redis-py: postbox's ``[bench]``
-    extra installs arq, which pins redis-py below 6, so a cluster needs an
-    environment without it.
-    """
-    if version_tuple(version) < CLUSTER_MIN_REDIS_PY:
-        need = ".".join(map(str, CLUSTER_MIN_REDIS_PY))
-        raise SettingsError(
-            f"POSTBOX_REDIS_CLUSTER needs redis-py >= {need} (its asyncio cluster client's PUBLISH and pub/sub);"
-            f" this environment has redis-py {version}. Upgrade it (`pip install 'redis>={need}'`); a package"
-            " pinning it lower (arq, installed by postbox[bench], pins < 6) needs an environment of its own."
-        )
-
-
-def version_tuple(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string: ``"8.0.0b1"`` -> (8, 0); a part that is not a number counts 0."""
-    parts = [*version.split("."), "0"]
-    major, minor = (int("".join(ch for ch in part if ch.isdigit()) or 0) for part in parts[:2])
-    return major, minor
 
 
 def seed_urls(url: str) -> list[str]:

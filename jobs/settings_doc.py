@@ -47,7 +47,7 @@ prune`) reads its settings from the environment when it starts:
   greater than or equal to 1`.
 
 Durations are in seconds unless the name says otherwise (`..._days`). Lists
-are comma-separated (`POSTBOX_TASKS=postbox.app.stagedoor.tasks,myapp.tasks`).
+are comma-separated (`POSTBOX_TASKS=postbox_examples.stagedoor.tasks,myapp.tasks`).
 """
 
 

@@ -4,7 +4,7 @@ Shared by ``relay run``, ``worker run`` and ``api run`` so each fails the same
 way on bad settings (one line naming the setting, exit 2) and starts the same way.
 A Redis Cluster node without ``POSTBOX_REDIS_CLUSTER`` is refused the same way
 (a plain client would fail with MOVED, queue by queue, mid-run), and so are the
-setting on a server that is not a cluster node and on a redis-py too old for it.
+setting on a server that is not a cluster node.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-import redis
-
 from postbox import logs
 from postbox.errors import SettingsError
-from postbox.redis_conn import check_cluster_support, cluster_mode, seed_urls
+from postbox.redis_conn import cluster_mode, seed_urls
 from postbox.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -51,11 +49,6 @@ def cluster_refusal(redis_url: str, *, cluster: bool = False, timeout: float = 2
     """
     if not cluster and len(seed_urls(redis_url)) > 1:
         return "POSTBOX_REDIS_URL: several URLs need POSTBOX_REDIS_CLUSTER=true"
-    if cluster:
-        try:
-            check_cluster_support(redis.__version__)
-        except SettingsError as exc:
-            return str(exc)
     found = cluster_mode(redis_url, timeout)
     if found is None or found == cluster:
         return None

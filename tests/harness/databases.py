@@ -25,7 +25,7 @@ import psycopg
 from psycopg import sql
 
 from postbox import migrate
-from postbox.app.stagedoor import schema as stagedoor_schema
+from postbox_examples.stagedoor import schema as stagedoor_schema
 
 HOST = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:6]
 

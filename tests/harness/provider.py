@@ -21,7 +21,7 @@ def free_port() -> int:
 
 
 class ProviderProcess:
-    """``postbox provider run`` on a free port; ``stop()`` always (a fixture does)."""
+    """``stagedoor provider run`` on a free port; ``stop()`` always (a fixture does)."""
 
     def __init__(self, database_url: str, extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         self.port = free_port()
@@ -29,7 +29,7 @@ class ProviderProcess:
         self.args = [
             sys.executable,
             "-m",
-            "postbox.app",
+            "postbox_examples",
             "provider",
             "run",
             "--port",

@@ -19,11 +19,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import redis as syncredis
 from redis.cluster import RedisCluster
 
-from postbox import redis_conn
 from tests.harness.redis_server import RedisServer, free_port, server_binary
 
 
@@ -143,10 +141,3 @@ def running_cluster(workdir: Path) -> Iterator[RedisClusterServers]:
 
 __all__ = ["RedisClusterServers", "cli_binary", "running_cluster"]
 
-
-# postbox's cluster client needs redis-py 8 (postbox.redis_conn.CLUSTER_MIN_REDIS_PY); an environment
-# with postbox[bench] has redis-py 5 (arq pins it), where postbox refuses a cluster at start-up.
-needs_cluster_client = pytest.mark.skipif(
-    redis_conn.version_tuple(syncredis.__version__) < redis_conn.CLUSTER_MIN_REDIS_PY,
-    reason=f"redis-py {syncredis.__version__} is too old for postbox on a Redis Cluster (needs 8.0)",
-)

@@ -48,7 +48,7 @@ def _from_containers() -> Servers:
 
 
 def _from_embedded() -> Servers:
-    from postbox.app.embedded import EmbeddedServers
+    from postbox_examples.embedded import EmbeddedServers
 
     root = Path(os.environ.get("POSTBOX_TEST_STATE_DIR") or Path(tempfile.gettempdir()) / "postbox-test-servers")
     servers = EmbeddedServers(root)

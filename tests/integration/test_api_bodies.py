@@ -10,9 +10,9 @@ from fastapi import APIRouter, FastAPI
 from fastapi.testclient import TestClient
 
 from postbox.app.api.main import BODY_SLACK, create_app
-from postbox.app.stagedoor.cli import create_demo_app
 from postbox.registry import default_registry
 from postbox.settings import Settings
+from postbox_examples.stagedoor.cli import create_demo_app
 from tests.integration.api_support import client_fixture  # noqa: F401
 
 LIMIT = 1000  # max_payload_bytes of these tests

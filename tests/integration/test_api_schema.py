@@ -26,8 +26,8 @@ from schemathesis.checks import (
 )
 
 from postbox.app.api.main import BODY_SLACK
-from postbox.app.stagedoor.cli import create_demo_app
 from postbox.settings import Settings
+from postbox_examples.stagedoor.cli import create_demo_app
 
 CHECKS = [
     not_a_server_error,

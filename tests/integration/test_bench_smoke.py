@@ -1,4 +1,4 @@
-"""`postbox bench` end to end on the test servers, tiny sizes (smoke tests, not timed tests)."""
+"""`postbox-bench` end to end on the test servers, tiny sizes (smoke tests, not timed tests)."""
 
 from __future__ import annotations
 
@@ -14,17 +14,16 @@ import psycopg
 import pytest
 import redis as syncredis
 
-from postbox.app.bench import exactly_once as bench_exactly_once
-from postbox.app.bench import flow as bench_flow
-from postbox.app.bench import growth as bench_growth
-from postbox.app.bench import pgbench
-from postbox.app.bench import rest as bench_rest
-from postbox.app.bench import worker as bench_worker
-from postbox.app.bench.params import Params
-from postbox.app.bench.progress import Progress
-from postbox.app.bench.report import Report, render
-from postbox.app.bench.sandbox import sandbox
-from tests.harness.redis_cluster import needs_cluster_client
+from postbox_bench import exactly_once as bench_exactly_once
+from postbox_bench import flow as bench_flow
+from postbox_bench import growth as bench_growth
+from postbox_bench import pgbench
+from postbox_bench import rest as bench_rest
+from postbox_bench import worker as bench_worker
+from postbox_bench.params import Params
+from postbox_bench.progress import Progress
+from postbox_bench.report import Report, render
+from postbox_bench.sandbox import sandbox
 from tests.harness.servers import Servers
 
 pytestmark = pytest.mark.alone  # CPU-heavy; some figures are bounded
@@ -39,8 +38,7 @@ def test_bench_enqueue_runs_prints_figures_and_cleans_up(servers: Servers) -> No
         [
             sys.executable,
             "-m",
-            "postbox.app",
-            "bench",
+            "postbox_bench",
             "enqueue",
             "--repeat",
             "1",
@@ -272,10 +270,9 @@ def test_bench_growth_queues_and_steady_at_tiny_sizes(servers: Servers) -> None:
     assert figures["growth.steady_rows_end"].values[0] >= 0
 
 
-@needs_cluster_client
 def test_bench_cluster_drains_on_one_redis_and_on_a_three_primary_cluster_it_starts_itself(servers: Servers) -> None:
     """`bench cluster` at tiny sizes: its own servers, six queues two per primary, both drains complete."""
-    from postbox.app.bench import cluster as bench_cluster
+    from postbox_bench import cluster as bench_cluster
 
     if not bench_cluster.available():
         pytest.skip(bench_cluster.MISSING)

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 import redis as syncredis
 
-from postbox.app.embedded import EmbeddedServers, pgdata_for
+from postbox_examples.embedded import EmbeddedServers, pgdata_for
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 OWNER_SCRIPT = """
 import json, sys, time
 from pathlib import Path
-from postbox.app.embedded import EmbeddedServers, pgdata_for
+from postbox_examples.embedded import EmbeddedServers, pgdata_for
 servers = EmbeddedServers(Path(sys.argv[1]), watchdog=sys.argv[2] == "1")
 db, rd = servers.start()
 print(json.dumps({"db": db, "redis": rd, "pids": servers.pids()}), flush=True)

@@ -27,11 +27,9 @@ from postbox.relay import Relay, RelaySignals
 from postbox.settings import Settings
 from postbox.streams import epoch_key, events_channel, queue_streams
 from tests import tasks_worker as t
-from tests.harness.redis_cluster import RedisClusterServers, needs_cluster_client, running_cluster
+from tests.harness.redis_cluster import RedisClusterServers, running_cluster
 from tests.integration.api_support import make_client
 from tests.worker_support import enqueue, fetch, running_worker, wait_until, worker_settings
-
-pytestmark = needs_cluster_client
 
 
 @pytest.fixture(scope="module")

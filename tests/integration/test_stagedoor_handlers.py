@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from psycopg import AsyncConnection
 
-from postbox.app.stagedoor import services as stagedoor_services
-from postbox.app.stagedoor import sql as stagedoor_sql
-from postbox.app.stagedoor import tasks
-from postbox.app.stagedoor.mail import MailClient, Message, ProviderError
-from postbox.app.stagedoor.orders import PlacedOrder, create_event, place_order
-from postbox.app.stagedoor.services import Services
 from postbox.errors import AlreadyProcessed, PermanentError, RetryLater
 from postbox.settings import Settings
+from postbox_examples.stagedoor import services as stagedoor_services
+from postbox_examples.stagedoor import sql as stagedoor_sql
+from postbox_examples.stagedoor import tasks
+from postbox_examples.stagedoor.mail import MailClient, Message, ProviderError
+from postbox_examples.stagedoor.orders import PlacedOrder, create_event, place_order
+from postbox_examples.stagedoor.services import Services
 from tests.harness.provider import ProviderProcess
 from tests.harness.stagedoor_ctx import DbJobContext
 

@@ -12,10 +12,15 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from psycopg import AsyncConnection
 
-from postbox.app.stagedoor.cli import create_demo_app
-from postbox.app.stagedoor.errors import InvalidEmailError, InvalidOrderError, NotEnoughSeatsError, UnknownEventError
-from postbox.app.stagedoor.orders import create_event, place_order
-from postbox.app.stagedoor.routes import connection, router
+from postbox_examples.stagedoor.cli import create_demo_app
+from postbox_examples.stagedoor.errors import (
+    InvalidEmailError,
+    InvalidOrderError,
+    NotEnoughSeatsError,
+    UnknownEventError,
+)
+from postbox_examples.stagedoor.orders import create_event, place_order
+from postbox_examples.stagedoor.routes import connection, router
 from tests.integration.api_support import make_client
 
 

@@ -1,4 +1,4 @@
-"""Request bodies over real HTTP against ``postbox stagedoor api run``: chunked, oversized, short."""
+"""Request bodies over real HTTP against ``stagedoor api run``: chunked, oversized, short."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def api(child_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
     log_path = tmp_path / "api.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "postbox.app", "stagedoor", "api", "run", "--port", str(port)],
+            [sys.executable, "-m", "postbox_examples", "api", "run", "--port", str(port)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,4 +1,4 @@
-"""`postbox demo` with no URLs: embedded servers, orders flow end to end, SIGTERM leaves nothing behind.
+"""`stagedoor demo` with no URLs: embedded servers, orders flow end to end, SIGTERM leaves nothing behind.
 
 When this machine allows it (root + util-linux `unshare`), the demo runs in a
 fresh network namespace where only its own loopback exists, so it provably
@@ -78,7 +78,7 @@ def test_demo_runs_end_to_end_then_stops_cleanly_on_sigterm(tmp_path: Path) -> N
         k: v for k, v in os.environ.items() if not k.startswith("POSTBOX_") and k not in ("DATABASE_URL", "REDIS_URL")
     }
     env["PYTHONUNBUFFERED"] = "1"
-    argv = [sys.executable, "-m", "postbox.app", "demo", "--orders", str(ORDERS), "--rate", "25"]
+    argv = [sys.executable, "-m", "postbox_examples", "demo", "--orders", str(ORDERS), "--rate", "25"]
     argv += ["--state-dir", str(state_dir)]
     process = subprocess.Popen(
         isolated_command(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

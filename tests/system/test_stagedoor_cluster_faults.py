@@ -33,7 +33,7 @@ import psycopg
 import pytest
 
 from postbox.streams import queue_streams
-from tests.harness.redis_cluster import RedisClusterServers, needs_cluster_client, running_cluster
+from tests.harness.redis_cluster import RedisClusterServers, running_cluster
 from tests.system.test_stagedoor_faults import (
     CLAIM_TTL,
     EMAIL_RATE,
@@ -43,7 +43,7 @@ from tests.system.test_stagedoor_faults import (
     stagedoor_env,
 )
 
-pytestmark = [pytest.mark.system, pytest.mark.alone, needs_cluster_client]  # the email rate, at the handlers
+pytestmark = [pytest.mark.system, pytest.mark.alone]  # the email rate, at the handlers
 
 ORDERS = 300
 RATE = 25.0

@@ -137,7 +137,7 @@ def stagedoor_env(child_env: dict[str, str], redis_url: str, tmp_path: Path) -> 
     env = dict(child_env)
     env.update(
         POSTBOX_REDIS_URL=redis_url,
-        POSTBOX_TASKS="postbox.app.stagedoor.tasks",
+        POSTBOX_TASKS="postbox_examples.stagedoor.tasks",
         POSTBOX_BLOB_DIR=str(tmp_path / "blobs"),
         POSTBOX_VISIBILITY_TIMEOUT=str(VISIBILITY_TIMEOUT),
         POSTBOX_HEARTBEAT_INTERVAL="0.5",

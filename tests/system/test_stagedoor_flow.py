@@ -13,8 +13,8 @@ import httpx
 import psycopg
 import pytest
 
-from postbox.app.stagedoor.tasks import render_tickets
 from postbox.producer import enqueue
+from postbox_examples.stagedoor.tasks import render_tickets
 from tests.harness.provider import ProviderProcess, free_port
 
 pytestmark = pytest.mark.system
@@ -30,18 +30,20 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 
 @pytest.fixture
 def stack(database_url: str, child_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, Any]]:
-    env = dict(child_env, POSTBOX_TASKS="postbox.app.stagedoor.tasks", POSTBOX_BLOB_DIR=str(tmp_path / "blobs"))
+    env = dict(child_env, POSTBOX_TASKS="postbox_examples.stagedoor.tasks", POSTBOX_BLOB_DIR=str(tmp_path / "blobs"))
     provider = ProviderProcess(database_url, env=env).start()
     env["POSTBOX_PROVIDER_URL"] = provider.url
     port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for args in (["stagedoor", "api", "run", "--port", str(port)], ["relay", "run"], ["worker", "run"]):
+        for args in (
+            ["postbox_examples", "api", "run", "--port", str(port)],
+            ["postbox.app", "relay", "run"],
+            ["postbox.app", "worker", "run"],
+        ):
             with open(tmp_path / f"{args[0]}.log", "wb") as log:
                 procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "postbox.app", *args], env=env, stdout=log, stderr=subprocess.STDOUT
-                    )
+                    subprocess.Popen([sys.executable, "-m", *args], env=env, stdout=log, stderr=subprocess.STDOUT)
                 )
         api = f"http://127.0.0.1:{port}"
 

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from postbox import migrate
-from postbox.app.stagedoor import schema as stagedoor_schema
+from postbox_examples.stagedoor import schema as stagedoor_schema
 from tests.ha_support import wait_for
 from tests.harness.postgres_server import PostgresServer, running_postgres
 from tests.harness.provider import ProviderProcess, free_port
@@ -94,7 +94,7 @@ def test_stagedoor_exactly_one_email_per_order_across_postgres_restarts(
     env = dict(
         child_env,
         POSTBOX_DATABASE_URL=url,
-        POSTBOX_TASKS="postbox.app.stagedoor.tasks",
+        POSTBOX_TASKS="postbox_examples.stagedoor.tasks",
         POSTBOX_BLOB_DIR=str(tmp_path / "blobs"),
         POSTBOX_VISIBILITY_TIMEOUT="3",
         POSTBOX_HEARTBEAT_INTERVAL="0.5",

@@ -1,4 +1,4 @@
-"""The arithmetic of `bench flow` (app/bench/flow.py): achieved and peak rates, pauses."""
+"""The arithmetic of `bench flow` (bench/flow.py): achieved and peak rates, pauses."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from postbox.app.bench import cli, flow
-from postbox.app.bench.params import Params
+from postbox_bench import cli, flow
+from postbox_bench.params import Params
 
 
 def test_achieved_rate_counts_intervals_from_the_first_start_to_the_last() -> None:

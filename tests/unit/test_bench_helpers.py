@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from postbox.app.bench.enqueue import slice_plan
-from postbox.app.bench.peers.common import PeerConfig, read_probe_file
-from postbox.app.bench.peers.registry import PEERS, adapter
-from postbox.app.bench.sandbox import redis_db_of, with_database, with_redis_db
-from postbox.app.bench.steady import producers_for
-from postbox.app.bench.tasks import read_probes
+from postbox_bench.enqueue import slice_plan
+from postbox_bench.peers.common import PeerConfig, read_probe_file
+from postbox_bench.peers.registry import PEERS, adapter
+from postbox_bench.sandbox import redis_db_of, with_database, with_redis_db
+from postbox_bench.steady import producers_for
+from postbox_bench.tasks import read_probes
 
 
 def test_urls_of_the_bench_database_and_redis_db() -> None:

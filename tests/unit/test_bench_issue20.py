@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from postbox.app.bench import cli, exactly_once, growth, pgbench
+from postbox_bench import cli, exactly_once, growth, pgbench
 
 
 def test_pgbench_render_substitutes_every_parameter_and_refuses_a_missing_one() -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from postbox.app.bench.peers import parse_peer_configs
-from postbox.app.bench.peers.common import PeerConfig, Tally, read_tally, variant_of
-from postbox.app.bench.peers.pgqueuer_peer import shape
+from postbox_bench.peers import parse_peer_configs
+from postbox_bench.peers.common import PeerConfig, Tally, read_tally, variant_of
+from postbox_bench.peers.pgqueuer_peer import shape
 
 
 def test_a_tally_file_gives_the_span_from_the_first_handler_run_to_the_last(tmp_path: Path) -> None:

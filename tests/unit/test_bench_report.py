@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from postbox.app.bench.report import Figure, Ratio, Report, Target, format_number, format_ratio, render, render_table
+from postbox_bench.report import Figure, Ratio, Report, Target, format_number, format_ratio, render, render_table
 
 
 def sample_report() -> Report:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from postbox.app.bench.outbox import Span
-from postbox.app.bench.stats import Latency, Spread, percentile, rate
+from postbox_bench.outbox import Span
+from postbox_bench.stats import Latency, Spread, percentile, rate
 
 
 def test_percentile_interpolates_between_closest_ranks() -> None:

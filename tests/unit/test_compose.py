@@ -1,14 +1,16 @@
 """docker-compose.yml and the Dockerfile, checked without Docker.
 
-Every postbox service's command must be a real ``postbox`` subcommand whose own
-argument parser accepts it, and every environment variable a postbox container
-gets must be a real setting; the infrastructure services stay private.
+Every postbox service's command must be a real ``postbox`` subcommand (or, for the
+example's services, a ``stagedoor`` one) whose own argument parser accepts it, and
+every environment variable a postbox container gets must be a real setting; the infrastructure services stay private.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import yaml
 
 from postbox.app.cli import COMMANDS, resolve
 from postbox.settings_doc import all_env_names
+from postbox_examples.cli import COMMANDS as EXAMPLE_COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -53,9 +56,11 @@ def postbox_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def parse_command(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
     """Run the subcommand's own argparse on argv (nothing else): its namespace, or Rejected."""
-    assert argv[0] == "postbox", argv
+    assert argv[0] in ("postbox", "stagedoor"), argv
     name, rest = argv[1], argv[2:]
-    assert name in COMMANDS, f"{name!r} is not a postbox subcommand"
+    commands = COMMANDS if argv[0] == "postbox" else EXAMPLE_COMMANDS
+    assert name in commands, f"{name!r} is not a {argv[0]} subcommand"
+    run = resolve(name) if argv[0] == "postbox" else example_command(name)
     original = argparse.ArgumentParser.parse_args
 
     def parse_only(self: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> Any:
@@ -67,14 +72,20 @@ def parse_command(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> argparse.
 
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_only)
     try:
-        resolve(name)(rest)
+        run(rest)
     except Parsed as parsed:
         return parsed.namespace
     except Refused:
         raise Rejected(" ".join(argv)) from None
     finally:
         monkeypatch.undo()
-    raise AssertionError(f"postbox {name} did not parse its arguments with argparse")
+    raise AssertionError(f"{argv[0]} {name} did not parse its arguments with argparse")
+
+
+def example_command(name: str) -> Callable[[Sequence[str]], int]:
+    module_name, _, func_name = EXAMPLE_COMMANDS[name][0].partition(":")
+    func: Callable[[Sequence[str]], int] = getattr(importlib.import_module(module_name), func_name)
+    return func
 
 
 def test_the_services_are_all_there(compose: dict[str, Any]) -> None:
@@ -89,15 +100,15 @@ def test_the_services_are_all_there(compose: dict[str, Any]) -> None:
 
 def test_every_command_is_a_real_postbox_subcommand(compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     parsed = {name: parse_command(svc["command"], monkeypatch) for name, svc in postbox_services(compose).items()}
-    assert [compose["services"][n]["command"][1:3] for n in ("migrate", "api", "relay", "worker", "provider")] == [
+    assert [compose["services"][n]["command"][:3] for n in ("migrate", "api", "relay", "worker", "provider")] == [
         ["stagedoor", "migrate"],  # postbox's schema, then the example's own
-        ["stagedoor", "api"],  # postbox's API plus the example's order routes
-        ["relay", "run"],
-        ["worker", "run"],
-        ["provider", "run"],
+        ["stagedoor", "api", "run"],  # postbox's API plus the example's order routes
+        ["postbox", "relay", "run"],
+        ["postbox", "worker", "run"],
+        ["stagedoor", "provider", "run"],
     ]
-    assert parsed["migrate"].command == "migrate"
-    assert parsed["api"].command == "api" and parsed["api"].api_command == "run" and parsed["api"].host == "0.0.0.0"
+    assert vars(parsed["migrate"]) == {}  # `stagedoor migrate` takes no options
+    assert parsed["api"].api_command == "run" and parsed["api"].host == "0.0.0.0"
     assert parsed["relay"].command == "run"
     assert parsed["worker"].command == "run"
     assert parsed["provider"].command == "run" and parsed["provider"].port == 8025
@@ -109,9 +120,11 @@ def test_the_command_check_rejects_bad_commands(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(Rejected):
         parse_command(["postbox", "worker", "walk"], monkeypatch)
     with pytest.raises(Rejected):
-        parse_command(["postbox", "provider", "run", "--port", "eighty"], monkeypatch)
+        parse_command(["stagedoor", "provider", "run", "--port", "eighty"], monkeypatch)
     with pytest.raises(AssertionError, match="not a postbox subcommand"):
         parse_command(["postbox", "serve"], monkeypatch)
+    with pytest.raises(AssertionError, match="not a postbox subcommand"):
+        parse_command(["postbox", "provider", "run"], monkeypatch)  # the example's, not an operator's
 
 
 def test_every_environment_variable_is_a_real_setting(compose: dict[str, Any]) -> None:
@@ -124,7 +137,7 @@ def test_every_environment_variable_is_a_real_setting(compose: dict[str, Any]) -
         assert env["POSTBOX_DATABASE_URL"].startswith("postgresql://")
         assert env["POSTBOX_REDIS_URL"].startswith("redis://")
     worker_env = compose["services"]["worker"]["environment"]
-    assert worker_env["POSTBOX_TASKS"].split(",")[0] in {"postbox.app.stagedoor.tasks"}
+    assert worker_env["POSTBOX_TASKS"].split(",")[0] in {"postbox_examples.stagedoor.tasks"}
     assert {"POSTBOX_BOGUS", "POSTGRES_PASSWORD"}.isdisjoint(known)  # the check can fail
 
 

@@ -63,12 +63,18 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+LAB = ("postbox_examples", "postbox_bench", "tests")  # beside the product, never imported by it
+
+
 def test_dependencies_flow_one_way() -> None:
-    """The core imports nothing of relay, worker or app (the example included); relay and worker not each other."""
+    """The core imports nothing of relay, worker or app; relay and worker not each other; the product no example,
+    benchmark or test."""
     forbidden = {
-        "jobs": ("postbox.relay", "postbox.worker", "postbox.app"),
-        "relay": ("postbox.worker", "postbox.app"),
-        "worker": ("postbox.relay", "postbox.app"),
+        "jobs": ("postbox.relay", "postbox.worker", "postbox.app", *LAB),
+        "relay": ("postbox.worker", "postbox.app", *LAB),
+        "worker": ("postbox.relay", "postbox.app", *LAB),
+        "app": LAB,
+        "migrations": ("postbox.relay", "postbox.worker", "postbox.app", *LAB),
     }
     offenders = []
     for folder, banned in forbidden.items():
@@ -81,8 +87,18 @@ def test_every_module_imports_under_its_installed_name() -> None:
     for folder, package in FOLDERS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             rel = path.relative_to(ROOT / folder).with_suffix("")
-            if rel.name == "__main__" or "peers" in rel.parts or rel.parts[:1] == ("bench",):
-                continue  # entry points run on import; the bench's peers need the [bench] extra
+            if rel.name == "__main__":
+                continue  # entry points run on import
             parts = [p for p in rel.parts if p != "__init__"]
             module = importlib.import_module(".".join([package, *parts]))
             assert module.__name__.startswith(package)
+
+
+def test_the_lab_is_outside_the_product() -> None:
+    """The benchmarks and the examples are their own folders, installed beside postbox, not inside it."""
+    assert not (ROOT / "app" / "bench").exists() and not (ROOT / "app" / "stagedoor").exists()
+    import postbox_bench
+    import postbox_examples
+
+    assert Path(postbox_bench.__file__).resolve().parent == (ROOT / "bench").resolve()
+    assert Path(postbox_examples.__file__).resolve().parent == (ROOT / "examples").resolve()

@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from postbox.app.provider.faults import AfterDelivery, Faults, seeded
-from postbox.app.stagedoor.blobs import BlobStore, blob_root
-from postbox.app.stagedoor.errors import InvalidEmailError, InvalidOrderError
-from postbox.app.stagedoor.mail import Attachment, MailClient, Message, ProviderError, tickets_key
-from postbox.app.stagedoor.orders import PUBLIC_ID_ALPHABET, check_event, check_order, new_public_id
-from postbox.app.stagedoor.pdf import TicketDocument, render
 from postbox.errors import PermanentError
 from postbox.settings import Settings
+from postbox_examples.provider.faults import AfterDelivery, Faults, seeded
+from postbox_examples.stagedoor.blobs import BlobStore, blob_root
+from postbox_examples.stagedoor.errors import InvalidEmailError, InvalidOrderError
+from postbox_examples.stagedoor.mail import Attachment, MailClient, Message, ProviderError, tickets_key
+from postbox_examples.stagedoor.orders import PUBLIC_ID_ALPHABET, check_event, check_order, new_public_id
+from postbox_examples.stagedoor.pdf import TicketDocument, render
 
 
 def test_check_order_accepts_and_refuses() -> None:

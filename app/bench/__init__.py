@@ -1,1 +1,0 @@
-"""``postbox bench``: throughput, latency and memory of postbox (and its peers) on this machine."""

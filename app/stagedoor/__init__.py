@@ -1,5 +1,0 @@
-"""Stagedoor: the ticket shop that shows postbox's exactly-once effects.
-
-``orders`` places orders (the producer side); ``tasks`` holds the four jobs
-that workers run (``POSTBOX_TASKS=postbox.app.stagedoor.tasks``).
-"""

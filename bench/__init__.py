@@ -1,0 +1,1 @@
+"""``postbox-bench``: throughput, latency and memory of postbox (and its peers) on this machine."""

@@ -1,0 +1,282 @@
+"""``postbox-bench <scenario>``: measure postbox (and peers) here.
+
+Scenarios: enqueue, relay, worker, latency (``all`` runs these four), and
+schedules, flow, exactly-once, rest, growth, cluster (each on its own: minutes each;
+cluster starts Redis servers of its own).
+
+Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
+DATABASE_URL and POSTBOX_REDIS_URL / REDIS_URL, in a database and key prefix
+of its own that it removes at the end.  Progress goes to stderr; the table (or
+JSON with ``--json``) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from postbox.errors import SettingsError
+from postbox.settings import load_settings
+from postbox_bench import machine
+from postbox_bench.params import Params
+from postbox_bench.progress import Progress
+from postbox_bench.report import Figure, Report, render
+from postbox_bench.sandbox import Sandbox, sandbox
+
+if TYPE_CHECKING:
+    from postbox_bench.peers import Peer, PeerDrain
+
+SCENARIOS = ("enqueue", "relay", "worker", "latency")
+EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "rest", "growth", "cluster")  # not part of `all`: minutes each
+GROWTH_PARTS = ("drain", "queues", "steady", "processes")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _rates(text: str) -> tuple[int, ...]:
+    try:
+        rates = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of jobs/s, got {text!r}") from None
+    if not rates or any(r < 1 for r in rates):
+        raise argparse.ArgumentTypeError(f"rates must be >= 1 jobs/s, got {text!r}")
+    return rates
+
+
+def _growth_parts(text: str) -> tuple[str, ...]:
+    parts = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [part for part in parts if part not in GROWTH_PARTS]
+    if not parts or unknown:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(GROWTH_PARTS)}, got {text!r}")
+    return parts
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="postbox-bench", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("scenario", choices=[*SCENARIOS, *EXTRA_SCENARIOS, "all"], help="what to measure")
+    p.add_argument("--jobs", type=_positive_int, default=20_000, help="jobs per throughput run (default 20000)")
+    p.add_argument(
+        "--relay-rows", type=_positive_int, default=100_000, help="pre-filled outbox rows for relay (default 100000)"
+    )
+    p.add_argument("--concurrency", type=_positive_int, default=50, help="worker concurrency (default 50)")
+    p.add_argument(
+        "--rate", type=_rates, default=(200, 1000), help="steady rates for latency, jobs/s (default 200,1000)"
+    )
+    p.add_argument(
+        "--flow-rate", type=_positive_int, default=200, help="rate limit of bench flow's rated task, /s (default 200)"
+    )
+    p.add_argument("--relay-rate", type=_positive_int, default=500, help="steady rate for relay latency (default 500)")
+    p.add_argument("--duration", type=_positive_float, default=5.0, help="seconds per timed run (default 5)")
+    p.add_argument("--repeat", type=_positive_int, default=3, help="repetitions per figure (default 3)")
+    p.add_argument("--batch", type=_positive_int, default=10_000, help="enqueue_many batch size (default 10000)")
+    p.add_argument("--peers", action="store_true", help="also run PgQueuer, Procrastinate, arq and SAQ")
+    p.add_argument(
+        "--peer-config",
+        action="append",
+        default=[],
+        metavar="PEER=CONFIG",
+        help="run a peer in one of its configurations (e.g. pgqueuer=5x10; default: the adapter's best)",
+    )
+    p.add_argument(
+        "--peer-sweep",
+        action="store_true",
+        help="with --peers and worker: first measure every configuration of every peer, then pair the best",
+    )
+    p.add_argument("--requests", type=_positive_int, default=3_000, help="bench rest: POSTs per ab run (default 3000)")
+    p.add_argument("--clients", type=_positive_int, default=10, help="bench rest: ab and pgbench clients (default 10)")
+    p.add_argument(
+        "--big", type=_positive_int, default=1_000_000, help="bench growth drain: the big outbox (default 1000000)"
+    )
+    p.add_argument(
+        "--minutes", type=_positive_int, default=20, help="bench growth steady: minutes at the steady rate (default 20)"
+    )
+    p.add_argument(
+        "--steady-rate", type=_positive_int, default=1_000, help="bench growth steady: jobs/s (default 1000)"
+    )
+    p.add_argument(
+        "--growth",
+        type=_growth_parts,
+        default=GROWTH_PARTS,
+        help=f"bench growth: which parts, comma-separated (default all: {','.join(GROWTH_PARTS)})",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p
+
+
+ScenarioRun = Callable[[Sandbox, str, Params, Progress], list[Figure]]
+
+
+def _scenario(name: str, between: Callable[[int], None] | None = None) -> ScenarioRun:
+    # Imported on demand: `bench enqueue` needs neither relay nor worker.
+    if name == "enqueue":
+        from postbox_bench import enqueue
+
+        return lambda box, url, params, progress: enqueue.run(url, params, progress)
+    if name == "relay":
+        from postbox_bench.relay import run as run_relay
+
+        return run_relay
+    if name == "worker":
+        from postbox_bench.worker import run as run_worker
+
+        return lambda box, url, params, progress: run_worker(box, url, params, progress, between)
+    if name == "latency":
+        from postbox_bench.latency import run as run_latency
+
+        return run_latency
+    if name == "schedules":
+        from postbox_bench.schedules import run as run_schedules
+
+        return run_schedules
+    if name == "flow":
+        from postbox_bench.flow import run as run_flow
+
+        return run_flow
+    if name == "exactly-once":
+        from postbox_bench.exactly_once import run as run_exactly_once
+
+        return run_exactly_once
+    if name == "rest":
+        from postbox_bench.rest import run as run_rest
+
+        return run_rest
+    if name == "growth":
+        from postbox_bench.growth import run as run_growth
+
+        return run_growth
+    if name == "cluster":
+        from postbox_bench.cluster import run as run_cluster
+
+        return run_cluster
+    raise ValueError(f"unknown scenario {name!r}")
+
+
+def _peer_reps(drains: Sequence[PeerDrain]) -> Callable[[int], None]:
+    """After postbox's 1-process run of repetition ``rep``: the same repetition of each peer."""
+
+    def run(rep: int) -> None:
+        for drain in drains:
+            drain.rep(rep)
+
+    return run
+
+
+def _terminate(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C: children are stopped and the sandbox is dropped on the way out.
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = parser().parse_args(list(argv))
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        settings = load_settings()
+        database_url = settings.require_database_url()
+        redis_url = settings.require_redis_url()
+    except SettingsError as exc:
+        print(f"postbox-bench: {exc}", file=sys.stderr)
+        return 2
+    params = Params(
+        jobs=args.jobs,
+        relay_rows=args.relay_rows,
+        concurrency=args.concurrency,
+        rates=args.rate,
+        relay_rate=args.relay_rate,
+        duration=args.duration,
+        repeat=args.repeat,
+        batch=min(args.batch, args.jobs),
+        peers=args.peers,
+        extra={
+            "flow_rate": args.flow_rate,
+            "requests": args.requests,
+            "clients": args.clients,
+            "big": args.big,
+            "minutes": args.minutes,
+            "steady_rate": args.steady_rate,
+            "growth": args.growth,
+        },
+    )
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if args.peer_config or args.peer_sweep:
+        from postbox_bench.peers import parse_peer_configs
+
+        if not args.peers:
+            print("postbox-bench: --peer-config and --peer-sweep need --peers", file=sys.stderr)
+            return 2
+        try:
+            chosen = parse_peer_configs(args.peer_config)
+        except (ValueError, ImportError) as exc:
+            print(f"postbox-bench: --peer-config: {exc}", file=sys.stderr)
+            return 2
+    else:
+        chosen = {}
+    progress = Progress(quiet=args.quiet)
+    report = Report(machine=machine.describe(database_url, redis_url), parameters=params.describe())
+    failed = False
+    with sandbox(database_url, redis_url) as box:
+        progress.say(f"sandbox: database postbox_bench_{box.token}, redis prefix {box.prefix}")
+        bench_url = box.database()
+        peers: list[Peer] = []
+        drains: list[PeerDrain] = []
+        if params.peers:
+            from postbox_bench import peers as peer_runs
+
+            progress.say("peers: installing")
+            peers = peer_runs.prepare_peers(box, params, progress, report, chosen)
+            if "worker" in names and args.peer_sweep:
+                progress.say("peers: configuration sweep")
+                peers = peer_runs.sweep(peers, params, progress, report)
+            if "worker" in names:
+                drains = [peer_runs.PeerDrain(peer, params, progress, report) for peer in peers]
+        for name in names:
+            progress.say(f"scenario {name}")
+            between = None
+            if name == "worker" and drains:
+                for drain in drains:
+                    drain.warm_up()
+                between = _peer_reps(drains)
+            try:
+                for figure in _scenario(name, between)(box, bench_url, params, progress):
+                    report.add(figure)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # one scenario failing still prints the others
+                failed = True
+                report.notes.append(f"{name}: failed: {type(exc).__name__}: {exc}")
+                progress.say(f"scenario {name} failed: {type(exc).__name__}: {exc}")
+        for drain in drains:
+            report.add(drain.figure)
+        if peers and "latency" in names:
+            peer_runs.run_latency(peers, params, progress, report)
+        elif params.peers and not {"worker", "latency"} & set(names):
+            report.notes.append("peers: only the worker and latency scenarios have peer runs")
+        # The report first: dropping databases can wait on the server (DROP DATABASE needs
+        # every backend of the cluster to answer a barrier), and the figures must not wait with it.
+        if args.json:
+            print(json.dumps(report.as_dict(), indent=2), flush=True)
+        else:
+            print(render(report), end="", flush=True)
+        progress.say("cleaning up")
+    return 1 if failed else 0
+
+
+def main_argv() -> int:
+    """The ``postbox-bench`` command."""
+    return main(sys.argv[1:])

@@ -1,0 +1,197 @@
+"""``bench rest``: the REST enqueue path (``POST /api/v1/jobs``) against PostgreSQL's one-row INSERT.
+
+One ``postbox api run`` process (``POSTBOX_API_KEY`` set, the bench's tasks
+loaded, nothing else running against the sandbox) is driven by ApacheBench, a
+client that is not ours: ``ab -k -c C -n N -p body.json -T application/json
+-H 'X-API-Key: ...'`` (``--clients`` C, default 10; ``--requests`` N, default
+3000) posting a one-job body (``{"task": "bench_noop", "args": {"n": 1}}``).
+req/s is ab's; p50 and p99 come from ab's percentile table (``-e``, ms, the
+whole run). Each request validates the body, inserts the job, publishes an
+event to Redis inside the transaction, commits and answers with the job.
+
+In the same repetition, right after: pgbench with C clients for
+``--duration`` seconds, each transaction one ``INSERT`` of one row into a
+two-column table (``public.bench_rows``), autocommit. The ratio is ab's req/s
+over pgbench's tps (target >= 0.3); p99 is held to <= 50 ms at C = 10.
+
+ab (Debian/Ubuntu: ``apt-get install apache2-utils``) or pgbench missing: the
+figures that need it are skipped with the reason in their label. A few
+hundred unmeasured requests warm the API process up first; any non-2xx answer
+fails the scenario (the figure would not be the enqueue path's).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import LiteralString
+
+import orjson
+import psycopg
+
+from postbox_bench import outbox, pgbench
+from postbox_bench.params import Params
+from postbox_bench.procs import Children, bench_env, children
+from postbox_bench.progress import Progress
+from postbox_bench.report import Figure, Target
+from postbox_bench.sandbox import Sandbox
+
+SCENARIO = "rest"
+AB_MISSING = "ab (ApacheBench) not found on PATH (Debian/Ubuntu: apt-get install apache2-utils)"
+WARMUP_REQUESTS = 300
+BODY = {"task": "bench_noop", "args": {"n": 1}}
+ROWS_DDL: LiteralString = (
+    "CREATE TABLE IF NOT EXISTS public.bench_rows (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
+)
+INSERT_SCRIPT = "INSERT INTO public.bench_rows (at) VALUES (now());\n"
+
+_RPS = re.compile(r"^Requests per second:\s+([0-9.]+)", re.MULTILINE)
+_FAILED = re.compile(r"^Failed requests:\s+(\d+)", re.MULTILINE)
+_NON_2XX = re.compile(r"^Non-2xx responses:\s+(\d+)", re.MULTILINE)
+_KEEP_ALIVE = re.compile(r"^Keep-Alive requests:\s+(\d+)", re.MULTILINE)
+_COMPLETE = re.compile(r"^Complete requests:\s+(\d+)", re.MULTILINE)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(base: str, kids: Children) -> None:
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    outbox.wait_until(up, 60, interval=0.2, check=kids.check_alive)
+
+
+def ab(url: str, key: str, body: Path, *, clients: int, requests: int) -> tuple[float, float, float, int]:
+    """One ab run: (req/s, p50 ms, p99 ms, keep-alive requests).
+
+    ``-l``: answers differ in length (ids, times), which ab would otherwise count as failed.
+    Raises RuntimeError on failed or non-2xx requests.
+    """
+    with tempfile.TemporaryDirectory(prefix="postbox-ab-") as folder:
+        table = Path(folder) / "percentiles.csv"
+        argv = [
+            "ab",
+            "-q",
+            "-k",
+            "-l",
+            "-c",
+            str(clients),
+            "-n",
+            str(requests),
+            "-p",
+            str(body),
+            "-T",
+            "application/json",
+        ]
+        argv += ["-H", f"X-API-Key: {key}", "-e", str(table), url]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+        output = done.stdout + done.stderr
+        if done.returncode != 0:
+            raise RuntimeError(f"ab exited with {done.returncode}:\n{output[-2000:]}")
+        percentiles: dict[int, float] = {}
+        with open(table, encoding="utf-8") as handle:
+            for row in csv.reader(handle):
+                if len(row) == 2 and row[0].strip().isdigit():
+                    percentiles[int(row[0])] = float(row[1])
+    complete = _COMPLETE.search(output)
+    failed = _FAILED.search(output)
+    non_2xx = _NON_2XX.search(output)
+    rps = _RPS.search(output)
+    if complete is None or int(complete.group(1)) != requests or rps is None:
+        raise RuntimeError(f"ab did not complete {requests} requests:\n{output[-2000:]}")
+    if (failed and int(failed.group(1))) or (non_2xx and int(non_2xx.group(1))):
+        raise RuntimeError(f"ab: failed or non-2xx requests:\n{output[-2000:]}")
+    keep_alive = _KEEP_ALIVE.search(output)
+    return float(rps.group(1)), percentiles[50], percentiles[99], int(keep_alive.group(1)) if keep_alive else 0
+
+
+def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
+    clients = int(params.extra.get("clients", 10))
+    requests = int(params.extra.get("requests", 3_000))
+    seconds = max(1, round(params.duration))
+    label = f"-c {clients}, {requests:,} POSTs"
+    rps = Figure(SCENARIO, "rest.rps", f"POST /api/v1/jobs req/s, 1 API process (ab -k {label})", "req/s")
+    p50 = Figure(SCENARIO, "rest.p50", f"POST /api/v1/jobs p50 (ab {label})", "ms", higher_is_better=False)
+    p99 = Figure(
+        SCENARIO,
+        "rest.p99",
+        f"POST /api/v1/jobs p99 (ab {label})",
+        "ms",
+        target=Target("<=", 50) if clients == 10 else None,
+        higher_is_better=False,
+    )
+    insert = Figure(SCENARIO, "rest.pgbench_insert", f"pgbench one-row INSERT, {clients} clients, {seconds} s", "tx/s")
+    ratio = Figure(SCENARIO, "rest.ratio", "REST req/s / pgbench INSERT tx/s (paired)", "x", target=Target(">=", 0.3))
+    figures = [rps, p50, p99, insert, ratio]
+    have_ab = shutil.which("ab") is not None
+    have_pgbench = pgbench.available()
+    if not have_ab:
+        progress.say(f"rest: {AB_MISSING}; REST figures skipped")
+        for figure in (rps, p50, p99, ratio):
+            figure.label += f" [skipped: {AB_MISSING}]"
+    if not have_pgbench:
+        progress.say(f"rest: {pgbench.MISSING}; pgbench figures skipped")
+        for figure in (insert, ratio):
+            figure.label += f" [skipped: {pgbench.MISSING}]"
+    key = secrets.token_urlsafe(24)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = bench_env(database_url, box.redis_url, box.prefix, POSTBOX_API_KEY=key)
+    folder = Path(tempfile.mkdtemp(prefix="postbox-bench-rest-"))
+    body = folder / "body.json"
+    body.write_bytes(orjson.dumps(BODY))
+    try:
+        with psycopg.connect(database_url) as conn:
+            conn.execute(ROWS_DDL)
+            conn.commit()
+            outbox.reset(conn)
+            with children(env) as kids:
+                if have_ab:
+                    argv = ["postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port)]
+                    kids.python("api", [*argv, "--tasks", "postbox_bench.tasks"])
+                    wait_healthy(base, kids)
+                    ab(f"{base}/api/v1/jobs", key, body, clients=clients, requests=min(WARMUP_REQUESTS, requests))
+                    progress.say("rest: API up and warmed")
+                for rep in range(params.repeat):
+                    if have_ab:
+                        before = outbox.scalar(conn, outbox.COUNT_UNFINISHED)
+                        measured = ab(f"{base}/api/v1/jobs", key, body, clients=clients, requests=requests)
+                        kids.check_alive()
+                        added = outbox.scalar(conn, outbox.COUNT_UNFINISHED) - before
+                        if added != requests:
+                            raise RuntimeError(f"ab answered {requests} requests but {added} jobs were committed")
+                        for figure, value in zip((rps, p50, p99), measured[:3], strict=True):
+                            figure.values.append(value)
+                        progress.say(
+                            f"rest rep {rep + 1}/{params.repeat}: {measured[0]:,.0f} req/s, "
+                            f"p50 {measured[1]:.1f} ms, p99 {measured[2]:.1f} ms, keep-alive requests {measured[3]:,}"
+                        )
+                    if have_pgbench:
+                        result = pgbench.run(database_url, INSERT_SCRIPT, clients=clients, seconds=seconds)
+                        insert.values.append(result.tps)
+                        progress.say(f"rest rep {rep + 1}/{params.repeat}: pgbench INSERT {result.tps:,.0f} tx/s")
+                    if have_ab and have_pgbench:
+                        ratio.values.append(rps.values[-1] / insert.values[-1])
+            outbox.reset(conn)
+            conn.execute("TRUNCATE public.bench_rows")
+            conn.commit()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    box.clean_redis_prefix()
+    return figures

@@ -1,0 +1,5 @@
+import sys
+
+from postbox_examples.cli import main
+
+sys.exit(main())
