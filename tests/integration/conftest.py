@@ -11,8 +11,8 @@ import pytest
 
 from postbox.relay import Relay
 from postbox.settings import Settings
-from tests import tasks_worker as t
-from tests.worker_support import worker_settings
+from tests.harness.tasks import worker as t
+from tests.harness.worker import worker_settings
 
 
 @pytest.fixture

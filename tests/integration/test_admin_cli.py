@@ -12,7 +12,7 @@ import pytest
 
 from postbox.app.admin import dlq_cli, jobs_cli, queues_cli, workers_cli
 from postbox.settings import Settings
-from tests.integration.api_support import audit_rows, insert_job, job_state, make_dead
+from tests.harness.api import audit_rows, insert_job, job_state, make_dead
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +20,7 @@ def cli_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POSTBOX_DATABASE_URL", str(settings.database_url))
     monkeypatch.setenv("POSTBOX_REDIS_URL", str(settings.redis_url))
     monkeypatch.setenv("POSTBOX_REDIS_PREFIX", settings.redis_prefix)
-    monkeypatch.setenv("POSTBOX_TASKS", "tests.tasks_api")
+    monkeypatch.setenv("POSTBOX_TASKS", "tests.harness.tasks.api")
 
 
 def _count(conn: psycopg.Connection[Any], query: str = "SELECT count(*) FROM postbox.outbox") -> int:

@@ -20,7 +20,7 @@ from postbox.app.api.state import key_matches, start_warnings
 from postbox.errors import SettingsError
 from postbox.settings import Settings, load_settings
 from postbox_examples.stagedoor.cli import create_demo_app
-from tests.integration.api_support import API_KEY, audit_rows, insert_job, make_client, make_dead
+from tests.harness.api import API_KEY, audit_rows, insert_job, make_client, make_dead
 from tests.integration.test_api_auth import _cancel, _discard, _pause, _purge, _requeue, _resume
 
 Setup = Callable[[psycopg.Connection[Any]], tuple[str, dict[str, Any], str, str]]

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from postbox.settings import Settings
-from tests.integration.api_support import (  # noqa: F401
+from tests.harness.api import (  # noqa: F401
     API_KEY,
     audit_rows,
     insert_job,

@@ -13,7 +13,7 @@ from postbox.app.api.main import BODY_SLACK, create_app
 from postbox.registry import default_registry
 from postbox.settings import Settings
 from postbox_examples.stagedoor.cli import create_demo_app
-from tests.integration.api_support import client_fixture  # noqa: F401
+from tests.harness.api import client_fixture  # noqa: F401
 
 LIMIT = 1000  # max_payload_bytes of these tests
 BODY_LIMIT = LIMIT + BODY_SLACK

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from fastapi.testclient import TestClient
 
-from tests.integration.api_support import audit_rows, client_fixture, insert_job, job_state, make_dead  # noqa: F401
+from tests.harness.api import audit_rows, client_fixture, insert_job, job_state, make_dead  # noqa: F401
 
 
 def test_list_show_and_filters(client: TestClient, conn: psycopg.Connection[Any]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.integration.api_support import client_fixture, running_fleet, wait_until  # noqa: F401
+from tests.harness.api import client_fixture, running_fleet, wait_until  # noqa: F401
 
 
 def _state(client: TestClient, job_id: int) -> str:

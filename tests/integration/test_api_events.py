@@ -10,7 +10,7 @@ from starlette.websockets import WebSocketDisconnect
 from postbox.events import encode, event
 from postbox.settings import Settings
 from postbox.streams import events_channel
-from tests.integration.api_support import API_KEY, client_fixture, make_client  # noqa: F401
+from tests.harness.api import API_KEY, client_fixture, make_client  # noqa: F401
 
 
 def test_job_filter_delivers_only_that_jobs_events_in_order(client: TestClient, settings: Settings) -> None:

@@ -10,7 +10,7 @@ import psycopg
 from fastapi.testclient import TestClient
 
 from postbox.settings import Settings
-from tests.integration.api_support import client_fixture, insert_job, job_state, make_client  # noqa: F401
+from tests.harness.api import client_fixture, insert_job, job_state, make_client  # noqa: F401
 
 
 def test_enqueue_returns_201_with_the_job(client: TestClient, conn: psycopg.Connection[Any]) -> None:

@@ -21,7 +21,7 @@ from postbox.control import QueueFullError
 from postbox.producer import Limits, prepare
 from postbox.registry import default_registry
 from postbox.settings import Settings
-from tests.integration.api_support import wait_until
+from tests.harness.api import wait_until
 
 
 def _holding_router(entered: threading.Event, release: threading.Event) -> APIRouter:
@@ -103,7 +103,7 @@ def test_a_request_that_waits_too_long_for_a_connection_is_a_503(settings: Setti
 
 @pytest.fixture
 def limit_row() -> Iterator[Any]:
-    import tests.tasks_api  # noqa: F401  (registers api_echo)
+    import tests.harness.tasks.api  # noqa: F401  (registers api_echo)
 
     yield prepare("api_echo", {}, registry=default_registry, limits=Limits())
 

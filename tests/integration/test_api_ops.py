@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
+from tests.harness.api import client_fixture, insert_job, make_client  # noqa: F401
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401
-from tests.integration.api_support import client_fixture, insert_job, make_client  # noqa: F401
 
 
 def _seed_queue(conn: psycopg.Connection[Any]) -> None:

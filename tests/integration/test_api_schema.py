@@ -43,7 +43,7 @@ LIMIT = 1000  # max_payload_bytes of the fuzzed app: small oversized bodies
 
 @pytest.fixture
 def live(settings: Settings) -> Iterator[TestClient]:
-    import tests.tasks_api  # noqa: F401  (registers the api_* tasks)
+    import tests.harness.tasks.api  # noqa: F401  (registers the api_* tasks)
 
     app = create_demo_app(settings.model_copy(update={"api_insecure": True, "max_payload_bytes": LIMIT}))
     with TestClient(app, raise_server_exceptions=False) as c:

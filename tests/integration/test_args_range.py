@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 import postbox
 from postbox import task
 from postbox.errors import ArgsOutOfRangeError, InvalidArgsError
-from tests.integration.api_support import client_fixture  # noqa: F401
+from tests.harness.api import client_fixture  # noqa: F401
 
 
 @task(queue="rangeq")

@@ -20,7 +20,7 @@ from postbox.app.api.main import create_app
 from postbox.app.dashboard import queries, search, session
 from postbox.registry import default_registry
 from postbox.settings import Settings
-from tests.integration.api_support import API_KEY, audit_rows, insert_job, job_state, make_client, make_dead
+from tests.harness.api import API_KEY, audit_rows, insert_job, job_state, make_client, make_dead
 
 
 def _login(client: TestClient) -> str:

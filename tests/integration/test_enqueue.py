@@ -12,7 +12,7 @@ import pytest
 
 import postbox
 from postbox import errors
-from tests import tasks_core
+from tests.harness.tasks import core as tasks_core
 
 
 def count(conn: psycopg.Connection[Any]) -> int:

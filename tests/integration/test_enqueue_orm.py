@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from postbox import connections, enqueue, enqueue_async, enqueue_many, enqueue_many_async
 from postbox.errors import UnsupportedConnectionError
-from tests import tasks_core
+from tests.harness.tasks import core as tasks_core
 
 ROOT = Path(__file__).resolve().parents[2]
 JOBS = "SELECT task, queue, priority, args->>'user_id', headers->>'trace', available_at > now() FROM postbox.outbox"
@@ -150,7 +150,7 @@ django.setup()
 from django.db import connection, transaction
 
 from postbox import enqueue
-from tests import tasks_core
+from tests.harness.tasks import core as tasks_core
 
 with transaction.atomic():
     with connection.cursor() as cur:

@@ -13,10 +13,10 @@ from opentelemetry import trace
 from postbox import hooks
 from postbox.relay import Relay
 from postbox.settings import Settings
-from tests import tasks_worker as t
-from tests.integration.api_support import API_KEY, make_client
+from tests.harness.api import API_KEY, make_client
+from tests.harness.tasks import worker as t
+from tests.harness.worker import enqueue, fetch, finished, running_worker
 from tests.integration.test_tracing import spans  # noqa: F401  (the in-memory exporter fixture)
-from tests.worker_support import enqueue, fetch, finished, running_worker
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ async def test_failed_attempts_keep_and_log_a_bounded_traceback(
     ]
     for *_, kept in rows:
         assert kept.startswith("Traceback (most recent call last):")
-        assert 'tasks_worker.py", line' in kept and "in w_always_fails" in kept
+        assert 'tasks/worker.py", line' in kept and "in w_always_fails" in kept
         assert kept.rstrip().endswith("ValueError: boom\nsecond line " + "x" * 1000)
     failed = [r for r in caplog.records if r.getMessage().startswith("run failed")]
     assert len(failed) == 3

@@ -1,7 +1,7 @@
 """Flow control on real PostgreSQL and Redis, workers in this process, the real relay.
 
 Every held-back job goes back through the relay; the handlers record their run
-intervals in ``flow_runs`` (tests/tasks_flow.py), from which overlaps and start
+intervals in ``flow_runs`` (tests/harness/tasks/flow.py), from which overlaps and start
 rates are computed.
 """
 
@@ -19,8 +19,8 @@ import pytest
 import postbox
 from postbox.relay import Relay
 from postbox.settings import Settings
-from tests import tasks_flow as f
-from tests.worker_support import fetch, fetchval, running_worker, wait_until, worker_settings
+from tests.harness.tasks import flow as f
+from tests.harness.worker import fetch, fetchval, running_worker, wait_until, worker_settings
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 
 from postbox.flow import FlowLimit, Rate
 from postbox.settings import Settings
-from tests import tasks_flow as f
-from tests.integration.api_support import API_KEY, audit_rows, client_fixture, keyed_client_fixture, make_client  # noqa: F401
-from tests.worker_support import running_worker, wait_until, worker_settings
+from tests.harness.api import API_KEY, audit_rows, client_fixture, keyed_client_fixture, make_client  # noqa: F401
+from tests.harness.tasks import flow as f
+from tests.harness.worker import running_worker, wait_until, worker_settings
 
 F_CONC = "/api/v1/limits/task/f_conc"
 

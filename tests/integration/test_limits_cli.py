@@ -12,7 +12,7 @@ import pytest
 
 from postbox.app.admin import limits_cli
 from postbox.settings import Settings
-from tests.integration.api_support import audit_rows
+from tests.harness.api import audit_rows
 
 DECLARED = '{"concurrency": 3, "rate": null, "partition_by": null}'
 
@@ -22,7 +22,7 @@ def cli_env(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("POSTBOX_DATABASE_URL", str(settings.database_url))
     monkeypatch.setenv("POSTBOX_REDIS_URL", str(settings.redis_url))
     monkeypatch.setenv("POSTBOX_REDIS_PREFIX", settings.redis_prefix)
-    monkeypatch.setenv("POSTBOX_TASKS", "tests.tasks_api")
+    monkeypatch.setenv("POSTBOX_TASKS", "tests.harness.tasks.api")
 
 
 def _overrides(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:

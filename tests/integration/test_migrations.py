@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from postbox import enqueue, migrate, schema
-from tests import tasks_core
+from tests.harness.tasks import core as tasks_core
 
 EXPECTED_TABLES = {
     "outbox",

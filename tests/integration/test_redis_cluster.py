@@ -26,10 +26,10 @@ from postbox.app.admin import queues_cli
 from postbox.relay import Relay, RelaySignals
 from postbox.settings import Settings
 from postbox.streams import epoch_key, events_channel, queue_streams
-from tests import tasks_worker as t
+from tests.harness.api import make_client
 from tests.harness.redis_cluster import RedisClusterServers, running_cluster
-from tests.integration.api_support import make_client
-from tests.worker_support import enqueue, fetch, running_worker, wait_until, worker_settings
+from tests.harness.tasks import worker as t
+from tests.harness.worker import enqueue, fetch, running_worker, wait_until, worker_settings
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import psycopg
 
 from postbox import control
 from postbox.settings import Settings
-from tests.relay_support import event_within, running_relay, wait_until
+from tests.harness.relay import event_within, running_relay, wait_until
 
 
 def rows(conn: psycopg.Connection[Any], query: str) -> dict[str, Any]:

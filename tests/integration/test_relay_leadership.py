@@ -17,7 +17,7 @@ from postbox.relay import Relay, RelaySignals
 from postbox.settings import Settings
 from postbox.streams import events_channel
 from tests.harness.redis_server import free_port
-from tests.relay_support import (
+from tests.harness.relay import (
     enqueue_sql,
     entries,
     event_within,

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
-from tests.relay_support import enqueue_sql, entries, event_within, get_within, running_relay, wait_until
+from tests.harness.relay import enqueue_sql, entries, event_within, get_within, running_relay, wait_until
 
 
 async def lose_tail(redis: aioredis.Redis, key: str, *, keep: str) -> None:

@@ -16,7 +16,7 @@ from postbox.relay.publisher import Publisher, ensure_group
 from postbox.relay.service import run_until_published
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
-from tests.relay_support import (
+from tests.harness.relay import (
     enqueue_sql,
     entries,
     entry_ids,

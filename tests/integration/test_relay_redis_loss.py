@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from postbox.settings import Settings
 from postbox.streams import GROUP, epoch_key, stream_key
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
-from tests.relay_support import enqueue_sql, entries, event_within, running_relay, wait_until
+from tests.harness.relay import enqueue_sql, entries, event_within, running_relay, wait_until
 
 FINISHED = ("succeeded", "dead", "cancelled", "expired")
 

@@ -22,7 +22,7 @@ from postbox.registry import Registry, task
 from postbox.relay.scheduler import ScheduleDuty
 from postbox.settings import Settings
 from postbox.streams import events_channel
-from tests.relay_support import event_within, running_relay, wait_until
+from tests.harness.relay import event_within, running_relay, wait_until
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 

@@ -15,7 +15,7 @@ from postbox.app.admin import schedules_cli
 from postbox.occurrences import Timing
 from postbox.periodic import Schedule
 from postbox.settings import Settings
-from tests.integration.api_support import API_KEY, audit_rows, make_client
+from tests.harness.api import API_KEY, audit_rows, make_client
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 

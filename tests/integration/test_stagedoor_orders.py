@@ -21,7 +21,7 @@ from postbox_examples.stagedoor.errors import (
 )
 from postbox_examples.stagedoor.orders import create_event, place_order
 from postbox_examples.stagedoor.routes import connection, router
-from tests.integration.api_support import make_client
+from tests.harness.api import make_client
 
 
 async def counts(conn: AsyncConnection[Any]) -> dict[str, int]:

@@ -9,8 +9,8 @@ import psycopg
 from postbox import definitions
 from postbox.registry import Registry, RetryPolicy, task
 from postbox.settings import Settings
-from tests import tasks_worker
-from tests.worker_support import running_worker, worker_settings
+from tests.harness.tasks import worker as tasks_worker
+from tests.harness.worker import running_worker, worker_settings
 
 ROW = "SELECT queue, priority, max_attempts, timeout_seconds, keep_result FROM postbox.outbox WHERE id = %s"
 

@@ -9,7 +9,7 @@ import pytest
 
 from postbox import InvalidArgsError, InvalidPriorityError
 from postbox.handle import Task
-from tests import tasks_core
+from tests.harness.tasks import core as tasks_core
 
 ROWS = "SELECT task, queue, priority, args, dedup_key, available_at > now() FROM postbox.outbox ORDER BY id"
 

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from postbox import enqueue, tracing
 from postbox.relay.publisher import Publisher
-from tests import tasks_core
+from tests.harness.tasks import core as tasks_core
 
 _EXPORTER = InMemorySpanExporter()
 

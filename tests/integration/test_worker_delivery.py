@@ -23,9 +23,9 @@ from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.context import StaleAttempt, WorkerJobContext
 from postbox.worker.delivery import Job
 from postbox.worker.outcomes import Outcome
-from tests import tasks_worker as t
 from tests.harness.publish import publish_due, xadd_again
-from tests.worker_support import (
+from tests.harness.tasks import worker as t
+from tests.harness.worker import (
     enqueue,
     fetch,
     fetchval,

@@ -16,9 +16,9 @@ from postbox.worker.completer import Completer, Finished
 from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import Outcome
-from tests import tasks_hardening as h
 from tests.harness.publish import publish_due
-from tests.worker_support import enqueue, fetch, finished, running_worker, wait_until, worker_settings
+from tests.harness.tasks import hardening as h
+from tests.harness.worker import enqueue, fetch, finished, running_worker, wait_until, worker_settings
 
 
 async def test_unencodable_text_is_stored_safely_and_blocks_nothing(

@@ -12,10 +12,10 @@ import redis.asyncio as aioredis
 
 from postbox.settings import Settings
 from postbox.streams import queue_streams
-from tests import tasks_worker as t
 from tests.harness.publish import publish_due
 from tests.harness.redis_server import RedisServer
-from tests.worker_support import enqueue, fetch, fetchval, finished, running_worker, wait_until, worker_settings
+from tests.harness.tasks import worker as t
+from tests.harness.worker import enqueue, fetch, fetchval, finished, running_worker, wait_until, worker_settings
 
 
 async def test_a_long_handler_keeps_its_claim_and_entry_fresh(

@@ -21,9 +21,9 @@ import postbox
 from postbox.settings import Settings
 from postbox.streams import PRIORITIES
 from postbox.worker.worker import IDLE_BLOCK
-from tests import tasks_worker as t
 from tests.harness.publish import publish_due
-from tests.worker_support import enqueue, finished, running_worker, worker_settings
+from tests.harness.tasks import worker as t
+from tests.harness.worker import enqueue, finished, running_worker, worker_settings
 
 pytestmark = pytest.mark.alone  # start times over 1,000 streams
 

@@ -12,9 +12,9 @@ import redis.asyncio as aioredis
 import postbox
 from postbox.relay import Relay
 from postbox.settings import Settings
-from tests import tasks_worker as t
 from tests.harness.publish import publish_due
-from tests.worker_support import enqueue, fetch, fetchval, finished, running_worker
+from tests.harness.tasks import worker as t
+from tests.harness.worker import enqueue, fetch, fetchval, finished, running_worker
 
 
 async def history(aconn: psycopg.AsyncConnection[Any], job_id: int) -> list[tuple[Any, ...]]:

@@ -11,7 +11,7 @@ from postbox import migrate
 from postbox.errors import SchemaOutdatedError
 from postbox.settings import Settings
 from postbox.worker import Worker
-from tests.worker_support import running_worker, worker_settings
+from tests.harness.worker import running_worker, worker_settings
 
 
 async def test_worker_run_refuses_an_older_schema_and_writes_nothing(

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.harness.api import wait_until
 from tests.harness.redis_server import free_port
-from tests.integration.api_support import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -37,7 +37,7 @@ def api(child_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     env = {
         **child_env,
-        "POSTBOX_TASKS": "tests.tasks_api",
+        "POSTBOX_TASKS": "tests.harness.tasks.api",
         "POSTBOX_MAX_PAYLOAD_BYTES": "1000",
         "POSTBOX_API_BODY_TIMEOUT": str(BODY_TIMEOUT),
     }

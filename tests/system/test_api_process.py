@@ -12,8 +12,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
+from tests.harness.api import wait_until
 from tests.harness.redis_server import free_port
-from tests.integration.api_support import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -27,7 +27,7 @@ def _healthy(url: str) -> bool:
 
 def test_api_run_serves_rest_and_websocket_and_stops_on_sigterm(child_env: dict[str, str], tmp_path: Path) -> None:
     port = free_port()
-    env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api"}
+    env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api"}
     log = open(tmp_path / "api.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port)],

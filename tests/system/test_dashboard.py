@@ -23,8 +23,8 @@ import httpx
 import psycopg
 import pytest
 
+from tests.harness.api import wait_until
 from tests.harness.redis_server import free_port
-from tests.integration.api_support import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -291,7 +291,7 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
     browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:
     seeded = _seed(database_url)
-    env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_API_KEY": KEY}
+    env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_KEY": KEY}
     with api_process(env, tmp_path) as api:
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         page = context.new_page()
@@ -446,7 +446,7 @@ def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_re
     browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:
     flag = tmp_path / "flag"
-    env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_API_INSECURE": "true"}
+    env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_INSECURE": "true"}
     with (
         api_process(env, tmp_path) as api,
         process(["-m", "postbox.relay", "run"], env, tmp_path / "relay.log"),
@@ -505,7 +505,7 @@ def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_re
 def test_behind_a_reverse_proxy_under_a_path_prefix(
     browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:
-    env = {**child_env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_API_KEY": KEY}
+    env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_KEY": KEY}
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("INSERT INTO postbox.outbox (queue, task, state) VALUES ('apiq', 'api_echo', 'queued')")
     with api_process(env, tmp_path, "--root-path", "/postbox") as api, PrefixProxy(api.port, "/postbox") as proxy:

@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 import postbox
-from tests import tasks_hardening as h
-from tests import tasks_worker as t
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
+from tests.harness.tasks import hardening as h
+from tests.harness.tasks import worker as t
 from tests.system.test_worker_processes import VISIBILITY, one, worker_id_of
 from tests.system.test_worker_takeover import TAKEOVER_BOUND, HardeningFleet
 

@@ -1,8 +1,8 @@
 """Flow control on real processes (issue 17, points 4 and 8).
 
-The real relay process and several ``postbox worker run --tasks tests.tasks_flow``
+The real relay process and several ``postbox worker run --tasks tests.harness.tasks.flow``
 processes; every handler records its run interval (wall clock) in ``flow_runs``
-(tests/tasks_flow.py), from which overlaps, mean concurrency and start rates are
+(tests/harness/tasks/flow.py), from which overlaps, mean concurrency and start rates are
 computed. Faults are real signals (SIGKILL, SIGSTOP) and a real FLUSHALL of a
 private Redis server. Measured numbers are printed (``pytest -s``) and, when
 ``POSTBOX_FLOW_REPORT`` names a file, merged into it as JSON.
@@ -25,8 +25,8 @@ import psycopg
 import pytest
 
 import postbox
-from tests import tasks_flow as f
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
+from tests.harness.tasks import flow as f
 from tests.system.test_worker_processes import Fleet, one, wait_for, worker_id_of
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # rates and hand-off times
@@ -48,7 +48,7 @@ class FlowFleet(Fleet):
 
     def worker(self, concurrency: int = 10, **env: str) -> subprocess.Popen[bytes]:
         return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.tasks_flow", "--queues", f.QUEUE,
+            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.flow", "--queues", f.QUEUE,
             "--concurrency", str(concurrency), name="worker", **env,
         )  # fmt: skip
 

@@ -23,9 +23,9 @@ import psycopg
 import pytest
 
 from postbox import migrate
-from tests import tasks_ha
-from tests.ha_support import Processes, Producer, all_finished, check_invariants, finished_count, one, wait_for
+from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, one, wait_for
 from tests.harness.postgres_server import PostgresServer, running_postgres, running_standby
+from tests.harness.tasks import ha as tasks_ha
 
 pytestmark = pytest.mark.system
 

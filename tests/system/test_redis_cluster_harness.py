@@ -23,10 +23,10 @@ import pytest
 
 from postbox.startup import cluster_refusal
 from postbox.streams import queue_streams
-from tests import tasks_ha
-from tests.ha_support import Processes, Producer, all_finished, check_invariants, finished_count, wait_for
+from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, wait_for
 from tests.harness.redis_cluster import RedisClusterServers, running_cluster
 from tests.harness.redis_server import free_port
+from tests.harness.tasks import ha as tasks_ha
 
 pytestmark = pytest.mark.system
 
@@ -44,7 +44,7 @@ def test_without_the_cluster_setting_relay_worker_and_api_refuse_a_cluster_node_
     env = dict(child_env, POSTBOX_REDIS_URL=cluster.url)
     commands = {
         "relay": ["-m", "postbox.relay", "run"],
-        "worker": ["-m", "postbox.worker", "run", "--tasks", "tests.tasks_ha", "--queues", "ha"],
+        "worker": ["-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.ha", "--queues", "ha"],
         "api": ["-m", "postbox.app", "api", "run", "--port", str(free_port())],
     }
     procs = {
@@ -103,7 +103,7 @@ def test_relay_workers_api_and_cli_processes_run_on_the_cluster_through_a_failov
         POSTBOX_HEARTBEAT_INTERVAL="0.5",
         POSTBOX_RELAY_SESSION_TIMEOUT="2",
         POSTBOX_DRAIN_TIMEOUT="2",
-        POSTBOX_TASKS="tests.tasks_ha",
+        POSTBOX_TASKS="tests.harness.tasks.ha",
         POSTBOX_API_INSECURE="true",
     )
     key = queue_streams(env["POSTBOX_REDIS_PREFIX"], tasks_ha.QUEUE)[0]
@@ -130,6 +130,7 @@ def test_relay_workers_api_and_cli_processes_run_on_the_cluster_through_a_failov
         producer.stop()
         wait_for(lambda: all_finished(database_url), 60, "every job done")
         check_invariants(database_url, producer.committed)
+
         # An acknowledgement the failover lost (sent to the old primary, not yet replicated)
         # leaves a finished job's entry pending: the reclaimer finds it after the visibility
         # timeout and acknowledges it without running it again.

@@ -24,9 +24,9 @@ import redis as syncredis
 
 from postbox.relay.watermark import parse_entry_id
 from postbox.streams import stream_key
-from tests import tasks_ha
-from tests.ha_support import Processes, Producer, all_finished, check_invariants, finished_count, one, wait_for
+from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, one, wait_for
 from tests.harness.redis_failover import RedisPair, redis_pair
+from tests.harness.tasks import ha as tasks_ha
 
 pytestmark = pytest.mark.system
 

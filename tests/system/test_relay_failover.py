@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from postbox.settings import Settings
-from tests.relay_support import (
+from tests.harness.relay import (
     enqueue_sql,
     entries,
     leader_pid,

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from postbox.settings import Settings
 from postbox.streams import epoch_key
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
-from tests.relay_support import enqueue_sql, entries, relay_processes, wait_until_sync
+from tests.harness.relay import enqueue_sql, entries, relay_processes, wait_until_sync
 
 pytestmark = pytest.mark.system
 

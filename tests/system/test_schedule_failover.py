@@ -1,6 +1,6 @@
 """Periodic jobs on real processes: a 1-second schedule through leader SIGKILLs and SIGSTOPs; code removal.
 
-Two relay processes load ``tests.tasks_periodic`` (``POSTBOX_TASKS``) and sync
+Two relay processes load ``tests.harness.tasks.periodic`` (``POSTBOX_TASKS``) and sync
 its schedules at start. For about 60 s the leader is killed with SIGKILL or
 frozen with SIGSTOP past its session timeout, again and again (a killed relay
 is replaced by a new process, so two always run). Afterwards every occurrence
@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.relay_support import wait_until_sync
+from tests.harness.relay import wait_until_sync
 
 pytestmark = pytest.mark.system
 
@@ -93,7 +93,7 @@ def runs(conn: psycopg.Connection[Any], name: str) -> list[tuple[datetime, int]]
 def env_for(child_env: dict[str, str], **extra: str) -> dict[str, str]:
     return dict(
         child_env,
-        POSTBOX_TASKS="tests.tasks_periodic",
+        POSTBOX_TASKS="tests.harness.tasks.periodic",
         POSTBOX_RELAY_SESSION_TIMEOUT=str(SESSION_TIMEOUT),
         PYTHONPATH=os.getcwd(),
         **extra,

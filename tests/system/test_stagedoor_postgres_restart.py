@@ -25,7 +25,7 @@ import pytest
 
 from postbox import migrate
 from postbox_examples.stagedoor import schema as stagedoor_schema
-from tests.ha_support import wait_for
+from tests.harness.ha import wait_for
 from tests.harness.postgres_server import PostgresServer, running_postgres
 from tests.harness.provider import ProviderProcess, free_port
 from tests.system.test_stagedoor_faults import Cluster

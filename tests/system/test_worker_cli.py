@@ -16,7 +16,7 @@ import pytest
 
 import postbox
 from postbox import migrate
-from tests import tasks_worker as t
+from tests.harness.tasks import worker as t
 
 pytestmark = pytest.mark.system
 
@@ -27,13 +27,15 @@ def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
 
 def test_missing_database_url_fails_fast_naming_it(child_env: dict[str, str]) -> None:
     env = {k: v for k, v in child_env.items() if k != "POSTBOX_DATABASE_URL"}
-    done = run(["-m", "postbox.worker", "run", "--tasks", "tests.tasks_worker"], env)
+    done = run(["-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.worker"], env)
     assert done.returncode == 2
     assert "POSTBOX_DATABASE_URL" in done.stderr
 
 
 def test_bad_flags_fail_fast_naming_the_setting(child_env: dict[str, str]) -> None:
-    done = run(["-m", "postbox.app", "worker", "run", "--tasks", "tests.tasks_worker", "--concurrency", "0"], child_env)
+    done = run(
+        ["-m", "postbox.app", "worker", "run", "--tasks", "tests.harness.tasks.worker", "--concurrency", "0"], child_env
+    )
     assert done.returncode == 2 and "POSTBOX_CONCURRENCY" in done.stderr
     done = run(["-m", "postbox.worker", "run", "--tasks", "tests.no_such_tasks"], child_env)
     assert done.returncode == 2 and "POSTBOX_TASKS" in done.stderr
@@ -84,7 +86,7 @@ def test_a_database_older_than_the_code_is_refused_before_anything_is_written(
 
 def test_worker_process_serves_metrics_and_stops_on_sigint(child_env: dict[str, str], database_url: str) -> None:
     port = _free_port()
-    env = {**child_env, "POSTBOX_WORKER_METRICS_PORT": str(port), "POSTBOX_TASKS": "tests.tasks_worker"}
+    env = {**child_env, "POSTBOX_WORKER_METRICS_PORT": str(port), "POSTBOX_TASKS": "tests.harness.tasks.worker"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "postbox.app", "worker", "run", "--queues", t.QUEUE],
         env=env,

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 import postbox
-from tests import tasks_worker as t
+from tests.harness.tasks import worker as t
 
 pytestmark = pytest.mark.system
 
@@ -53,7 +53,7 @@ class Fleet:
 
     def worker(self, concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
         return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.tasks_worker", "--queues", t.QUEUE,
+            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.worker", "--queues", t.QUEUE,
             "--concurrency", str(concurrency), name="worker", **env,
         )  # fmt: skip
 

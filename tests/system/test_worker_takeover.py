@@ -17,13 +17,13 @@ import psycopg
 import pytest
 
 import postbox
-from tests import tasks_hardening as h
-from tests import tasks_worker as t
+from tests.harness.tasks import hardening as h
+from tests.harness.tasks import worker as t
 from tests.system.test_worker_processes import VISIBILITY, Fleet, one, wait_for, worker_id_of
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # take-over and drain times
 
-TASKS = "tests.tasks_worker,tests.tasks_hardening"
+TASKS = "tests.harness.tasks.worker,tests.harness.tasks.hardening"
 # Lease and idle time are refreshed every min(heartbeat, visibility / 3) = 0.5 s and
 # the reclaimer looks every visibility / 4 = 0.5 s: a takeover is due by visibility
 # + 1 s; the rest is slack for a busy machine.

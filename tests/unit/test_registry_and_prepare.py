@@ -8,7 +8,7 @@ import postbox
 from postbox import errors
 from postbox import producer as enq
 from postbox.registry import Registry, task
-from tests import tasks_core
+from tests.harness.tasks import core as tasks_core
 
 LIMITS = enq.Limits(max_payload_bytes=1024)
 

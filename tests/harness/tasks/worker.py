@@ -1,4 +1,4 @@
-"""Tasks the worker tests run (importable by worker subprocesses: ``--tasks tests.tasks_worker``).
+"""Tasks the worker tests run (importable by worker subprocesses: ``--tasks tests.harness.tasks.worker``).
 
 Effects that must be counted go to the ``worker_effects`` table (see
 ``EFFECTS_DDL``), written inside ``ctx.transaction()`` so they are exactly once.

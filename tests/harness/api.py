@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-import tests.tasks_api  # noqa: F401  (registers the api_* tasks)
+import tests.harness.tasks.api  # noqa: F401  (registers the api_* tasks)
 from postbox.app.api.main import create_app
 from postbox.registry import default_registry
 from postbox.settings import Settings
@@ -98,7 +98,7 @@ class Fleet:
     """A real relay and worker process on the test's database and Redis prefix (killed at the end)."""
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = {**env, "POSTBOX_TASKS": "tests.tasks_api", "POSTBOX_HEARTBEAT_INTERVAL": "1"}
+        self.env = {**env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_HEARTBEAT_INTERVAL": "1"}
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []
 

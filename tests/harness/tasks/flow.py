@@ -1,4 +1,4 @@
-"""Tasks under flow-control limits (importable by worker subprocesses: ``--tasks tests.tasks_flow``).
+"""Tasks under flow-control limits (importable by worker subprocesses: ``--tasks tests.harness.tasks.flow``).
 
 Each run records its start and end (wall clock) in ``flow_runs``, inside
 ``ctx.transaction()``: one row per job, so overlaps and start rates can be

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from tests import tasks_ha
+from tests.harness.tasks import ha as tasks_ha
 
 JOBS_PER_SECOND = 50.0
 
@@ -71,7 +71,7 @@ class Producer(threading.Thread):
 
 
 class Processes:
-    """Relay and worker processes (``tests.tasks_ha``); all killed on :meth:`close`."""
+    """Relay and worker processes (``tests.harness.tasks.ha``); all killed on :meth:`close`."""
 
     def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.env = env
@@ -91,7 +91,7 @@ class Processes:
 
     def worker(self, concurrency: int = 4) -> subprocess.Popen[bytes]:
         return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.tasks_ha", "--queues", tasks_ha.QUEUE,
+            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.ha", "--queues", tasks_ha.QUEUE,
             "--concurrency", str(concurrency),
         )  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Tasks of the high-availability system tests (``--tasks tests.tasks_ha``).
+"""Tasks of the high-availability system tests (``--tasks tests.harness.tasks.ha``).
 
 ``ha_effect`` writes one row to ``ha_effects`` inside ``ctx.transaction()``:
 the effect commits with the job's outcome, so a job that ran twice would show

@@ -1,6 +1,6 @@
 """Tasks of the hardening tests (issue 14): bad text, stuck sync handlers, poison jobs.
 
-Importable by worker subprocesses (``--tasks tests.tasks_hardening``); they share
+Importable by worker subprocesses (``--tasks tests.harness.tasks.hardening``); they share
 the worker tests' queue.
 """
 
@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from postbox import RetryPolicy, task
-from tests.tasks_worker import QUEUE
+from tests.harness.tasks.worker import QUEUE
 
 FAST = RetryPolicy(base_delay=0.05, max_delay=0.2, jitter=0.0)
 # A file name that is not UTF-8, as os.listdir() returns it on Linux: a lone surrogate.

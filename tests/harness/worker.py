@@ -14,7 +14,7 @@ from psycopg import AsyncConnection
 import postbox
 from postbox.settings import Settings
 from postbox.worker import Worker, WorkerSignals
-from tests import tasks_worker
+from tests.harness.tasks import worker as tasks_worker
 
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:

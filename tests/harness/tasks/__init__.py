@@ -1,0 +1,1 @@
+"""Task modules the tests register (importable by worker subprocesses: ``--tasks tests.harness.tasks.worker``)."""
