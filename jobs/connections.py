@@ -77,8 +77,11 @@ def resolve(conn: object) -> Connection[Any] | Writer:
         if isinstance(raw, Connection):
             return raw
         return lambda params: _dbapi_call(raw, params)
-    if isinstance(conn, AsyncConnection):
-        raise UnsupportedConnectionError("enqueue() needs a sync connection: use enqueue_async() on an AsyncConnection")
+    if _is_async(conn):
+        raise UnsupportedConnectionError(
+            f"enqueue() needs a sync connection, not {_kind(conn)}: await enqueue_async() on it"
+            " (or enqueue_many_async() for many jobs)"
+        )
     raise UnsupportedConnectionError(f"enqueue() needs {SUPPORTED}, not {type(conn).__name__}")
 
 
@@ -100,11 +103,42 @@ async def resolve_async(conn: object) -> AsyncConnection[Any] | AsyncWriter:
             return int((await sa_conn.execute(statement, params)).scalar_one())
 
         return write
-    if isinstance(conn, Connection) or _sqlalchemy_connection(conn) is not None or _django_wrapper(conn):
+    if _is_sync(conn):
         raise UnsupportedConnectionError(
-            "enqueue_async() needs an async connection: use enqueue() on a sync connection"
+            f"enqueue_async() needs an async connection, not {_kind(conn)}: call enqueue() on it"
+            " (or enqueue_many() for many jobs)"
         )
     raise UnsupportedConnectionError(f"enqueue_async() needs {SUPPORTED}, not {type(conn).__name__}")
+
+
+def _kind(conn: object) -> str:
+    """``conn``'s class as its library names it: ``sqlalchemy AsyncSession``, ``psycopg AsyncConnection``."""
+    cls = type(conn)
+    return f"{cls.__module__.partition('.')[0]} {cls.__name__}"
+
+
+def _is_async(conn: object) -> bool:
+    """Whether ``conn`` is one of what :func:`resolve_async` accepts (no I/O)."""
+    if isinstance(conn, AsyncConnection):
+        return True
+    if "sqlalchemy.ext.asyncio" not in sys.modules:
+        return False
+    from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    return isinstance(conn, AsyncSession | SAAsyncConnection)
+
+
+def _is_sync(conn: object) -> bool:
+    """Whether ``conn`` is one of what :func:`resolve` accepts (no I/O: a Session is not asked for its connection)."""
+    if isinstance(conn, Connection) or _django_wrapper(conn) is not None:
+        return True
+    if "sqlalchemy" not in sys.modules:
+        return False
+    from sqlalchemy.engine import Connection as SAConnection
+    from sqlalchemy.orm import Session
+
+    return isinstance(conn, Session | SAConnection)
 
 
 def _sqlalchemy_connection(conn: object) -> Any:

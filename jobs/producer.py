@@ -13,12 +13,13 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from functools import lru_cache
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 import orjson
 from psycopg import AsyncConnection, Connection
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from postbox import connections, sql, tracing
@@ -152,6 +153,7 @@ def _args_payload(spec: TaskSpec, args: Mapping[str, Any] | None, limit: int) ->
         args = {}
     if not isinstance(args, Mapping):
         raise InvalidArgsError(f"args must be a JSON object (a mapping), got {type(args).__name__}", field="args")
+    _check_exact(spec, args)
     payload = spec.args_json(args)
     if SUSPECT_NUMBER.search(payload):
         _check_numbers(spec.args_model.model_validate(dict(args)).model_dump())  # valid: args_json passed
@@ -383,6 +385,7 @@ def _prepare_batch(
             if not isinstance(args, Mapping):
                 raise InvalidArgsError("not a mapping")
             args = dict(args)
+        _check_exact(spec, args)
         group = groups.get(spec.name)
         if group is None:
             group = groups[spec.name] = (spec, [], [])
@@ -580,6 +583,61 @@ def _check_numbers(value: Any, path: str = "args") -> None:
     elif isinstance(value, list | tuple | set | frozenset):
         for index, item in enumerate(value):
             _check_numbers(item, f"{path}.{index}")
+
+
+PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _check_exact(spec: TaskSpec, args: Mapping[str, Any]) -> None:
+    """Refuse what JSON would carry altered: a naive datetime, a ``Decimal`` outside a ``Decimal`` argument.
+
+    A naive datetime would be stored without a zone, so the handler could not
+    tell which moment it meant; a ``Decimal`` given for an ``int``, ``float`` or
+    untyped argument would arrive as an ``int``/``float``/``str``, not the exact
+    number. An argument declared ``Decimal`` keeps it exact (stored as a string,
+    validated back to a ``Decimal`` for the handler). docs/producer.md.
+    """
+    exact = _decimal_fields(spec.args_model)
+    for key, value in args.items():
+        if type(value) not in PLAIN_TYPES:
+            _check_value(value, f"args.{key}", key in exact)
+
+
+def _check_value(value: Any, path: str, decimal_ok: bool) -> None:
+    if isinstance(value, Decimal):
+        if not decimal_ok:
+            raise InvalidArgsError(
+                f"{path}: Decimal({str(value)!r}) would not arrive as the same number: declare the argument "
+                "Decimal, or pass an int, a float or a str",
+                field=path,
+            )
+    elif isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgsError(
+                f"{path}: naive datetime {value.isoformat()} has no time zone: pass an aware one "
+                "(e.g. datetime.now(UTC), or .replace(tzinfo=...))",
+                field=path,
+            )
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            if type(item) not in PLAIN_TYPES:
+                _check_value(item, f"{path}.{key}", decimal_ok)
+    elif isinstance(value, list | tuple | set | frozenset):
+        for index, item in enumerate(value):
+            if type(item) not in PLAIN_TYPES:
+                _check_value(item, f"{path}.{index}", decimal_ok)
+
+
+@lru_cache(maxsize=1024)
+def _decimal_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The arguments whose declared type holds ``Decimal`` (``Decimal``, ``Decimal | None``, ``list[Decimal]``...)."""
+    return frozenset(name for name, info in model.model_fields.items() if _mentions_decimal(info.annotation))
+
+
+def _mentions_decimal(annotation: Any) -> bool:
+    if annotation is Decimal:
+        return True
+    return any(_mentions_decimal(arg) for arg in get_args(annotation))
 
 
 def _delay_seconds(delay: float | timedelta | None) -> float:

@@ -199,6 +199,17 @@ def build_args_model(fn: Callable[..., Any], name: str) -> type[BaseModel]:
     return create_model(f"{name}_args", __config__=config, **fields)
 
 
+def check_partition_arg(task_name: str, partition_by: str, args_model: type[BaseModel]) -> None:
+    """Refuse a ``partition_by`` that names no argument of the handler (one taking ``**kwargs`` accepts any)."""
+    if partition_by in args_model.model_fields or args_model.model_config.get("extra") == "allow":
+        return
+    names = ", ".join(args_model.model_fields) or "none"
+    raise InvalidOptionError(
+        f"task {task_name!r}: partition_by={partition_by!r} is not an argument of the handler (its arguments: {names})",
+        field="partition_by",
+    )
+
+
 @overload
 def task(fn: Callable[Concatenate[Any, P], R], /) -> Task[P, R]: ...
 
@@ -266,8 +277,12 @@ def task(
             concurrency=concurrency, rate=None if rate is None else Rate.parse(rate), partition_by=partition_by
         )
         if limit.partition_by is not None and limit.empty:
-            raise ValueError(f"task {task_name!r}: partition_by needs a concurrency or a rate to partition")
+            raise InvalidOptionError(
+                f"task {task_name!r}: partition_by needs a concurrency or a rate to partition", field="partition_by"
+            )
         args_model = build_args_model(func, task_name)
+        if limit.partition_by is not None:
+            check_partition_arg(task_name, limit.partition_by, args_model)
         if unique is not None:
             if not isinstance(unique, Unique):
                 raise InvalidOptionError(
