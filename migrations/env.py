@@ -37,6 +37,10 @@ def run_migrations_offline() -> None:
     context.configure(
         url=_url(),
         literal_binds=True,
+        # Named parameters: SQLAlchemy then leaves a literal % alone. The psycopg
+        # dialect's pyformat would print PL/pgSQL's %ROWTYPE and RAISE's % as %%,
+        # which psql refuses.
+        dialect_opts={"paramstyle": "named"},
         transactional_ddl=True,
         version_table=VERSION_TABLE,
         version_table_schema=SCHEMA,

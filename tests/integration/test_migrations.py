@@ -8,14 +8,19 @@ connection's ``search_path``.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
 
 from postbox import enqueue, migrate, schema
+from postbox.settings import libpq_url
+from tests.harness import databases
+from tests.harness.servers import Servers
 from tests.harness.tasks import core as tasks_core
 
 EXPECTED_TABLES = {
@@ -286,6 +291,70 @@ def test_migrate_sql_prints_the_ddl_and_changes_nothing(empty_database_url: str)
     assert bad.returncode == 2
     assert "POSTBOX_SCHEMA" in bad.stderr
     assert objects(empty_database_url) == before
+
+
+# The definition of everything in a schema, from the catalogs: what two ways of
+# migrating must agree on.
+SCHEMA_DEFINITION = {
+    "columns": """
+        SELECT table_name, column_name, data_type, domain_name, is_nullable, column_default, is_identity
+          FROM information_schema.columns WHERE table_schema = %(s)s""",
+    "indexes": "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = %(s)s",
+    "constraints": """
+        SELECT c.conrelid::regclass::text, t.typname, c.conname, pg_get_constraintdef(c.oid)
+          FROM pg_constraint c LEFT JOIN pg_type t ON t.oid = c.contypid
+         WHERE c.connamespace = %(s)s::regnamespace""",
+    "functions": """
+        SELECT p.proname, pg_get_function_identity_arguments(p.oid), pg_get_functiondef(p.oid)
+          FROM pg_proc p WHERE p.pronamespace = %(s)s::regnamespace""",
+    "domains": """
+        SELECT typname, format_type(typbasetype, typtypmod), typnotnull FROM pg_type
+         WHERE typnamespace = %(s)s::regnamespace AND typtype = 'd'""",
+    "sequences": "SELECT sequencename, data_type::text FROM pg_sequences WHERE schemaname = %(s)s",
+    "triggers": """
+        SELECT tgrelid::regclass::text, tgname, pg_get_triggerdef(oid) FROM pg_trigger
+         WHERE NOT tgisinternal AND tgrelid IN (SELECT oid FROM pg_class WHERE relnamespace = %(s)s::regnamespace)""",
+    "version": "SELECT version_num FROM postbox.alembic_version",
+}
+
+
+def schema_definition(url: str, name: str = "postbox") -> dict[str, set[tuple[Any, ...]]]:
+    with psycopg.connect(url) as conn:
+        return {
+            kind: set(conn.execute(query, {"s": name}).fetchall())  # type: ignore[call-overload]
+            for kind, query in SCHEMA_DEFINITION.items()
+        }
+
+
+@pytest.fixture
+def second_empty_database_url(servers: Servers) -> Iterator[str]:
+    name = databases.create(servers.database_url, "e")
+    yield databases.with_database(servers.database_url, name)
+    databases.drop(servers.database_url, name)
+
+
+@pytest.mark.skipif(shutil.which("psql") is None, reason="needs psql (postgresql-client)")
+def test_migrate_sql_is_applied_by_psql_as_is_and_equals_migrate(
+    empty_database_url: str, second_empty_database_url: str
+) -> None:
+    env = {"POSTBOX_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/offline", "PATH": "/usr/bin:/bin"}
+    printed = subprocess.run(
+        [sys.executable, "-m", "postbox.app", "migrate", "--sql"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert printed.returncode == 0, printed.stderr
+    applied = subprocess.run(
+        ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", libpq_url(empty_database_url)],
+        input=printed.stdout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert applied.returncode == 0, applied.stderr
+    migrate.upgrade(second_empty_database_url)
+    by_psql, by_migrate = schema_definition(empty_database_url), schema_definition(second_empty_database_url)
+    assert by_psql["version"] == {(migrate.head_revision(),)}
+    assert all(by_migrate[kind] for kind in ("columns", "indexes", "constraints", "functions", "domains", "sequences"))
+    assert by_psql == by_migrate
 
 
 def test_0003_flow_control_downgrades_to_0002_dropping_only_its_own_objects(empty_database_url: str) -> None:
