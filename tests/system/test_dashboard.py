@@ -23,8 +23,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.harness.api import wait_until
 from tests.harness.redis_server import free_port
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -84,7 +84,7 @@ class Api:
         self.proc = subprocess.Popen(argv + self.extra, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         try:
-            wait_until(lambda: _healthy(self.url), timeout=30)
+            wait_until(lambda: _healthy(self.url), 30)
         except AssertionError:
             raise AssertionError((self.log_dir / f"api-{self.starts}.log").read_text()) from None
 
@@ -463,7 +463,7 @@ def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_re
                 row = conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'dead'").fetchone()
             return int(row[0]) if row else 0
 
-        wait_until(lambda: dead_count() == 3, timeout=30)
+        wait_until(lambda: dead_count() == 3, 30)
         flag.write_text("here")
 
         page = browser.new_page()
@@ -528,3 +528,80 @@ def test_behind_a_reverse_proxy_under_a_path_prefix(
         expect(page.locator("tr[data-queue=apiq] .queue-state")).to_have_text("paused")
         assert page.url == base + "#/queues"
         context.close()
+
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "app/tasks.py", line 12, in charge\n'
+    "    raise PaymentRefused(reply)\n"
+    "app.errors.PaymentRefused: <b>card declined</b>"
+)
+
+
+def test_a_failed_attempts_traceback_and_times_labelled_with_their_zone(
+    browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    """Issue 28: the job page shows each failed attempt's traceback (as text), and every time says its zone."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            """
+            INSERT INTO postbox.outbox (queue, task, args, state, attempts, max_attempts, created_at, available_at,
+                                        started_at, finished_at, last_error_class, last_error)
+            VALUES ('apiq', 'api_sum', '{"a": 1}', 'dead', 1, 1, '2026-12-01 10:00:00+00', '2026-12-01 10:00:00+00',
+                    '2026-12-01 10:00:01+00', '2026-12-01 10:00:03.5+00', 'PaymentRefused', '<b>card declined</b>')
+            RETURNING id
+            """
+        ).fetchone()
+        assert row is not None
+        dead = int(row[0])
+        conn.execute(
+            """
+            INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, started_at, finished_at, outcome,
+                                              error_class, error, traceback)
+            VALUES (%s, 1, 'worker-live0001', '2026-12-01 10:00:01+00', '2026-12-01 10:00:03.5+00', 'dead',
+                    'PaymentRefused', '<b>card declined</b>', %s)
+            """,
+            (dead, TRACEBACK),
+        )
+        conn.execute(
+            """
+            INSERT INTO postbox.schedules (name, task, queue, priority, max_attempts, cron, tz, cursor_at, next_run_at)
+            VALUES ('nightly-berlin', 'api_echo', 'apiq', 5, 3, '0 3 * * *', 'Europe/Berlin',
+                    '2026-12-02 02:00:00+00', '2026-12-03 02:00:00+00')
+            """
+        )
+    env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_INSECURE": "true"}
+    with api_process(env, tmp_path) as api:
+        # A viewer in Berlin: times in Berlin's zone, labelled, and the page says which zone.
+        berlin = browser.new_context(timezone_id="Europe/Berlin")
+        page = berlin.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        _open(page, f"{api.url}/#/jobs/{dead}", "job")
+        expect(page.locator("#zone")).to_have_text("times in Europe/Berlin (CET)")
+        tb = page.locator("details.traceback")
+        expect(tb).to_have_count(1)
+        expect(tb.locator("pre.traceback")).to_be_hidden()  # collapsed until asked for
+        tb.locator("summary").click()
+        expect(tb.locator("pre.traceback")).to_be_visible()
+        expect(tb.locator("pre.traceback")).to_have_text(TRACEBACK)  # as text: the markup is not rendered
+        assert tb.locator("pre.traceback b").count() == 0
+        attempt = page.locator("table tbody tr").first
+        expect(attempt).to_contain_text("2026-12-01 11:00:01 CET")
+        expect(attempt).to_contain_text("2.50 s")
+        expect(page.locator("#timeline")).to_contain_text("2026-12-01 11:00:03 CET")
+        _go(page, "#/schedules", "schedules")
+        expect(page.locator("tr[data-schedule=nightly-berlin]")).to_contain_text("2026-12-03 03:00:00 CET")
+        berlin.close()
+
+        # A viewer in UTC: the schedule's next run in its own zone, and in the viewer's.
+        utc = browser.new_context(timezone_id="UTC")
+        page = utc.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        _open(page, f"{api.url}/#/schedules", "schedules")
+        expect(page.locator("#zone")).to_have_text("times in UTC")
+        schedule = page.locator("tr[data-schedule=nightly-berlin]")
+        expect(schedule.locator(".own-zone").first).to_have_text("2026-12-03 03:00:00 CET")
+        expect(schedule).to_contain_text("2026-12-03 02:00:00 UTC")
+        _go(page, f"#/jobs/{dead}", "job")
+        expect(page.locator("table tbody tr").first).to_contain_text("2026-12-01 10:00:01 UTC")
+        utc.close()

@@ -33,9 +33,40 @@ function svg(tag, attrs) {
   return el;
 }
 
-function when(value) {
+// Times are shown in the viewer's zone (the browser's), each labelled with its zone's
+// abbreviation; the header says which zone that is. A schedule's times are also shown
+// in the schedule's own zone.
+const VIEWER_ZONE = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+const ZONE_FORMATS = new Map();
+
+function zoneFormat(zone) {
+  if (!ZONE_FORMATS.has(zone)) {
+    let format;
+    try {
+      format = new Intl.DateTimeFormat("en-GB", {
+        timeZone: zone, year: "numeric", month: "2-digit", day: "2-digit",
+        hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23", timeZoneName: "short",
+      });
+    } catch (error) {
+      format = null; // a zone this browser does not know
+    }
+    ZONE_FORMATS.set(zone, format);
+  }
+  return ZONE_FORMATS.get(zone);
+}
+
+function when(value, zone) {
   if (!value) return "";
-  return new Date(value).toLocaleString("sv-SE");
+  const date = new Date(value);
+  const format = zoneFormat(zone || VIEWER_ZONE) || zoneFormat("UTC");
+  const p = Object.fromEntries(format.formatToParts(date).map((part) => [part.type, part.value]));
+  return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${p.timeZoneName}`;
+}
+
+function zoneName(zone) {
+  const parts = (zoneFormat(zone) || zoneFormat("UTC")).formatToParts(new Date());
+  const short = (parts.find((part) => part.type === "timeZoneName") || {}).value;
+  return short && short !== zone ? `${zone} (${short})` : zone;
 }
 
 function ago(value) {
@@ -666,7 +697,15 @@ function jobPage(id) {
           { title: "started", cell: (a) => when(a.started_at) },
           { title: "took", num: true, cell: (a) => (a.finished_at ? secs((new Date(a.finished_at) - new Date(a.started_at)) / 1000) : "running") },
           { title: "outcome", cell: (a) => (a.outcome ? badge(a.outcome) : "") },
-          { title: "error", cell: (a) => (a.error ? h("pre", { class: "error" }, `${a.error_class || ""}: ${a.error}`) : "") },
+          {
+            title: "error",
+            cell: (a) => [
+              a.error ? h("pre", { class: "error" }, `${a.error_class || ""}: ${a.error}`) : "",
+              a.traceback
+                ? h("details", { class: "traceback" }, h("summary", {}, "traceback"), h("pre", { class: "traceback" }, a.traceback))
+                : "",
+            ],
+          },
         ],
         job.history,
       ),
@@ -762,6 +801,14 @@ function workersPage() {
   return { name: "workers", refresh, onEvent: () => {}, poll: true };
 }
 
+// A schedule's time in its own zone, and in the viewer's below it when that differs.
+function zoned(value, zone) {
+  if (!value) return "";
+  const own = when(value, zone);
+  const viewer = when(value);
+  return own === viewer || !zone ? own : [h("span", { class: "own-zone" }, own), h("br"), h("span", { class: "muted" }, viewer)];
+}
+
 function schedulesPage() {
   const body = h("div", {});
   main.replaceChildren(h("h1", {}, "Schedules"), body);
@@ -788,8 +835,8 @@ function schedulesPage() {
           { title: "task", cell: (s) => s.task },
           { title: "queue", cell: (s) => s.queue },
           { title: "when", cell: (s) => `${s.expression} (${s.tz})` },
-          { title: "next run", cell: (s) => (s.paused || s.removed ? "–" : when(s.next_run_at)) },
-          { title: "last run", cell: (s) => when(s.last_run_at) },
+          { title: "next run", cell: (s) => (s.paused || s.removed ? "–" : zoned(s.next_run_at, s.tz)) },
+          { title: "last run", cell: (s) => zoned(s.last_run_at, s.tz) },
           { title: "last job", cell: (s) => (s.last_job_id ? h("a", { href: `#/jobs/${s.last_job_id}` }, `${s.last_job_id} `, s.last_job_state ? badge(s.last_job_state) : "") : "") },
           { title: "state", cell: (s) => (s.removed ? badge("removed", "") : s.paused ? badge("paused") : badge("active", "succeeded")) },
           {
@@ -846,6 +893,7 @@ setInterval(() => {
 }, 3000);
 
 window.addEventListener("hashchange", route);
+document.getElementById("zone").textContent = `times in ${zoneName(VIEWER_ZONE)}`;
 loadSession().then(() => {
   route();
   connectLive();
