@@ -7,9 +7,9 @@ minutes):
    are first marked running under the claim of a pretend worker (untimed);
    then pgbench runs, per job, exactly the statements of a ``ctx.transaction()``
    job's own transaction, as the worker sends them (the texts come from
-   ``jobs/sql.py``; see :func:`scripts`): ``BEGIN``; WORKER_PROCESSED_FRESH;
+   ``jobs/sql.py``; see :func:`scripts`): ``BEGIN``; PROCESSED_BEGIN;
    the handler's effect (one row into ``public.bench_effects``, as
-   ``bench_effect`` writes it); WORKER_RECORD_SUCCESS_IN_TRANSACTION for
+   ``bench_effect`` writes it); JOB_RECORD_SUCCESS for
    that job (the fenced success, raising if refused); ``COMMIT``. The worker
    sends ``BEGIN`` with the processed row, and the outcome with ``COMMIT``, in
    one round trip each (one simple query of two statements); pgbench sends
@@ -20,7 +20,7 @@ minutes):
    once. This is the limit the issue names: what PostgreSQL can commit for a
    job's effect, its processed-jobs row and its outcome.
 2. **pgbench, claim + transaction** (``exactly_once.pgbench_claim_tx``): the
-   same, preceded by WORKER_CLAIM of that one job (its own transaction,
+   same, preceded by JOB_CLAIM_ATTEMPTS of that one job (its own transaction,
    asynchronous commit, as the worker's claim). The worker claims a whole
    read's batch in one statement, so this bound is lower than what a worker
    needs per job; it is shown, not held to a target.
@@ -80,7 +80,7 @@ ID_RANGE: LiteralString = "SELECT min(id), max(id), count(*) FROM postbox.outbox
 CREATE_PICK: LiteralString = "CREATE SEQUENCE IF NOT EXISTS public.bench_pick"
 SET_PICK: LiteralString = "SELECT setval('public.bench_pick', %(first)s, false)"
 # Untimed set-up of the transaction-only script: every job running under the pretend worker's claim
-# (what WORKER_CLAIM leaves: attempt 1, a lease, started and published).
+# (what JOB_CLAIM_ATTEMPTS leaves: attempt 1, a lease, started and published).
 MARK_CLAIMED: LiteralString = """
 UPDATE postbox.outbox
    SET state = 'running', attempts = 1, claimed_by = 'pgbench', lease_until = now() + interval '1 hour',
@@ -101,11 +101,9 @@ def scripts() -> tuple[str, str]:
     statements = sql.active()
     job_id = "(:id)::int8"
     one = f"ARRAY[{job_id}]"
-    claim = pgbench.render(statements.WORKER_CLAIM, {"ids": one, "worker": f"'{WORKER}'", "lease": "3600"})
-    processed = pgbench.render(statements.WORKER_PROCESSED_FRESH, {"id": job_id})
-    outcome = pgbench.render(
-        statements.WORKER_RECORD_SUCCESS_IN_TRANSACTION, {"id": job_id, "worker": f"'{WORKER}'", "attempt": "1"}
-    )
+    claim = pgbench.render(statements.JOB_CLAIM_ATTEMPTS, {"ids": one, "worker": f"'{WORKER}'", "lease": "3600"})
+    processed = pgbench.render(statements.PROCESSED_BEGIN, {"id": job_id})
+    outcome = pgbench.render(statements.JOB_RECORD_SUCCESS, {"id": job_id, "worker": f"'{WORKER}'", "attempt": "1"})
     transaction = "\n".join(["BEGIN;", processed, _EFFECT, outcome, "COMMIT;"])
     return f"{_PICK}\n{transaction}\n", f"{_PICK}\n{claim}\n{transaction}\n"
 

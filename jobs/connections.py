@@ -68,7 +68,7 @@ def resolve(conn: object) -> Connection[Any] | Writer:
             return driver
         from sqlalchemy import text
 
-        statement = text(sql.active().ENQUEUE_CALL_SQLALCHEMY)
+        statement = text(sql.active().JOB_ENQUEUE_FUNCTION_SQLALCHEMY)
         return lambda params: int(sa_conn.execute(statement, params).scalar_one())
     wrapper = _django_wrapper(conn)
     if wrapper is not None:
@@ -97,7 +97,7 @@ async def resolve_async(conn: object) -> AsyncConnection[Any] | AsyncWriter:
             return driver
         from sqlalchemy import text
 
-        statement = text(sql.active().ENQUEUE_CALL_SQLALCHEMY)
+        statement = text(sql.active().JOB_ENQUEUE_FUNCTION_SQLALCHEMY)
 
         async def write(params: dict[str, Any]) -> int:
             return int((await sa_conn.execute(statement, params)).scalar_one())
@@ -185,7 +185,7 @@ def _django_wrapper(conn: object) -> Any:
 def _dbapi_call(raw: Any, params: dict[str, Any]) -> int:
     cur = raw.cursor()
     try:
-        cur.execute(sql.active().ENQUEUE_CALL_PYFORMAT, params)
+        cur.execute(sql.active().JOB_ENQUEUE_FUNCTION_PYFORMAT, params)
         return int(cur.fetchone()[0])
     finally:
         cur.close()

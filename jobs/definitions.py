@@ -48,5 +48,5 @@ async def publish(conn: AsyncConnection[Any], registry: Registry, by: str) -> in
     params = publish_params(registry, by)
     if not params["name"]:
         return 0
-    cur = await conn.execute(sql.active().TASKS_PUBLISH, params)
+    cur = await conn.execute(sql.active().TASK_UPSERT_MANY, params)
     return cur.rowcount

@@ -30,7 +30,7 @@ def take(conn: Connection[Any]) -> int:
     """The next reserved outbox id of ``conn`` (drawing a new block when it has none)."""
     ids = _blocks.get(conn)
     if not ids:
-        rows = conn.execute(sql.active().NEXT_JOB_IDS, {"n": BLOCK}).fetchall()
+        rows = conn.execute(sql.active().JOB_NEXT_IDS, {"n": BLOCK}).fetchall()
         ids = _blocks[conn] = deque(sorted(row[0] for row in rows))
     return ids.popleft()
 
@@ -39,6 +39,6 @@ async def take_async(conn: AsyncConnection[Any]) -> int:
     """The async twin of :func:`take`."""
     ids = _blocks.get(conn)
     if not ids:
-        cur = await conn.execute(sql.active().NEXT_JOB_IDS, {"n": BLOCK})
+        cur = await conn.execute(sql.active().JOB_NEXT_IDS, {"n": BLOCK})
         ids = _blocks[conn] = deque(sorted(row[0] for row in await cur.fetchall()))
     return ids.popleft()

@@ -64,5 +64,5 @@ def current_revision(conn: object) -> str | None:
     exists = conn.execute(sql.active().MIGRATION_TABLE_EXISTS).fetchone()  # type: ignore[attr-defined]
     if not (exists and exists[0]):
         return None
-    row = conn.execute(sql.active().OPS_MIGRATION_VERSION).fetchone()  # type: ignore[attr-defined]
+    row = conn.execute(sql.active().MIGRATION_VERSION).fetchone()  # type: ignore[attr-defined]
     return row[0] if row else None

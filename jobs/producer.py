@@ -240,7 +240,7 @@ def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = No
         conn = target
     if row.dedup_key is None and row.unique_rule is None and conn.pgconn.pipeline_status:
         params["id"] = take_id(conn)
-        conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
+        conn.execute(sql.active().JOB_INSERT_WITH_ID, params)
         return JobId(params["id"])
     return _insert(conn, row)
 
@@ -253,11 +253,11 @@ def _insert(conn: Connection[Any], row: JobRow) -> JobId:
                 if holder is not None:
                     return holder
             params = row.params()
-            found = cur.execute(sql.active().INSERT_JOB, params).fetchone()
+            found = cur.execute(sql.active().JOB_INSERT, params).fetchone()
             if found is not None:
                 return JobId(found[0])
             if row.dedup_key is not None:
-                found = cur.execute(sql.active().SELECT_DEDUP, params).fetchone()
+                found = cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params).fetchone()
                 if found is not None:
                     return JobId(found[0], duplicate=True)
             # The key's holder was deleted between our two statements: insert again.
@@ -271,10 +271,10 @@ def claim_unique(conn: Connection[Any], row: JobRow) -> tuple[JobRow, JobId | No
     """
     with conn.cursor() as cur:
         if row.dedup_key is not None:
-            found = cur.execute(sql.active().SELECT_DEDUP, row.params()).fetchone()
+            found = cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, row.params()).fetchone()
             if found is not None:
                 return row, JobId(found[0], duplicate=True)
-        claim = cur.execute(sql.active().UNIQUE_CLAIM, _claim_params(row)).fetchone()
+        claim = cur.execute(sql.active().JOB_LOCK_UNIQUE_KEY, _claim_params(row)).fetchone()
     assert claim is not None  # a function call returns its one row
     key, holder = claim
     return row._replace(unique_key=key), None if holder is None else JobId(holder, duplicate=True)
@@ -284,11 +284,11 @@ async def claim_unique_async(conn: AsyncConnection[Any], row: JobRow) -> tuple[J
     """The async twin of :func:`claim_unique` (the API's enqueue uses it)."""
     async with conn.cursor() as cur:
         if row.dedup_key is not None:
-            await cur.execute(sql.active().SELECT_DEDUP, row.params())
+            await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, row.params())
             found = await cur.fetchone()
             if found is not None:
                 return row, JobId(found[0], duplicate=True)
-        await cur.execute(sql.active().UNIQUE_CLAIM, _claim_params(row))
+        await cur.execute(sql.active().JOB_LOCK_UNIQUE_KEY, _claim_params(row))
         claim = await cur.fetchone()
     assert claim is not None
     key, holder = claim
@@ -313,7 +313,7 @@ async def enqueue_async(
         conn = target
     if row.dedup_key is None and row.unique_rule is None and conn.pgconn.pipeline_status:
         params["id"] = await take_id_async(conn)
-        await conn.execute(sql.active().INSERT_JOB_WITH_ID, params)
+        await conn.execute(sql.active().JOB_INSERT_WITH_ID, params)
         return JobId(params["id"])
     return await _insert_async(conn, row)
 
@@ -326,12 +326,12 @@ async def _insert_async(conn: AsyncConnection[Any], row: JobRow) -> JobId:
                 if holder is not None:
                     return holder
             params = row.params()
-            await cur.execute(sql.active().INSERT_JOB, params)
+            await cur.execute(sql.active().JOB_INSERT, params)
             found = await cur.fetchone()
             if found is not None:
                 return JobId(found[0])
             if row.dedup_key is not None:
-                await cur.execute(sql.active().SELECT_DEDUP, params)
+                await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params)
                 found = await cur.fetchone()
                 if found is not None:
                     return JobId(found[0], duplicate=True)
@@ -512,17 +512,17 @@ def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common:
         return [_insert(conn, row) for row in rows]
     if all(row.dedup_key is None for row in rows):
         with conn.cursor() as cur:
-            ids = cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)}).fetchall()
-            with cur.copy(sql.active().COPY_JOBS) as copy:
+            ids = cur.execute(sql.active().JOB_NEXT_IDS, {"n": len(rows)}).fetchall()
+            with cur.copy(sql.active().JOB_COPY_MANY) as copy:
                 for values in _copy_rows(rows, ids):
                     copy.write_row(values)
         return sorted(job_id for job_id, _ in ids)
     with conn.cursor() as cur:
-        inserted = cur.execute(sql.active().INSERT_JOBS_BULK, _bulk_params(rows)).fetchall()
+        inserted = cur.execute(sql.active().JOB_INSERT_MANY, _bulk_params(rows)).fetchall()
         missing = _missing_keys(rows, inserted)
         existing: dict[tuple[str, str], int] = {}
         if missing["queue"]:
-            for job_id, queue, key in cur.execute(sql.active().SELECT_DEDUP_MANY, missing).fetchall():
+            for job_id, queue, key in cur.execute(sql.active().JOB_GET_MANY_BY_DEDUP_KEY, missing).fetchall():
                 existing[(queue, key)] = job_id
     return _assign_ids(rows, inserted, existing)
 
@@ -541,19 +541,19 @@ async def enqueue_many_async(conn: AsyncTarget, items: Iterable[Mapping[str, Any
         return [await _insert_async(conn, row) for row in rows]
     if all(row.dedup_key is None for row in rows):
         async with conn.cursor() as cur:
-            await cur.execute(sql.active().NEXT_JOB_IDS, {"n": len(rows)})
+            await cur.execute(sql.active().JOB_NEXT_IDS, {"n": len(rows)})
             ids = await cur.fetchall()
-            async with cur.copy(sql.active().COPY_JOBS) as copy:
+            async with cur.copy(sql.active().JOB_COPY_MANY) as copy:
                 for values in _copy_rows(rows, ids):
                     await copy.write_row(values)
         return sorted(job_id for job_id, _ in ids)
     async with conn.cursor() as cur:
-        await cur.execute(sql.active().INSERT_JOBS_BULK, _bulk_params(rows))
+        await cur.execute(sql.active().JOB_INSERT_MANY, _bulk_params(rows))
         inserted = await cur.fetchall()
         missing = _missing_keys(rows, inserted)
         existing: dict[tuple[str, str], int] = {}
         if missing["queue"]:
-            await cur.execute(sql.active().SELECT_DEDUP_MANY, missing)
+            await cur.execute(sql.active().JOB_GET_MANY_BY_DEDUP_KEY, missing)
             for job_id, queue, key in await cur.fetchall():
                 existing[(queue, key)] = job_id
     return _assign_ids(rows, inserted, existing)

@@ -55,12 +55,12 @@ def _from_row(job_id: int, row: tuple[Any, ...] | None) -> JobResult | None:
 
 def get_result(conn: Connection[Any], job_id: int) -> JobResult | None:
     """The job's state and result now (None: no such job). Runs one SELECT on ``conn``."""
-    row = conn.execute(sql.active().SELECT_RESULT, {"id": job_id}).fetchone()
+    row = conn.execute(sql.active().JOB_GET_RESULT, {"id": job_id}).fetchone()
     return _from_row(job_id, row)
 
 
 async def get_result_async(conn: AsyncConnection[Any], job_id: int) -> JobResult | None:
-    cur = await conn.execute(sql.active().SELECT_RESULT, {"id": job_id})
+    cur = await conn.execute(sql.active().JOB_GET_RESULT, {"id": job_id})
     return _from_row(job_id, await cur.fetchone())
 
 

@@ -57,18 +57,18 @@ def steps(settings: Settings) -> list[Step]:
     return [
         Step(
             "finished",
-            sql.active().RETENTION_DELETE_FINISHED,
-            sql.active().RETENTION_COUNT_FINISHED,
+            sql.active().JOB_DELETE_FINISHED,
+            sql.active().JOB_COUNT_FINISHED,
             settings.retention_finished_days * SECONDS_PER_DAY,
         ),
         Step(
             "processed",
-            sql.active().RETENTION_DELETE_PROCESSED,
-            sql.active().RETENTION_COUNT_PROCESSED,
+            sql.active().PROCESSED_DELETE_OLD,
+            sql.active().PROCESSED_COUNT_OLD,
             settings.retention_processed_days * SECONDS_PER_DAY,
         ),
-        Step("results", sql.active().RETENTION_CLEAR_RESULTS, sql.active().RETENTION_COUNT_RESULTS, None),
-        Step("limits", sql.active().RETENTION_DELETE_LIMIT_STATE, sql.active().RETENTION_COUNT_LIMIT_STATE, None),
+        Step("results", sql.active().JOB_CLEAR_EXPIRED_RESULTS, sql.active().JOB_COUNT_EXPIRED_RESULTS, None),
+        Step("limits", sql.active().LIMIT_DELETE_DEAD_STATE, sql.active().LIMIT_COUNT_DEAD_STATE, None),
     ]
 
 

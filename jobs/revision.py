@@ -53,7 +53,7 @@ async def require(conn: Any) -> None:
     """Check the revision of the database behind ``conn`` (an async psycopg connection)."""
     statements = sql.active()
     exists = await (await conn.execute(statements.MIGRATION_TABLE_EXISTS)).fetchone()
-    row = await (await conn.execute(statements.OPS_MIGRATION_VERSION)).fetchone() if exists and exists[0] else None
+    row = await (await conn.execute(statements.MIGRATION_VERSION)).fetchone() if exists and exists[0] else None
     check(row[0] if row else None)
 
 

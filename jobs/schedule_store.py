@@ -48,7 +48,7 @@ class SyncReport:
 
 
 async def db_now(conn: AsyncConnection[Any]) -> datetime:
-    cur = await conn.execute(sql.active().SCHEDULE_NOW)
+    cur = await conn.execute(sql.active().DATABASE_NOW)
     row = await cur.fetchone()
     assert row is not None
     return row[0]
@@ -69,7 +69,7 @@ async def sync(
         moment = now if now is not None else await db_now(conn)
         if declared:
             cur = await conn.execute(
-                sql.active().SCHEDULE_SYNC_UPSERT,
+                sql.active().SCHEDULE_UPSERT_DECLARED,
                 {
                     "now": moment,
                     "name": [s.name for s in declared],
@@ -91,7 +91,7 @@ async def sync(
                 (report.inserted if inserted else report.updated).append(name)
         if owned:
             cur = await conn.execute(
-                sql.active().SCHEDULE_SYNC_REMOVE, {"tasks": owned, "names": [s.name for s in declared]}
+                sql.active().SCHEDULE_MARK_REMOVED, {"tasks": owned, "names": [s.name for s in declared]}
             )
             report.removed = sorted(row[0] for row in await cur.fetchall())
     if report.inserted or report.updated or report.removed:
@@ -150,11 +150,11 @@ async def tick(
     statements = sql.active()
     async with conn.transaction():
         if timeout_ms is not None:
-            await conn.execute(statements.SCHEDULE_TICK_TIMEOUT, {"ms": str(int(timeout_ms))})
+            await conn.execute(statements.TRANSACTION_SET_IDLE_TIMEOUT, {"ms": str(int(timeout_ms))})
         moment = now if now is not None else await db_now(conn)
         report = TickReport(now=moment)
         async with conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(statements.SCHEDULE_SELECT_DUE, {"now": moment, "limit": limit})
+            await cur.execute(statements.SCHEDULE_LOCK_DUE, {"now": moment, "limit": limit})
             rows = await cur.fetchall()
         report.looked_at = len(rows)
         report.full = len(rows) >= limit
@@ -190,7 +190,7 @@ async def tick(
         occurrences = [(row, at) for row, ats, _, _ in plans for at in ats]
         by_id: dict[int, tuple[dict[str, Any], datetime]] = {}
         if occurrences:
-            cur2 = await conn.execute(statements.NEXT_JOB_IDS, {"n": len(occurrences)})
+            cur2 = await conn.execute(statements.JOB_NEXT_IDS, {"n": len(occurrences)})
             ids = sorted(r[0] for r in await cur2.fetchall())
             by_id = {job_id: occ for job_id, occ in zip(ids, occurrences, strict=True)}
             rows_json = [
@@ -207,7 +207,7 @@ async def tick(
                 for job_id, (row, at) in zip(ids, occurrences, strict=True)
             ]
             cur2 = await conn.execute(
-                statements.SCHEDULE_ENQUEUE, {"rows": orjson.dumps(rows_json).decode(), "manual": False}
+                statements.SCHEDULE_RUN_INSERT, {"rows": orjson.dumps(rows_json).decode(), "manual": False}
             )
             for job_id, queue, task, schedule in await cur2.fetchall():
                 at = by_id[job_id][1]
@@ -247,7 +247,7 @@ async def prune_runs(conn: AsyncConnection[Any], *, older_than: float, limit: in
     Only the cursor decides what a tick looks at; old rows are history (and a
     second guard for recent occurrences), so a week of them is plenty.
     """
-    cur = await conn.execute(sql.active().SCHEDULE_PRUNE_RUNS, {"age": older_than, "limit": limit})
+    cur = await conn.execute(sql.active().SCHEDULE_RUN_DELETE_OLD, {"age": older_than, "limit": limit})
     return cur.rowcount
 
 

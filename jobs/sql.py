@@ -21,16 +21,16 @@ from typing import LiteralString
 from postbox import schema
 
 # The SQLSTATE of a refused fence inside a handler's transaction (migration 0005's
-# require_current_attempt(), called by 0006's record_success(); WORKER_RECORD_SUCCESS_IN_TRANSACTION).
+# require_current_attempt(), called by 0006's record_success(); JOB_RECORD_SUCCESS).
 STALE_ATTEMPT_SQLSTATE = "PB001"
 
 
 class Statements(schema.Templates):
     """The statements as templates (class attributes) and, on an instance, rendered for one schema."""
 
-    # --- producer ------------------------------------------------------------------
+    # --- outbox: enqueue (postbox.producer, the SQL function, the API, postbox.ids) ---------------
 
-    INSERT_JOB: LiteralString = """
+    JOB_INSERT: LiteralString = """
     INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
                         expires_at, timeout_seconds, keep_result, unique_key)
     VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
@@ -43,7 +43,7 @@ class Statements(schema.Templates):
 
     # The same row with an id drawn ahead (jobs/ids.py): what a pipelined enqueue
     # sends, and needs no reply for. Only for jobs without a dedup key.
-    INSERT_JOB_WITH_ID: LiteralString = """
+    JOB_INSERT_WITH_ID: LiteralString = """
     INSERT INTO {schema}.outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
                         expires_at, timeout_seconds, keep_result)
     OVERRIDING SYSTEM VALUE
@@ -53,18 +53,22 @@ class Statements(schema.Templates):
             %(keep_result)s)
     """
 
-    SELECT_DEDUP: LiteralString = """
-    SELECT id FROM {schema}.outbox WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
+    # The API's enqueue: the new row's public columns come back with the INSERT, so
+    # the answer needs no second read. Nothing back on a live dedup key's conflict.
+    JOB_INSERT_RETURNING_ROW: LiteralString = """
+    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
+                        expires_at, timeout_seconds, keep_result, unique_key)
+    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
+            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s, %(unique_key)s)
+    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+              started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+              last_error_class, last_error, claimed_by, args, result
     """
 
-    # A unique task's job (postbox/unique.py): its key, and the job holding that key
-    # (NULL: none). Takes the key's advisory lock until the transaction ends, so a
-    # concurrent enqueuer of the key waits, then finds this one's job.
-    UNIQUE_CLAIM: LiteralString = """
-    SELECT unique_key, holder FROM {schema}.unique_claim(%(task)s, %(args)s::jsonb, %(unique_rule)s::jsonb)
-    """
-
-    INSERT_JOBS_BULK: LiteralString = """
+    JOB_INSERT_MANY: LiteralString = """
     INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
                         expires_at, timeout_seconds, keep_result)
     SELECT q, t, a::jsonb, p, coalesce(r, now() + make_interval(secs => d)), m, k, h::jsonb, e, tmo, kr
@@ -80,11 +84,11 @@ class Statements(schema.Templates):
     # Bulk without dedup keys goes by COPY (about twice as fast as INSERT ... SELECT):
     # the ids are drawn first, so they come back in input order, and the
     # statement-level NOTIFY trigger fires for COPY as for INSERT.
-    NEXT_JOB_IDS: LiteralString = """
+    JOB_NEXT_IDS: LiteralString = """
     SELECT nextval(pg_get_serial_sequence('{schema}.outbox', 'id')), now() FROM generate_series(1, %(n)s)
     """
 
-    COPY_JOBS: LiteralString = """
+    JOB_COPY_MANY: LiteralString = """
     COPY {schema}.outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
                  expires_at, timeout_seconds, keep_result) FROM STDIN
     """
@@ -93,7 +97,7 @@ class Statements(schema.Templates):
     # on psycopg2): the job, validated in Python, is written by the SQL function in
     # that connection's transaction. The same call in SQLAlchemy's bind style and in
     # DB-API pyformat; the parameters are JobRow.params().
-    ENQUEUE_CALL_SQLALCHEMY: LiteralString = """
+    JOB_ENQUEUE_FUNCTION_SQLALCHEMY: LiteralString = """
     SELECT {schema}.enqueue(
         task => CAST(:task AS text), args => CAST(:args AS jsonb), queue => CAST(:queue AS text),
         priority => CAST(:priority AS integer), run_at => CAST(:run_at AS timestamptz),
@@ -103,7 +107,7 @@ class Statements(schema.Templates):
         delay_seconds => CAST(:delay AS float8))
     """
 
-    ENQUEUE_CALL_PYFORMAT: LiteralString = """
+    JOB_ENQUEUE_FUNCTION_PYFORMAT: LiteralString = """
     SELECT {schema}.enqueue(
         task => %(task)s::text, args => %(args)s::jsonb, queue => %(queue)s::text,
         priority => %(priority)s::integer, run_at => %(run_at)s::timestamptz,
@@ -113,98 +117,38 @@ class Statements(schema.Templates):
         delay_seconds => %(delay)s::float8)
     """
 
-    # The task definitions a worker or the API loaded: what postbox.enqueue() applies
-    # to a job enqueued from SQL without its options (postbox/definitions.py).
-    TASKS_PUBLISH: LiteralString = """
-    INSERT INTO {schema}.tasks AS t (name, queue, priority, max_attempts, timeout_seconds, keep_result, retry,
-                                     unique_rule, updated_at, updated_by)
-    SELECT n, q, p, m, tmo, kr, r::jsonb, ur::jsonb, now(), %(by)s
-      FROM unnest(%(name)s::text[], %(queue)s::text[], %(priority)s::int2[], %(max_attempts)s::int4[],
-                  %(timeout)s::float8[], %(keep_result)s::bool[], %(retry)s::text[], %(unique_rule)s::text[])
-           AS u(n, q, p, m, tmo, kr, r, ur)
-    ON CONFLICT (name) DO UPDATE
-       SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
-           timeout_seconds = excluded.timeout_seconds, keep_result = excluded.keep_result, retry = excluded.retry,
-           unique_rule = excluded.unique_rule, updated_at = now(), updated_by = excluded.updated_by
-     WHERE (t.queue, t.priority, t.max_attempts, t.timeout_seconds, t.keep_result, t.retry, t.unique_rule)
-           IS DISTINCT FROM (excluded.queue, excluded.priority, excluded.max_attempts, excluded.timeout_seconds,
-                             excluded.keep_result, excluded.retry, excluded.unique_rule)
+    # A unique task's job (postbox/unique.py): its key, and the job holding that key
+    # (NULL: none). Takes the key's advisory lock until the transaction ends, so a
+    # concurrent enqueuer of the key waits, then finds this one's job.
+    JOB_LOCK_UNIQUE_KEY: LiteralString = """
+    SELECT unique_key, holder FROM {schema}.unique_claim(%(task)s, %(args)s::jsonb, %(unique_rule)s::jsonb)
     """
 
-    TASKS_SELECT: LiteralString = """
-    SELECT name, queue, priority, max_attempts, timeout_seconds, keep_result, retry, updated_at, updated_by
-      FROM {schema}.tasks ORDER BY name
+    JOB_GET_BY_DEDUP_KEY: LiteralString = """
+    SELECT id FROM {schema}.outbox WHERE queue = %(queue)s AND dedup_key = %(dedup_key)s
     """
 
-    SELECT_DEDUP_MANY: LiteralString = """
+    JOB_GET_MANY_BY_DEDUP_KEY: LiteralString = """
     SELECT id, queue, dedup_key FROM {schema}.outbox
      WHERE (queue, dedup_key) IN (SELECT * FROM unnest(%(queue)s::text[], %(dedup_key)s::text[]))
     """
 
-    SELECT_JOB: LiteralString = """
-    SELECT id, queue, task, args, priority, state, attempts, max_attempts, available_at, created_at,
-           published_at, started_at, finished_at, expires_at, dedup_key, headers, keep_result, result,
-           last_error, last_error_class, cancel_requested_at, discarded_at
-      FROM {schema}.outbox WHERE id = %(id)s
+    # Waiting jobs of one queue, counted no further than the limit (cheap at any depth).
+    JOB_COUNT_WAITING: LiteralString = """
+    SELECT count(*) FROM (
+        SELECT 1 FROM {schema}.outbox
+         WHERE queue = %(queue)s AND state IN ('pending', 'queued', 'retrying') LIMIT %(limit)s
+    ) AS waiting
     """
 
-    SELECT_RESULT: LiteralString = """
-    SELECT state, result, last_error_class, last_error FROM {schema}.outbox WHERE id = %(id)s
-    """
-
-    # --- relay -----------------------------------------------------------------------
-    # (owned by relay/: publish scan, mark published, republish after Redis loss)
-    # Every relay statement runs on the leader's own session (the one holding the
-    # advisory lock), so a lost session cannot mark anything.
-
-    RELAY_LISTEN: LiteralString = "LISTEN postbox_outbox"
-
-    RELAY_TRY_LOCK: LiteralString = "SELECT pg_try_advisory_lock(%(key)s)"
-
-    RELAY_UNLOCK: LiteralString = "SELECT pg_advisory_unlock(%(key)s)"
-
-    RELAY_REGISTER: LiteralString = """
-    INSERT INTO {schema}.relays (id, host, pid, role, term) VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, 0)
-    ON CONFLICT (id) DO UPDATE SET role = excluded.role, last_seen = now()
-    """
-
-    RELAY_SET_ROLE: LiteralString = """
-    UPDATE {schema}.relays SET role = %(role)s, last_seen = now() WHERE id = %(id)s
-    """
-
-    # A new leader takes the next term: one more than any term ever recorded. Holding
-    # the lock proves that no other relay leads: a row still saying so (a killed
-    # leader's) is set to stopped; a live one records its own role again on its
-    # next session.
-    RELAY_BECOME_LEADER: LiteralString = """
-    WITH deposed AS (
-        UPDATE {schema}.relays SET role = 'stopped' WHERE role = 'leader' AND id <> %(id)s
-    )
-    UPDATE {schema}.relays SET role = 'leader', last_seen = now(),
-           term = (SELECT coalesce(max(term), 0) + 1 FROM {schema}.relays)
-     WHERE id = %(id)s
-    RETURNING term
-    """
-
-    # Every relay's heartbeat records its own role, and keeps the registries true:
-    # a relay silent for longer than its lock session may live, or a worker silent
-    # for longer than its lease, is recorded stopped (killed, or frozen: a frozen
-    # worker's next heartbeat clears its stopped_at again).
-    RELAY_HEARTBEAT: LiteralString = """
-    WITH gone_relays AS (
-        UPDATE {schema}.relays SET role = 'stopped'
-         WHERE id <> %(id)s AND role <> 'stopped' AND last_seen < now() - make_interval(secs => %(relay_stale)s)
-    ), gone_workers AS (
-        UPDATE {schema}.workers SET stopped_at = last_seen, in_flight = 0
-         WHERE stopped_at IS NULL AND last_seen < now() - make_interval(secs => %(worker_stale)s)
-    )
-    UPDATE {schema}.relays SET last_seen = now(), role = %(role)s WHERE id = %(id)s
-    """
+    # --- outbox: publish and republish (postbox.relay) --------------------------------------------
+    # Every statement the relay runs as leader runs on the leader's own session (the one
+    # holding the advisory lock), so a lost session cannot mark anything.
 
     # Due, unpublished rows in id order. Never a "last id" cursor: a transaction
     # that commits late carries a lower id, and this scan still finds it. ``after``
     # is 0 except inside one burst, where it skips the batch still being marked.
-    RELAY_SELECT_DUE: LiteralString = """
+    JOB_GET_DUE_UNPUBLISHED: LiteralString = """
     SELECT id, queue, task, args::text, headers::text, priority, attempts,
            (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
            coalesce(expires_at < now(), false) AS expired
@@ -228,7 +172,7 @@ class Statements(schema.Templates):
     # for the visibility timeout) is cancelled. The locked rows are then updated by
     # ctid (a TID scan, whatever the statistics say). A row updated in between (a
     # worker's claim) fails the lock's recheck and is skipped, which is what we want.
-    RELAY_MARK_PUBLISHED: LiteralString = """
+    JOB_MARK_PUBLISHED: LiteralString = """
     WITH lead AS (
         SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM {schema}.relays
     ), locked AS MATERIALIZED (
@@ -245,7 +189,7 @@ class Statements(schema.Templates):
         RETURNING 1
     )
     SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked),
-           -- RELAY_NEXT_DUE, answered here so that an idle relay need not ask it separately
+           -- JOB_NEXT_DUE, answered here so that an idle relay need not ask it separately
            (SELECT extract(epoch FROM min(available_at) - now())::float8
               FROM {schema}.outbox
              WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now())
@@ -255,14 +199,14 @@ class Statements(schema.Templates):
     # be ~0 while a huge backlog waits (statistics from an emptier table); then it
     # hashes or bitmap-scans the whole backlog for every batch's mark. The relay
     # compares this estimate with a full batch it just read and ANALYZEs if it is low.
-    RELAY_ESTIMATE_UNPUBLISHED: LiteralString = """
+    JOB_ESTIMATE_UNPUBLISHED: LiteralString = """
     EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.outbox WHERE published_at IS NULL AND state IN ('pending', 'retrying')
     """
 
-    RELAY_ANALYZE: LiteralString = "ANALYZE {schema}.outbox"
+    JOB_ANALYZE: LiteralString = "ANALYZE {schema}.outbox"
 
     # Locked in id order first, like the marks above.
-    RELAY_MARK_EXPIRED: LiteralString = """
+    JOB_MARK_EXPIRED: LiteralString = """
     WITH locked AS MATERIALIZED (
         SELECT ctid FROM {schema}.outbox
          WHERE id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
@@ -275,23 +219,21 @@ class Statements(schema.Templates):
     """
 
     # Seconds until the next delayed row is due (NULL: none waiting).
-    RELAY_NEXT_DUE: LiteralString = """
+    JOB_NEXT_DUE: LiteralString = """
     SELECT extract(epoch FROM min(available_at) - now())::float8
       FROM {schema}.outbox
      WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now()
     """
 
-    RELAY_BACKLOG: LiteralString = """
+    JOB_COUNT_BACKLOG: LiteralString = """
     SELECT count(*), coalesce(extract(epoch FROM now() - min(available_at))::float8, 0)
       FROM {schema}.outbox
      WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
     """
 
-    RELAY_NOW: LiteralString = "SELECT now()"
-
     # After Redis lost its data: rows published before the loss was noticed and not
     # finished (queued, or running under a claim that went stale), by id from a cursor.
-    RELAY_SELECT_LOST: LiteralString = """
+    JOB_GET_PUBLISHED_UNFINISHED: LiteralString = """
     SELECT id, queue, task, args::text, headers::text, priority, attempts,
            (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms
       FROM {schema}.outbox
@@ -304,7 +246,7 @@ class Statements(schema.Templates):
 
     # Candidates for the "is its entry still there" sweep: published rows without an
     # outcome that have waited a while (queued), or whose claim went stale (running).
-    RELAY_SELECT_INFLIGHT: LiteralString = """
+    JOB_GET_INFLIGHT: LiteralString = """
     SELECT id, queue, task, args::text, headers::text, priority, attempts,
            (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms, stream_id
       FROM {schema}.outbox
@@ -318,7 +260,7 @@ class Statements(schema.Templates):
     # The stream entries of the newest in-flight rows (by id, through the outbox_inflight
     # index): a new leader's high-water marks, so a failover that lost the tail of a
     # stream before this term began is still noticed (relay/watermark.py).
-    RELAY_RECENT_STREAM_IDS: LiteralString = """
+    JOB_GET_RECENT_STREAM_IDS: LiteralString = """
     SELECT queue, priority, stream_id
       FROM (SELECT queue, priority, stream_id FROM {schema}.outbox
              WHERE state IN ('queued', 'running')
@@ -328,15 +270,15 @@ class Statements(schema.Templates):
     """
 
     # The rows of a republish that still have no outcome, re-read right before the XADD.
-    RELAY_STILL_UNFINISHED: LiteralString = """
+    JOB_GET_STILL_UNFINISHED: LiteralString = """
     SELECT id FROM {schema}.outbox
      WHERE id = ANY(%(ids)s::int8[])
        AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
     """
 
     # Record a republish; only a row still without an outcome is touched. Locked in
-    # id order first, like RELAY_MARK_PUBLISHED (and for the same reason).
-    RELAY_MARK_REPUBLISHED: LiteralString = """
+    # id order first, like JOB_MARK_PUBLISHED (and for the same reason).
+    JOB_MARK_REPUBLISHED: LiteralString = """
     WITH lead AS (
         SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM {schema}.relays
     ), locked AS MATERIALIZED (
@@ -355,8 +297,7 @@ class Statements(schema.Templates):
     SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
     """
 
-    # --- worker ----------------------------------------------------------------------
-    # (owned by worker/: claims, outcomes, leases, heartbeats)
+    # --- outbox: claims and outcomes (postbox.worker, postbox.testing) ----------------------------
     # The claim and outcome rules are the cross-component contract: a delivery runs
     # only if its row is claimable; only the claimant of the current attempt (the
     # fence: claimed_by, attempts, state) may record the outcome.
@@ -367,36 +308,43 @@ class Statements(schema.Templates):
     #
     # A crash is charged to the job that caused it. Taking over a run whose lease
     # went stale (its worker died or froze): if that run was running alone (its
-    # worker wrote the attempt's row when it started it, WORKER_MARK_ISOLATED), the
+    # worker wrote the attempt's row when it started it, JOB_ATTEMPT_START_ISOLATED), the
     # crash is its own: the attempt is recorded lost and counted. Otherwise it may
-    # have died for another job's crash: the attempt is not charged (the new run
-    # keeps its number; last_error says so) and the new run is isolated (returned
-    # ``isolate``: the worker runs it alone, so a crash then is its own). Never
-    # for a worker taking over its own run: the fence must tell the two runs apart.
-    WORKER_CLAIM: LiteralString = """
+    # have died for another job's crash: the attempt is recorded lost with error
+    # class 'Interrupted' and not charged (it is counted in ``attempts``, and the
+    # claim returns a budget one larger for each such run: ``max_attempts`` plus
+    # the interrupted runs of this life; last_error says so), and the new run is
+    # isolated (returned ``isolate``: the worker runs it alone, so a crash then is
+    # its own). Never for a worker taking over its own run: the fence must tell the
+    # two runs apart.
+    JOB_CLAIM_ATTEMPTS: LiteralString = """
     WITH locked AS (
         SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
-               o.started_at AS old_started_at,
-               CASE WHEN o.state = 'running' AND o.claimed_by IS DISTINCT FROM %(worker)s
-                    THEN NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a
-                                      WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
-                    ELSE false END AS refund,
+               o.started_at AS old_started_at, x.refund, x.spared,
                CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
-                    WHEN o.attempts >= o.max_attempts AND NOT (
-                         o.state = 'running' AND o.claimed_by IS DISTINCT FROM %(worker)s
-                         AND NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a
-                                          WHERE a.outbox_id = o.id AND a.attempt = o.attempts)) THEN 'dead'
+                    WHEN o.attempts - x.spared >= o.max_attempts AND NOT x.refund THEN 'dead'
                     ELSE 'running' END AS verdict
           FROM {schema}.outbox o
+         CROSS JOIN LATERAL (
+               SELECT CASE WHEN o.state = 'running' AND o.claimed_by IS DISTINCT FROM %(worker)s
+                           THEN NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a
+                                             WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
+                           ELSE false END AS refund,
+                      -- this life's runs interrupted among others: not charged
+                      CASE WHEN o.attempts = 0 THEN 0
+                           ELSE (SELECT count(*)::int FROM {schema}.job_attempts a
+                                  WHERE a.outbox_id = o.id AND a.attempt BETWEEN 1 AND o.attempts
+                                    AND a.outcome = 'lost' AND a.error_class = 'Interrupted') END AS spared
+         ) x
          WHERE o.id = ANY(%(ids)s::int8[])
            AND ((o.state IN ('pending', 'queued', 'retrying') AND o.available_at <= now())
                 OR (o.state = 'running' AND o.lease_until < now()))
          ORDER BY o.id
-           FOR UPDATE
+           FOR UPDATE OF o
     ), claimed AS (
         UPDATE {schema}.outbox o
            SET state = l.verdict,
-               attempts = o.attempts + (l.verdict = 'running' AND NOT l.refund)::int,
+               attempts = o.attempts + (l.verdict = 'running')::int,
                claimed_by = CASE WHEN l.verdict = 'running' THEN %(worker)s END,
                lease_until = CASE WHEN l.verdict = 'running' THEN now() + make_interval(secs => %(lease)s) END,
                started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
@@ -421,16 +369,22 @@ class Statements(schema.Templates):
                              ELSE o.result END
           FROM locked l
          WHERE o.id = l.id
-     RETURNING o.id, o.state, o.attempts, o.max_attempts, o.timeout_seconds, o.keep_result,
-               (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms, l.old_state, l.old_attempts
+     RETURNING o.id, o.state, o.attempts, o.max_attempts + l.spared + l.refund::int AS max_attempts,
+               o.timeout_seconds, o.keep_result, (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms,
+               l.old_state, l.old_attempts
     ), lost AS (
         -- An attempt's history row is written when it ends: by its outcome, or here,
         -- when a claim takes over a run whose lease went stale and charges it. A
-        -- running attempt has no row yet (OPS_JOB_HISTORY shows it from the outbox
-        -- row), except an isolated one, whose row its worker wrote at its start.
-        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-        SELECT id, old_attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-          FROM locked WHERE old_state = 'running' AND NOT refund
+        -- running attempt has no row yet (JOB_ATTEMPT_LIST shows it from the outbox
+        -- row), except an isolated one, whose row its worker wrote at its start. Written
+        -- once: the row lock above, and the claim renews the lease. An interrupted run
+        -- (refund) is recorded lost too, with error class 'Interrupted': not charged.
+        INSERT INTO {schema}.job_attempts AS a
+               (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error)
+        SELECT id, old_attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost',
+               CASE WHEN refund THEN 'Interrupted' END,
+               CASE WHEN refund THEN 'its worker was lost while running it with other jobs; not charged' END
+          FROM locked WHERE old_state = 'running'
         ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
          WHERE a.finished_at IS NULL
     )
@@ -443,26 +397,21 @@ class Statements(schema.Templates):
       FROM claimed CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
     """
 
-    # An isolated run (a takeover, run alone) writes its attempt's row when it starts:
-    # if its worker dies now, the crash is charged to it (WORKER_CLAIM).
-    WORKER_MARK_ISOLATED: LiteralString = """
-    INSERT INTO {schema}.job_attempts (outbox_id, attempt, worker_id, started_at)
-    SELECT id, attempts, claimed_by, now() FROM {schema}.outbox
-     WHERE id = %(id)s AND attempts = %(attempt)s AND claimed_by = %(worker)s AND state = 'running'
-    ON CONFLICT (outbox_id, attempt) DO NOTHING
-    """
-
     # Which of these jobs are running (under someone's claim): a reclaimed entry of
     # such a job stays pending instead of being acknowledged.
-    WORKER_SELECT_RUNNING: LiteralString = """
+    JOB_GET_RUNNING: LiteralString = """
     SELECT id FROM {schema}.outbox WHERE id = ANY(%(ids)s::int8[]) AND state = 'running'
     """
 
     # Record a batch of outcomes, fenced. ``state`` per row: succeeded, retrying,
     # dead, cancelled. Retries go back through the outbox (the relay republishes
     # when due). Terminal outcomes wake result waiters with one NOTIFY per batch.
-    WORKER_RECORD_OUTCOMES: LiteralString = """
-    WITH fenced AS (
+    JOB_RECORD_OUTCOMES: LiteralString = """
+    WITH clock AS MATERIALIZED (
+        -- When the outcome is written: now() is the transaction's start, long before it
+        -- when the statement runs inside a job's or a test's transaction.
+        SELECT clock_timestamp() AS at
+    ), fenced AS (
         -- Rows are found by id and matched to their input by position: no join with
         -- unnest() for the planner to get wrong on a table whose stats see few running rows.
         SELECT j.id, array_position(%(ids)s::int8[], j.id) AS i
@@ -473,7 +422,8 @@ class Statements(schema.Templates):
     ), done AS (
         UPDATE {schema}.outbox j
            SET state = (%(states)s::text[])[f.i],
-               finished_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE now() END,
+               finished_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL
+                                  ELSE (SELECT at FROM clock) END,
                available_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying'
                                    THEN now() + make_interval(secs => (%(delays)s::float8[])[f.i])
                                    ELSE j.available_at END,
@@ -493,9 +443,9 @@ class Statements(schema.Templates):
         -- claim (an isolated run's, written at its start), finished here.
         INSERT INTO {schema}.job_attempts AS a
                (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback)
-        SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, now()), now(), (%(outcomes)s::text[])[d.i],
+        SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, c.at), c.at, (%(outcomes)s::text[])[d.i],
                (%(error_classes)s::text[])[d.i], (%(errors)s::text[])[d.i], (%(tracebacks)s::text[])[d.i]
-          FROM done d
+          FROM done d CROSS JOIN clock c
         ON CONFLICT (outbox_id, attempt) DO UPDATE
            SET finished_at = excluded.finished_at, outcome = excluded.outcome,
                error_class = excluded.error_class, error = excluded.error, traceback = excluded.traceback
@@ -510,48 +460,37 @@ class Statements(schema.Templates):
     """
 
     # ctx.transaction(): the job's success inside the handler's own transaction, sent
-    # together with COMMIT (WORKER_RECORD_SUCCESS_AND_COMMIT, worker/context.py). The
+    # together with COMMIT (JOB_RECORD_SUCCESS_AND_COMMIT, worker/context.py). The
     # statements are in record_success() (migration 0006), where PostgreSQL keeps their
     # plans per connection: a simple query is planned every time it runs, and planning
     # the UPDATE with its history upsert cost more than running it. It writes what
-    # WORKER_RECORD_OUTCOMES writes for one 'succeeded' outcome without a result (notify
+    # JOB_RECORD_OUTCOMES writes for one 'succeeded' outcome without a result (notify
     # off), fenced the same way; keep the two in step (test_worker_delivery compares
     # their rows). A refused fence must abort the transaction, so the COMMIT behind it
     # does not run: the function raises STALE_ATTEMPT_SQLSTATE when no row was recorded.
-    WORKER_RECORD_SUCCESS_IN_TRANSACTION: LiteralString = (
+    JOB_RECORD_SUCCESS: LiteralString = (
         "SELECT {schema}.record_success(%(id)s::int8, %(worker)s::text, %(attempt)s::int4)"
     )
 
-    # ctx.transaction(): the job id as the idempotency key of its effects (postbox.testing
-    # runs this one; the worker the same INSERT through begin_processed(), migration 0006).
-    WORKER_INSERT_PROCESSED: LiteralString = """
-    INSERT INTO {schema}.processed_jobs (outbox_id) VALUES (%(id)s)
-    ON CONFLICT (outbox_id) DO NOTHING RETURNING outbox_id
-    """
+    JOB_RECORD_SUCCESS_AND_COMMIT: LiteralString = JOB_RECORD_SUCCESS + ";\nCOMMIT"
 
-    # The processed row as the worker inserts it: the job's id when fresh, NULL when an
-    # earlier run committed it.
-    WORKER_PROCESSED_FRESH: LiteralString = "SELECT {schema}.begin_processed(%(id)s::int8)"
-
-    # The two round trips of ctx.transaction() around the handler's body, each one
-    # simple query of two statements (worker/context.py binds the parameters on the
-    # client side): BEGIN with the processed row, the success with COMMIT.
-    WORKER_BEGIN_PROCESSED: LiteralString = "BEGIN;" + WORKER_PROCESSED_FRESH
-    WORKER_RECORD_SUCCESS_AND_COMMIT: LiteralString = WORKER_RECORD_SUCCESS_IN_TRANSACTION + ";\nCOMMIT"
+    # The same call in SQLAlchemy's bind style, for a job's transaction on an ORM's
+    # connection (postbox/sqlalchemy.py, through postbox.fence.JobFence; any driver).
+    JOB_RECORD_SUCCESS_SQLALCHEMY: LiteralString = (
+        "SELECT {schema}.record_success(CAST(:id AS int8), CAST(:worker AS text), CAST(:attempt AS int4))"
+    )
 
     # A result set after the job's success already committed (keep_result with
     # ctx.transaction(): the return value is known only when the handler returns).
-    WORKER_SET_RESULT: LiteralString = """
+    JOB_SET_RESULT: LiteralString = """
     UPDATE {schema}.outbox SET result = %(result)s::jsonb, result_expires_at = now() + make_interval(secs => %(ttl)s)
      WHERE id = %(id)s AND state = 'succeeded'
     """
 
-    WORKER_NOTIFY_RESULTS: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
-
     # Lease renewal for the jobs a worker is running; returns the ids still ours.
     # Locked in id order first, as claims, outcomes and the relay's marks lock: the
     # same worker's outcome statement may be locking some of these rows right now.
-    WORKER_RENEW_LEASES: LiteralString = """
+    JOB_RENEW_LEASES: LiteralString = """
     WITH locked AS MATERIALIZED (
         SELECT ctid FROM {schema}.outbox
          WHERE id = ANY(%(ids)s::int8[]) AND claimed_by = %(worker)s AND state = 'running'
@@ -563,112 +502,93 @@ class Statements(schema.Templates):
     RETURNING id
     """
 
-    # --- flow control (worker/flow.py; docs/flow-control.md) ---------------------------
-    # A claim of jobs under limits is one transaction: the keys' locks (sorted; the
-    # two-int advisory form, apart from the relay's one-bigint leader lock), the jobs'
-    # rows (id order, as every claim locks them), the keys' state, the claim itself,
-    # then the slots and rate cells taken and the jobs held back.
-
-    FLOW_LOCK_KEYS: LiteralString = """
-    SELECT count(pg_advisory_xact_lock(1718382455, hashtext(k))) FROM unnest(%(keys)s::text[]) AS k
+    JOB_GET_CANCEL_REQUESTED: LiteralString = """
+    SELECT id FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND cancel_requested_at IS NOT NULL AND state = 'running'
     """
 
-    # These jobs' rows, locked (id order, as every claim locks them) in one snapshot:
-    # ``marked`` rows may be claimed now under their limits — published and due
-    # (queued), or running under a stale claim — with the rate token each holds from
-    # an earlier hold-back; the others are due but their publish is not marked yet
-    # (the relay adds the entry, then marks the row): a hold-back written before the
-    # mark would be overwritten by it, so the worker looks at those again a moment
-    # later. Rows not returned (finished, running under a live claim, expired) go
-    # through WORKER_CLAIM, which ends or skips them.
-    FLOW_LOCK_JOBS: LiteralString = """
-    SELECT id, extract(epoch FROM flow_reserved_at)::float8,
-           state IN ('queued', 'running') OR id = ANY(%(direct)s::int8[]) AS marked,
-           state = 'running' AS stale_run
-      FROM {schema}.outbox
-     WHERE id = ANY(%(ids)s::int8[])
-       AND ((state IN ('pending', 'queued', 'retrying') AND available_at <= now())
-            OR (state = 'running' AND lease_until < now())
-            -- taken straight from its parking by the worker that released a slot of its key
-            OR (id = ANY(%(direct)s::int8[]) AND state = 'pending' AND published_at IS NULL
-                AND flow_wait IS NOT NULL))
-       AND NOT coalesce(expires_at <= now(), false)
-     ORDER BY id
-       FOR UPDATE
+    # Vanished entries whose job still runs under a live claim: looked at again
+    # once that claim may have gone stale.
+    JOB_GET_RUNNING_STREAM_IDS: LiteralString = """
+    SELECT stream_id FROM {schema}.outbox
+     WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+       AND state = 'running'
     """
 
-    # Parked jobs taken straight from their parking and allowed to start: due now, so
-    # that the claim (WORKER_CLAIM) takes them (rows locked in this transaction: the
-    # relay never sees them due; they are running when it commits).
-    FLOW_DUE_NOW: LiteralString = """
-    UPDATE {schema}.outbox SET available_at = now() WHERE id = ANY(%(ids)s::int8[]) AND state = 'pending'
-    """
+    # --- outbox: claims released unrun (postbox.worker) -------------------------------------------
 
-    # The database clock, the live slots of the concurrency keys (a slot counts while
-    # its job runs under a live claim: a lease, never a counter that leaks) and the
-    # rate cells. Dead slots of these keys are deleted on the way.
-    FLOW_STATE: LiteralString = """
-    WITH dead AS (
-        DELETE FROM {schema}.limit_slots s
-         WHERE s.key = ANY(%(conc_keys)s::text[])
-           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
-                            WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
-                              AND o.lease_until > clock_timestamp())
-    ), live AS (
-        SELECT s.key, count(*) AS n
-          FROM {schema}.limit_slots s JOIN {schema}.outbox o ON o.id = s.job_id
-         WHERE s.key = ANY(%(conc_keys)s::text[]) AND o.attempts = s.attempt AND o.state = 'running'
-           AND o.lease_until > clock_timestamp()
-         GROUP BY s.key
+    # Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
+    # jobs publishable again. Queued rows go back to the relay's work list; running
+    # rows under a stale claim too (their lost attempt stays counted).
+    JOB_RELEASE_LOST_ENTRIES: LiteralString = """
+    WITH target AS (
+        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
+          FROM {schema}.outbox
+         WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+           AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
+         ORDER BY id
+           FOR UPDATE
+    ), rescued AS (
+        UPDATE {schema}.outbox o
+           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
+          FROM target t
+         WHERE o.id = t.id
+     RETURNING o.id
+    ), lost AS (
+        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+          FROM target WHERE old_state = 'running'
+        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+         WHERE a.finished_at IS NULL
     )
-    SELECT 'now', '', extract(epoch FROM clock_timestamp())::float8
-    UNION ALL
-    SELECT 'used', key, n::float8 FROM live
-    UNION ALL
-    SELECT 'tat', key, extract(epoch FROM tat)::float8 FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
-    UNION ALL
-    SELECT 'stat', key, extract(epoch FROM start_tat)::float8
-      FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
+    SELECT id FROM rescued
     """
 
-    # A job whose rate reservation is near waits in the worker that read it (its
-    # entry stays pending, so a dead worker's waits are reclaimed like any entry):
-    # its token is written on its row, which stays published. Also the token of a
-    # job read before the relay's mark, held back once it is marked. (Not a stale
-    # run's row: that one is held back through the relay.)
-    FLOW_RESERVE_IN_PLACE: LiteralString = """
-    UPDATE {schema}.outbox o SET flow_reserved_at = to_timestamp(u.token)
-      FROM unnest(%(ids)s::int8[], %(tokens)s::float8[]) AS u(id, token)
-     WHERE o.id = u.id AND o.state IN ('queued', 'pending', 'retrying')
-    RETURNING o.id
-    """
-
-    # Slots taken by the jobs just claimed, rate cells moved, and the claimed jobs'
-    # hold-back marks cleared.
-    FLOW_TAKE: LiteralString = """
-    WITH slots AS (
-        INSERT INTO {schema}.limit_slots (key, job_id, attempt)
-        SELECT k, j, a FROM unnest(%(slot_keys)s::text[], %(slot_ids)s::int8[], %(slot_attempts)s::int4[]) AS u(k, j, a)
-        ON CONFLICT (key, job_id) DO UPDATE SET attempt = excluded.attempt, taken_at = now()
-    ), cells AS (
-        INSERT INTO {schema}.limit_rates (key, tat, start_tat)
-        SELECT k, to_timestamp(t), to_timestamp(st)
-          FROM unnest(%(rate_keys)s::text[], %(tats)s::float8[], %(stats)s::float8[]) AS u(k, t, st)
-        ON CONFLICT (key) DO UPDATE SET tat = excluded.tat, start_tat = excluded.start_tat
-    ), cleared AS (
-        UPDATE {schema}.outbox SET flow_wait = NULL, flow_reserved_at = NULL
-         WHERE id = ANY(%(claimed)s::int8[]) AND (flow_wait IS NOT NULL OR flow_reserved_at IS NOT NULL)
+    # Jobs this worker cannot run (it does not know their task, or its handler refuses
+    # their args), handed back unclaimed for a worker that can: publishable again
+    # after a delay, attempts untouched; ``reason`` is a format() text of the task. Only rows
+    # whose publish is marked (queued): a hand-back before the relay's mark commits
+    # would be overwritten by it. A running row under a stale claim (its worker died)
+    # too; its lost attempt stays counted. Returns (id, handed back); false: not
+    # marked yet, its entry stays pending for a later look.
+    JOB_HAND_BACK: LiteralString = """
+    WITH target AS (
+        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
+          FROM {schema}.outbox
+         WHERE id = ANY(%(ids)s::int8[])
+           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now()))
+         ORDER BY id
+           FOR UPDATE
+    ), handed AS (
+        UPDATE {schema}.outbox o
+           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
+               available_at = now() + make_interval(secs => %(delay)s),
+               last_error_class = %(error_class)s,
+               last_error = format(%(reason)s, o.task)
+          FROM target t
+         WHERE o.id = t.id
+     RETURNING o.id
+    ), lost AS (
+        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+          FROM target WHERE old_state = 'running'
+        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+         WHERE a.finished_at IS NULL
     )
-    SELECT 1
+    SELECT id, true FROM handed
+    UNION ALL
+    SELECT id, false FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND state IN ('pending', 'retrying') AND published_at IS NULL
+       AND available_at <= now()
     """
 
     # Jobs a limit holds back, unclaimed and with their attempts untouched: publishable
     # again at ``until`` (epoch seconds) — a rate reservation's time, or, for a job
     # waiting on a full concurrency key (``wait``), a recheck bound (a released slot
-    # wakes it sooner: FLOW_RELEASE). As WORKER_HAND_BACK: only rows whose publish is
+    # wakes it sooner: LIMIT_SLOT_RELEASE). As JOB_HAND_BACK: only rows whose publish is
     # marked, or running under a stale claim (its lost attempt stays counted).
     # Returns (id, held); false: not marked yet, its entry stays pending.
-    FLOW_HOLD: LiteralString = """
+    JOB_HOLD_BACK: LiteralString = """
     WITH target AS (
         SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at,
                array_position(%(ids)s::int8[], id) AS i
@@ -708,21 +628,57 @@ class Statements(schema.Templates):
        AND available_at <= now()
     """
 
-    # After outcomes are recorded: their slots are released (fenced by attempt: a slot
-    # a newer attempt took stays). Returns each key and how many of its slots were freed.
-    FLOW_RELEASE: LiteralString = """
-    WITH freed AS (
-        DELETE FROM {schema}.limit_slots s
-         USING unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS u(id, attempt)
-         WHERE s.job_id = u.id AND s.attempt = u.attempt
-        RETURNING s.key
-    )
-    SELECT key, count(*)::int FROM freed GROUP BY key
+    # --- outbox: flow control (worker/flow.py; docs/flow-control.md) ------------------------------
+    # A claim of jobs under limits is one transaction: the keys' locks (LIMIT_LOCK_KEYS),
+    # the jobs' rows (id order, as every claim locks them), the keys' state, the claim itself,
+    # then the slots and rate cells taken and the jobs held back (JOB_HOLD_BACK).
+
+    # These jobs' rows, locked (id order, as every claim locks them) in one snapshot:
+    # ``marked`` rows may be claimed now under their limits — published and due
+    # (queued), or running under a stale claim — with the rate token each holds from
+    # an earlier hold-back; the others are due but their publish is not marked yet
+    # (the relay adds the entry, then marks the row): a hold-back written before the
+    # mark would be overwritten by it, so the worker looks at those again a moment
+    # later. Rows not returned (finished, running under a live claim, expired) go
+    # through JOB_CLAIM_ATTEMPTS, which ends or skips them.
+    JOB_LOCK_FOR_LIMITS: LiteralString = """
+    SELECT id, extract(epoch FROM flow_reserved_at)::float8,
+           state IN ('queued', 'running') OR id = ANY(%(direct)s::int8[]) AS marked,
+           state = 'running' AS stale_run
+      FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[])
+       AND ((state IN ('pending', 'queued', 'retrying') AND available_at <= now())
+            OR (state = 'running' AND lease_until < now())
+            -- taken straight from its parking by the worker that released a slot of its key
+            OR (id = ANY(%(direct)s::int8[]) AND state = 'pending' AND published_at IS NULL
+                AND flow_wait IS NOT NULL))
+       AND NOT coalesce(expires_at <= now(), false)
+     ORDER BY id
+       FOR UPDATE
+    """
+
+    # Parked jobs taken straight from their parking and allowed to start: due now, so
+    # that the claim (JOB_CLAIM_ATTEMPTS) takes them (rows locked in this transaction: the
+    # relay never sees them due; they are running when it commits).
+    JOB_MAKE_DUE: LiteralString = """
+    UPDATE {schema}.outbox SET available_at = now() WHERE id = ANY(%(ids)s::int8[]) AND state = 'pending'
+    """
+
+    # A job whose rate reservation is near waits in the worker that read it (its
+    # entry stays pending, so a dead worker's waits are reclaimed like any entry):
+    # its token is written on its row, which stays published. Also the token of a
+    # job read before the relay's mark, held back once it is marked. (Not a stale
+    # run's row: that one is held back through the relay.)
+    JOB_SET_RATE_TOKEN: LiteralString = """
+    UPDATE {schema}.outbox o SET flow_reserved_at = to_timestamp(u.token)
+      FROM unnest(%(ids)s::int8[], %(tokens)s::float8[]) AS u(id, token)
+     WHERE o.id = u.id AND o.state IN ('queued', 'pending', 'retrying')
+    RETURNING o.id
     """
 
     # Up to ``n`` jobs parked on each key, highest priority then oldest first: what the
     # releasing worker may take at once (as deliveries: its claim decides).
-    FLOW_PARKED: LiteralString = """
+    JOB_GET_PARKED: LiteralString = """
     SELECT p.key, w.id, w.queue, w.task, w.args::text, w.headers::text, w.priority, w.enq_ms
       FROM unnest(%(keys)s::text[], %(counts)s::int4[]) AS p(key, n)
      CROSS JOIN LATERAL (
@@ -735,9 +691,9 @@ class Statements(schema.Templates):
             LIMIT p.n) w
     """
 
-    # Wake up to ``n`` jobs parked on each key (due now; FLOW_NOTIFY_RELAY wakes the
+    # Wake up to ``n`` jobs parked on each key (due now; OUTBOX_NOTIFY wakes the
     # relay): for the released slots the releasing worker did not fill itself.
-    FLOW_WAKE: LiteralString = """
+    JOB_WAKE_PARKED: LiteralString = """
     WITH picked AS (
         SELECT w.id
           FROM unnest(%(keys)s::text[], %(counts)s::int4[]) AS p(key, n)
@@ -754,12 +710,508 @@ class Statements(schema.Templates):
     SELECT count(*) FROM woken
     """
 
-    FLOW_NOTIFY_RELAY: LiteralString = "SELECT pg_notify('postbox_outbox', '')"
+    # --- outbox: reads and operator actions (the API, the admin CLI, postbox.results, postbox.testing) ---
+
+    JOB_GET: LiteralString = """
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by, args, result
+      FROM {schema}.outbox WHERE id = %(id)s
+    """
+
+    JOB_GET_STATE: LiteralString = """
+    SELECT id, queue, task, state, attempts FROM {schema}.outbox WHERE id = %(id)s
+    """
+
+    JOB_GET_RESULT: LiteralString = """
+    SELECT state, result, last_error_class, last_error FROM {schema}.outbox WHERE id = %(id)s
+    """
+
+    # Newest first; the cursor is the last id of the previous page. NULL filters match everything.
+    JOB_LIST: LiteralString = """
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by
+      FROM {schema}.outbox
+     WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(state)s::text IS NULL OR state = %(state)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
+     ORDER BY id DESC
+     LIMIT %(limit)s
+    """
+
+    JOB_LIST_DEAD: LiteralString = """
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by
+      FROM {schema}.outbox
+     WHERE state = 'dead'
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(discarded)s::boolean IS NULL OR (discarded_at IS NOT NULL) = %(discarded)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
+     ORDER BY id DESC
+     LIMIT %(limit)s
+    """
+
+    # Per-queue counts, exact at this statement's snapshot.
+    JOB_COUNT_BY_QUEUE: LiteralString = """
+    SELECT queue,
+           count(*) FILTER (WHERE state IN ('pending', 'retrying') AND published_at IS NULL AND available_at <= now())
+               AS backlog,
+           count(*) FILTER (WHERE state = 'pending' AND available_at > now()) AS scheduled,
+           count(*) FILTER (WHERE state = 'queued') AS queued,
+           count(*) FILTER (WHERE state = 'running') AS in_flight,
+           count(*) FILTER (WHERE state = 'retrying') AS retrying,
+           count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NULL) AS dead,
+           count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NOT NULL) AS discarded,
+           extract(epoch FROM now() - min(available_at)
+               FILTER (WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()))::float8
+               AS oldest_waiting_seconds
+      FROM {schema}.outbox
+     WHERE state IN ('pending', 'queued', 'running', 'retrying', 'dead')
+       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+     GROUP BY queue
+    """
+
+    # Cancel: waiting jobs end at once; a running one gets a request the worker honours.
+    JOB_CANCEL_WAITING: LiteralString = """
+    UPDATE {schema}.outbox
+       SET state = 'cancelled', finished_at = now(), cancel_requested_at = coalesce(cancel_requested_at, now())
+     WHERE id = %(id)s AND state IN ('pending', 'queued', 'retrying')
+    RETURNING id, queue, task, state, attempts
+    """
+
+    JOB_REQUEST_CANCEL: LiteralString = """
+    UPDATE {schema}.outbox SET cancel_requested_at = coalesce(cancel_requested_at, now())
+     WHERE id = %(id)s AND state = 'running'
+    RETURNING id, queue, task, state, attempts
+    """
+
+    JOB_LOCK: LiteralString = """
+    SELECT id, queue, task, state, attempts, discarded_at FROM {schema}.outbox WHERE id = %(id)s FOR UPDATE
+    """
+
+    JOB_REQUEUE_DEAD: LiteralString = """
+    UPDATE {schema}.outbox
+       SET state = 'pending', attempts = 0, available_at = now(), published_at = NULL, stream_id = NULL,
+           claimed_by = NULL, lease_until = NULL, started_at = NULL, finished_at = NULL, discarded_at = NULL,
+           cancel_requested_at = NULL, result = NULL, result_expires_at = NULL
+     WHERE id = %(id)s AND state = 'dead'
+    RETURNING id, queue, task, state, attempts
+    """
+
+    JOB_DISCARD_DEAD: LiteralString = """
+    UPDATE {schema}.outbox SET discarded_at = coalesce(discarded_at, now())
+     WHERE id = %(id)s AND state = 'dead'
+    RETURNING id, queue, task, state, attempts, discarded_at
+    """
+
+    JOB_COUNT_PURGEABLE: LiteralString = """
+    SELECT count(*) FROM {schema}.outbox
+     WHERE queue = %(queue)s AND state = 'dead'
+       AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
+       AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
+    """
+
+    # The purged jobs' attempts go in the same statement (job_attempts has no foreign
+    # key to the outbox). Returns how many jobs were purged.
+    JOB_PURGE_DEAD: LiteralString = """
+    WITH gone AS (
+        DELETE FROM {schema}.outbox
+         WHERE queue = %(queue)s AND state = 'dead'
+           AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
+           AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
+        RETURNING id
+    ), history AS (
+        DELETE FROM {schema}.job_attempts a USING gone g WHERE a.outbox_id = g.id
+    )
+    SELECT count(*) FROM gone
+    """
+
+    # postbox.testing: the jobs the caller's own open transaction wrote, never another
+    # transaction's committed ones. A visible row whose xmin (the transaction that
+    # wrote it, or one of its subtransactions: savepoints, Django's atomic blocks) is
+    # still in progress is this transaction's: another one's uncommitted rows are not
+    # visible. pg_xact_status() wants a 64-bit id: the row's 32-bit xmin counted from
+    # this transaction's own id (a subtransaction's id is never below it; a row from
+    # below is not ours). created_at = now() (a job's created_at is its transaction's
+    # start) comes first in the CASE, so rows of another age never reach the
+    # conversion. No % operator: the statement runs on other drivers too.
+    JOB_OF_TRANSACTION_FROM: LiteralString = """
+      FROM {schema}.outbox o
+     CROSS JOIN (SELECT pg_current_xact_id_if_assigned()::text::int8 AS top) me
+     CROSS JOIN LATERAL (SELECT mod(o.xmin::text::int8 - mod(me.top, 4294967296) + 4294967296, 4294967296) AS ahead) x
+     WHERE o.created_at = now()
+       AND CASE WHEN me.top IS NULL OR o.created_at <> now() OR x.ahead >= 2147483648 THEN false
+                ELSE pg_xact_status((me.top + x.ahead)::text::xid8) = 'in progress' END
+    """
+
+    JOB_LIST_OF_TRANSACTION: LiteralString = (
+        "SELECT o.id, o.task, o.queue, o.priority, o.args, o.headers, o.state, o.attempts, o.dedup_key"
+        + JOB_OF_TRANSACTION_FROM
+        + " ORDER BY o.id"
+    )
+
+    # What an inline run may claim now (JOB_CLAIM_ATTEMPTS decides, as for a worker).
+    JOB_GET_DUE_OF_TRANSACTION: LiteralString = (
+        "SELECT o.id, o.task, o.queue"
+        + JOB_OF_TRANSACTION_FROM
+        + " AND o.state IN ('pending', 'queued', 'retrying') AND o.available_at <= now() ORDER BY o.id"
+    )
+
+    JOB_GET_PAYLOAD: LiteralString = """
+    SELECT task, queue, args, headers FROM {schema}.outbox WHERE id = %(id)s
+    """
+
+    # --- job_attempts: the history of ended attempts ----------------------------------------------
+
+    # An isolated run (a takeover, run alone) writes its attempt's row when it starts:
+    # if its worker dies now, the crash is charged to it (JOB_CLAIM_ATTEMPTS).
+    JOB_ATTEMPT_START_ISOLATED: LiteralString = """
+    INSERT INTO {schema}.job_attempts (outbox_id, attempt, worker_id, started_at)
+    SELECT id, attempts, claimed_by, now() FROM {schema}.outbox
+     WHERE id = %(id)s AND attempts = %(attempt)s AND claimed_by = %(worker)s AND state = 'running'
+    ON CONFLICT (outbox_id, attempt) DO NOTHING
+    """
+
+    # Ended attempts from job_attempts, and the attempt running now from the outbox
+    # row (its history row is written when it ends).
+    JOB_ATTEMPT_LIST: LiteralString = """
+    SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback
+      FROM {schema}.job_attempts WHERE outbox_id = %(id)s
+    UNION ALL
+    SELECT o.attempts, o.claimed_by, o.started_at, NULL, NULL, NULL, NULL, NULL
+      FROM {schema}.outbox o
+     WHERE o.id = %(id)s AND o.state = 'running'
+       AND NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
+     ORDER BY started_at, attempt
+    """
+
+    # Requeue a dead letter through the outbox. The attempts of its earlier life are
+    # kept in job_attempts, moved below zero (attempt - 1,000,000 x round) so the new
+    # life's attempts 1, 2, ... do not collide with them; readers map them back.
+    JOB_ATTEMPT_ARCHIVE: LiteralString = """
+    UPDATE {schema}.job_attempts
+       SET attempt = attempt - 1000000 * (1 + (
+               SELECT (coalesce(-min(attempt), 0) + 999999) / 1000000
+                 FROM {schema}.job_attempts WHERE outbox_id = %(id)s AND attempt <= 0))
+     WHERE outbox_id = %(id)s AND attempt > 0
+    """
+
+    # --- processed_jobs: the idempotency keys of ctx.transaction() --------------------------------
+
+    # ctx.transaction(): the job id as the idempotency key of its effects (postbox.testing
+    # runs this one; the worker the same INSERT through begin_processed(), migration 0006).
+    PROCESSED_INSERT: LiteralString = """
+    INSERT INTO {schema}.processed_jobs (outbox_id) VALUES (%(id)s)
+    ON CONFLICT (outbox_id) DO NOTHING RETURNING outbox_id
+    """
+
+    # The processed row as the worker inserts it: the job's id when fresh, NULL when an
+    # earlier run committed it.
+    PROCESSED_BEGIN: LiteralString = "SELECT {schema}.begin_processed(%(id)s::int8)"
+
+    # The same in SQLAlchemy's bind style (postbox/sqlalchemy.py, through postbox.fence.JobFence).
+    PROCESSED_BEGIN_SQLALCHEMY: LiteralString = "SELECT {schema}.begin_processed(CAST(:id AS int8))"
+
+    # The two round trips of ctx.transaction() around the handler's body, each one
+    # simple query of two statements (worker/context.py binds the parameters on the
+    # client side): BEGIN with the processed row, the success with COMMIT.
+    PROCESSED_BEGIN_TRANSACTION: LiteralString = "BEGIN;" + PROCESSED_BEGIN
+
+    # --- retention (postbox.retention): outbox, processed_jobs, limit state -----------------------
+    # Pruning in small batches, one short transaction each; SKIP LOCKED so a row someone
+    # holds is left for the next round. %(now)s is NULL in production (the database clock)
+    # and a fixed time in tests.
+
+    # Finished jobs (never dead letters: those wait for an operator's discard + purge).
+    # Their job_attempts go in the same statement (job_attempts has no foreign key);
+    # results live in the outbox row.
+    JOB_DELETE_FINISHED: LiteralString = """
+    WITH doomed AS (
+        SELECT id FROM {schema}.outbox
+         WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+           AND state IN ('succeeded', 'cancelled', 'expired')
+         ORDER BY finished_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM {schema}.outbox o USING doomed d WHERE o.id = d.id
+        RETURNING o.id
+    ), history AS (
+        DELETE FROM {schema}.job_attempts a USING gone g WHERE a.outbox_id = g.id
+    )
+    SELECT id FROM gone
+    """
+
+    JOB_COUNT_FINISHED: LiteralString = """
+    SELECT count(*) FROM {schema}.outbox
+     WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+       AND state IN ('succeeded', 'cancelled', 'expired')
+    """
+
+    # Results past their own expiry (result_expires_at, set from the task's result
+    # TTL) are cleared on rows that are kept.
+    JOB_CLEAR_EXPIRED_RESULTS: LiteralString = """
+    WITH doomed AS (
+        SELECT id FROM {schema}.outbox
+         WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+         ORDER BY result_expires_at
+         LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE {schema}.outbox o SET result = NULL, result_expires_at = NULL FROM doomed d WHERE o.id = d.id
+    RETURNING o.id
+    """
+
+    JOB_COUNT_EXPIRED_RESULTS: LiteralString = """
+    SELECT count(*) FROM {schema}.outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
+    """
+
+    # Idempotency markers, only once their job is finished for good (or gone): a
+    # marker of a job that may still run (or be requeued from the DLQ) is kept.
+    PROCESSED_DELETE_OLD: LiteralString = """
+    WITH doomed AS (
+        SELECT p.outbox_id FROM {schema}.processed_jobs p
+         WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
+         ORDER BY p.processed_at
+         LIMIT %(limit)s
+           FOR UPDATE OF p SKIP LOCKED
+    )
+    DELETE FROM {schema}.processed_jobs p USING doomed d WHERE p.outbox_id = d.outbox_id
+    RETURNING p.outbox_id
+    """
+
+    PROCESSED_COUNT_OLD: LiteralString = """
+    SELECT count(*) FROM {schema}.processed_jobs p
+     WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
+       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                        WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
+    """
+
+    # Flow-control state that no longer counts: slots whose job does not run under a
+    # live claim with that attempt, and rate cells in the past (an absent cell means
+    # the same: the next start conforms now). Claims lock a key before reading its
+    # state; a cell or slot deleted here is one they would ignore.
+    LIMIT_DELETE_DEAD_STATE: LiteralString = """
+    WITH dead_slots AS (
+        SELECT s.key, s.job_id FROM {schema}.limit_slots s
+         WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
+                              AND o.lease_until > coalesce(%(now)s::timestamptz, now()))
+         LIMIT %(limit)s
+           FOR UPDATE OF s SKIP LOCKED
+    ), slots AS (
+        DELETE FROM {schema}.limit_slots s USING dead_slots d WHERE s.key = d.key AND s.job_id = d.job_id
+        RETURNING 1
+    ), cells AS (
+        DELETE FROM {schema}.limit_rates r
+         WHERE r.key IN (SELECT key FROM {schema}.limit_rates
+                          WHERE greatest(tat, start_tat) < coalesce(%(now)s::timestamptz, now()) - interval '1 minute'
+                          LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT 1 FROM slots UNION ALL SELECT 1 FROM cells
+    """
+
+    LIMIT_COUNT_DEAD_STATE: LiteralString = """
+    SELECT (SELECT count(*) FROM {schema}.limit_slots s
+             WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                                WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
+                                  AND o.lease_until > coalesce(%(now)s::timestamptz, now())))
+         + (SELECT count(*) FROM {schema}.limit_rates
+             WHERE greatest(tat, start_tat) < coalesce(%(now)s::timestamptz, now()) - interval '1 minute')
+    """
+
+    # --- tasks: the task definitions --------------------------------------------------------------
+
+    # The task definitions a worker or the API loaded: what postbox.enqueue() applies
+    # to a job enqueued from SQL without its options (postbox/definitions.py).
+    TASK_UPSERT_MANY: LiteralString = """
+    INSERT INTO {schema}.tasks AS t (name, queue, priority, max_attempts, timeout_seconds, keep_result, retry,
+                                     unique_rule, updated_at, updated_by)
+    SELECT n, q, p, m, tmo, kr, r::jsonb, ur::jsonb, now(), %(by)s
+      FROM unnest(%(name)s::text[], %(queue)s::text[], %(priority)s::int2[], %(max_attempts)s::int4[],
+                  %(timeout)s::float8[], %(keep_result)s::bool[], %(retry)s::text[], %(unique_rule)s::text[])
+           AS u(n, q, p, m, tmo, kr, r, ur)
+    ON CONFLICT (name) DO UPDATE
+       SET queue = excluded.queue, priority = excluded.priority, max_attempts = excluded.max_attempts,
+           timeout_seconds = excluded.timeout_seconds, keep_result = excluded.keep_result, retry = excluded.retry,
+           unique_rule = excluded.unique_rule, updated_at = now(), updated_by = excluded.updated_by
+     WHERE (t.queue, t.priority, t.max_attempts, t.timeout_seconds, t.keep_result, t.retry, t.unique_rule)
+           IS DISTINCT FROM (excluded.queue, excluded.priority, excluded.max_attempts, excluded.timeout_seconds,
+                             excluded.keep_result, excluded.retry, excluded.unique_rule)
+    """
+
+    # --- relays and leadership (postbox.relay.leader) ---------------------------------------------
+
+    LEADER_TRY_LOCK: LiteralString = "SELECT pg_try_advisory_lock(%(key)s)"
+
+    LEADER_UNLOCK: LiteralString = "SELECT pg_advisory_unlock(%(key)s)"
+
+    # A new leader takes the next term: one more than any term ever recorded. Holding
+    # the lock proves that no other relay leads: a row still saying so (a killed
+    # leader's) is set to stopped; a live one records its own role again on its
+    # next session.
+    LEADER_ELECT: LiteralString = """
+    WITH deposed AS (
+        UPDATE {schema}.relays SET role = 'stopped' WHERE role = 'leader' AND id <> %(id)s
+    )
+    UPDATE {schema}.relays SET role = 'leader', last_seen = now(),
+           term = (SELECT coalesce(max(term), 0) + 1 FROM {schema}.relays)
+     WHERE id = %(id)s
+    RETURNING term
+    """
+
+    RELAY_UPSERT: LiteralString = """
+    INSERT INTO {schema}.relays (id, host, pid, role, term) VALUES (%(id)s, %(host)s, %(pid)s, %(role)s, 0)
+    ON CONFLICT (id) DO UPDATE SET role = excluded.role, last_seen = now()
+    """
+
+    RELAY_SET_ROLE: LiteralString = """
+    UPDATE {schema}.relays SET role = %(role)s, last_seen = now() WHERE id = %(id)s
+    """
+
+    # Every relay's heartbeat records its own role, and keeps the registries true:
+    # a relay silent for longer than its lock session may live, or a worker silent
+    # for longer than its lease, is recorded stopped (killed, or frozen: a frozen
+    # worker's next heartbeat clears its stopped_at again).
+    RELAY_HEARTBEAT: LiteralString = """
+    WITH gone_relays AS (
+        UPDATE {schema}.relays SET role = 'stopped'
+         WHERE id <> %(id)s AND role <> 'stopped' AND last_seen < now() - make_interval(secs => %(relay_stale)s)
+    ), gone_workers AS (
+        UPDATE {schema}.workers SET stopped_at = last_seen, in_flight = 0
+         WHERE stopped_at IS NULL AND last_seen < now() - make_interval(secs => %(worker_stale)s)
+    )
+    UPDATE {schema}.relays SET last_seen = now(), role = %(role)s WHERE id = %(id)s
+    """
+
+    # --- workers: the worker registry -------------------------------------------------------------
+
+    WORKER_UPSERT: LiteralString = """
+    INSERT INTO {schema}.workers (id, host, pid, queues, concurrency, in_flight, processed, failed)
+    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(processed)s, %(failed)s)
+    ON CONFLICT (id) DO UPDATE
+       SET last_seen = now(), in_flight = excluded.in_flight, processed = excluded.processed,
+           failed = excluded.failed, queues = excluded.queues, stopped_at = NULL
+    """
+
+    WORKER_SET_STOPPED: LiteralString = """
+    UPDATE {schema}.workers SET stopped_at = now(), last_seen = now(), in_flight = 0, processed = %(processed)s,
+           failed = %(failed)s
+     WHERE id = %(id)s
+    """
+
+    WORKER_LIST: LiteralString = """
+    SELECT id, host, pid, queues, concurrency, started_at, last_seen, in_flight, processed, failed, stopped_at,
+           last_seen < now() - make_interval(secs => 3 * %(heartbeat)s::float8) AS stale,
+           extract(epoch FROM now() - last_seen)::float8 AS age_seconds
+      FROM {schema}.workers
+     WHERE (%(id)s::text IS NULL OR id = %(id)s)
+     ORDER BY started_at DESC, id
+    """
+
+    # --- queues: pause, and the depth lock --------------------------------------------------------
+
+    QUEUE_GET_PAUSED: LiteralString = """
+    SELECT name FROM {schema}.queues WHERE paused AND name = ANY(%(queues)s::text[])
+    """
+
+    QUEUE_LIST: LiteralString = """
+    SELECT name, paused, updated_at FROM {schema}.queues WHERE (%(queue)s::text IS NULL OR name = %(queue)s)
+    """
+
+    QUEUE_EXISTS: LiteralString = """
+    SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE queue = %(queue)s)
+        OR EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s)
+    """
+
+    QUEUE_SET_PAUSED: LiteralString = """
+    INSERT INTO {schema}.queues (name, paused, updated_at) VALUES (%(queue)s, %(paused)s, now())
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
+    RETURNING name, paused, updated_at
+    """
+
+    # Serialises the API's depth-checked enqueues of one queue until COMMIT, so that
+    # POSTBOX_MAX_QUEUE_DEPTH is exact: the count and the insert happen under the lock.
+    # Two-key form (class, hash of the queue): apart from the relay's one-key lock.
+    QUEUE_LOCK_DEPTH: LiteralString = """
+    SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(queue)s))
+    """
+
+    # --- limits, limit_slots, limit_rates (worker/flow.py; the operator services) -----------------
+
+    LIMIT_LOCK_KEYS: LiteralString = """
+    SELECT count(pg_advisory_xact_lock(1718382455, hashtext(k))) FROM unnest(%(keys)s::text[]) AS k
+    """
+
+    # The database clock, the live slots of the concurrency keys (a slot counts while
+    # its job runs under a live claim: a lease, never a counter that leaks) and the
+    # rate cells. Dead slots of these keys are deleted on the way.
+    LIMIT_GET_STATE: LiteralString = """
+    WITH dead AS (
+        DELETE FROM {schema}.limit_slots s
+         WHERE s.key = ANY(%(conc_keys)s::text[])
+           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
+                              AND o.lease_until > clock_timestamp())
+    ), live AS (
+        SELECT s.key, count(*) AS n
+          FROM {schema}.limit_slots s JOIN {schema}.outbox o ON o.id = s.job_id
+         WHERE s.key = ANY(%(conc_keys)s::text[]) AND o.attempts = s.attempt AND o.state = 'running'
+           AND o.lease_until > clock_timestamp()
+         GROUP BY s.key
+    )
+    SELECT 'now', '', extract(epoch FROM clock_timestamp())::float8
+    UNION ALL
+    SELECT 'used', key, n::float8 FROM live
+    UNION ALL
+    SELECT 'tat', key, extract(epoch FROM tat)::float8 FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
+    UNION ALL
+    SELECT 'stat', key, extract(epoch FROM start_tat)::float8
+      FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
+    """
+
+    # Slots taken by the jobs just claimed, rate cells moved, and the claimed jobs'
+    # hold-back marks cleared.
+    LIMIT_TAKE: LiteralString = """
+    WITH slots AS (
+        INSERT INTO {schema}.limit_slots (key, job_id, attempt)
+        SELECT k, j, a FROM unnest(%(slot_keys)s::text[], %(slot_ids)s::int8[], %(slot_attempts)s::int4[]) AS u(k, j, a)
+        ON CONFLICT (key, job_id) DO UPDATE SET attempt = excluded.attempt, taken_at = now()
+    ), cells AS (
+        INSERT INTO {schema}.limit_rates (key, tat, start_tat)
+        SELECT k, to_timestamp(t), to_timestamp(st)
+          FROM unnest(%(rate_keys)s::text[], %(tats)s::float8[], %(stats)s::float8[]) AS u(k, t, st)
+        ON CONFLICT (key) DO UPDATE SET tat = excluded.tat, start_tat = excluded.start_tat
+    ), cleared AS (
+        UPDATE {schema}.outbox SET flow_wait = NULL, flow_reserved_at = NULL
+         WHERE id = ANY(%(claimed)s::int8[]) AND (flow_wait IS NOT NULL OR flow_reserved_at IS NOT NULL)
+    )
+    SELECT 1
+    """
+
+    # After outcomes are recorded: their slots are released (fenced by attempt: a slot
+    # a newer attempt took stays). Returns each key and how many of its slots were freed.
+    LIMIT_SLOT_RELEASE: LiteralString = """
+    WITH freed AS (
+        DELETE FROM {schema}.limit_slots s
+         USING unnest(%(ids)s::int8[], %(attempts)s::int4[]) AS u(id, attempt)
+         WHERE s.job_id = u.id AND s.attempt = u.attempt
+        RETURNING s.key
+    )
+    SELECT key, count(*)::int FROM freed GROUP BY key
+    """
 
     # What workers declare in code (published when they start); a row changes only
     # when the declaration did. A scope/name without limits is written only if a row
     # exists (its declaration removed).
-    FLOW_PUBLISH_DECLARED: LiteralString = """
+    LIMIT_UPSERT_DECLARED: LiteralString = """
     INSERT INTO {schema}.limits AS l (scope, name, declared, declared_by, declared_at)
     SELECT u.s, u.n, u.d::jsonb, %(by)s, now()
       FROM unnest(%(scopes)s::text[], %(names)s::text[], %(declared)s::text[]) AS u(s, n, d)
@@ -770,17 +1222,17 @@ class Statements(schema.Templates):
     """
 
     # The limits in force for a worker's queues and tasks (declared + override).
-    FLOW_SELECT_LIMITS: LiteralString = """
+    LIMIT_GET_IN_FORCE: LiteralString = """
     SELECT scope, name, declared, override FROM {schema}.limits
      WHERE (scope = 'queue' AND name = ANY(%(queues)s::text[])) OR (scope = 'task' AND name = ANY(%(tasks)s::text[]))
     """
 
     # --- flow control: operations (postbox/limit_control.py; the API, the CLI, metrics) -----
     # Every limit row with its task's queue, the slots in use under its keys (a slot
-    # counts as FLOW_STATE counts it: its job running under a live lease; a task's
+    # counts as LIMIT_GET_STATE counts it: its job running under a live lease; a task's
     # partitions summed) and the jobs of that queue or task held back (waiting for a
     # slot, or for a rate reservation still ahead). One row when scope is given.
-    LIMITS_LIST: LiteralString = """
+    LIMIT_LIST: LiteralString = """
     WITH l AS (
         SELECT l.scope, l.name, l.declared, l.declared_by, l.declared_at, l.override, l.override_by, l.override_at,
                CASE WHEN l.scope = 'queue' THEN l.name::text ELSE t.queue::text END AS queue
@@ -794,7 +1246,7 @@ class Statements(schema.Templates):
          GROUP BY s.key
     ), held AS MATERIALIZED (
         -- Two index scans, not one over every pending job: parked jobs (outbox_flow_wait),
-        -- and rate reservations, whose held job is due at its reservation (FLOW_HOLD),
+        -- and rate reservations, whose held job is due at its reservation (JOB_HOLD_BACK),
         -- among the unpublished jobs due later (outbox_unpublished_due).
         SELECT queue, task, count(*) AS n,
                count(*) FILTER (WHERE flow_wait IS NOT NULL) AS for_slot,
@@ -827,12 +1279,12 @@ class Statements(schema.Templates):
     """
 
     # The row an override changes, locked (none: not created yet).
-    LIMITS_LOCK: LiteralString = """
+    LIMIT_LOCK: LiteralString = """
     SELECT override FROM {schema}.limits WHERE scope = %(scope)s AND name = %(name)s FOR UPDATE
     """
 
     # An override's fields merged into the row's (created if none; workers reload it within a second).
-    LIMITS_SET_OVERRIDE: LiteralString = """
+    LIMIT_SET_OVERRIDE: LiteralString = """
     INSERT INTO {schema}.limits AS l (scope, name, override, override_by, override_at)
     VALUES (%(scope)s, %(name)s, %(override)s::jsonb, %(by)s, now())
     ON CONFLICT (scope, name) DO UPDATE
@@ -842,7 +1294,7 @@ class Statements(schema.Templates):
     """
 
     # The whole override (field NULL) or one of its fields lifted; an empty override is none.
-    LIMITS_CLEAR_OVERRIDE: LiteralString = """
+    LIMIT_CLEAR_OVERRIDE: LiteralString = """
     UPDATE {schema}.limits
        SET override = CASE WHEN %(field)s::text IS NULL THEN NULL
                            ELSE nullif(override - %(field)s::text, '{{}}'::jsonb) END,
@@ -851,450 +1303,13 @@ class Statements(schema.Templates):
     RETURNING override
     """
 
-    # --- postbox.testing (an application's own tests; on the test's connection) ------------
-
-    TESTING_LIST_JOBS: LiteralString = """
-    SELECT id, task, queue, priority, args, headers, state, attempts, dedup_key FROM {schema}.outbox ORDER BY id
-    """
-
-    # What an inline run may claim now (WORKER_CLAIM decides, as for a worker).
-    TESTING_DUE_JOBS: LiteralString = """
-    SELECT id, task, queue FROM {schema}.outbox
-     WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()
-     ORDER BY id
-    """
-
-    TESTING_JOB: LiteralString = """
-    SELECT task, queue, args, headers FROM {schema}.outbox WHERE id = %(id)s
-    """
-
-    # Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
-    # jobs publishable again. Queued rows go back to the relay's work list; running
-    # rows under a stale claim too (their lost attempt stays counted).
-    WORKER_REPUBLISH_LOST: LiteralString = """
-    WITH target AS (
-        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
-          FROM {schema}.outbox
-         WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
-           AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
-         ORDER BY id
-           FOR UPDATE
-    ), rescued AS (
-        UPDATE {schema}.outbox o
-           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
-          FROM target t
-         WHERE o.id = t.id
-     RETURNING o.id
-    ), lost AS (
-        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-          FROM target WHERE old_state = 'running'
-        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-         WHERE a.finished_at IS NULL
-    )
-    SELECT id FROM rescued
-    """
-
-    # Jobs this worker cannot run (it does not know their task, or its handler refuses
-    # their args), handed back unclaimed for a worker that can: publishable again
-    # after a delay, attempts untouched; ``reason`` is a format() text of the task. Only rows
-    # whose publish is marked (queued): a hand-back before the relay's mark commits
-    # would be overwritten by it. A running row under a stale claim (its worker died)
-    # too; its lost attempt stays counted. Returns (id, handed back); false: not
-    # marked yet, its entry stays pending for a later look.
-    WORKER_HAND_BACK: LiteralString = """
-    WITH target AS (
-        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
-          FROM {schema}.outbox
-         WHERE id = ANY(%(ids)s::int8[])
-           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now()))
-         ORDER BY id
-           FOR UPDATE
-    ), handed AS (
-        UPDATE {schema}.outbox o
-           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
-               available_at = now() + make_interval(secs => %(delay)s),
-               last_error_class = %(error_class)s,
-               last_error = format(%(reason)s, o.task)
-          FROM target t
-         WHERE o.id = t.id
-     RETURNING o.id
-    ), lost AS (
-        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-          FROM target WHERE old_state = 'running'
-        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-         WHERE a.finished_at IS NULL
-    )
-    SELECT id, true FROM handed
-    UNION ALL
-    SELECT id, false FROM {schema}.outbox
-     WHERE id = ANY(%(ids)s::int8[]) AND state IN ('pending', 'retrying') AND published_at IS NULL
-       AND available_at <= now()
-    """
-
-    # Vanished entries whose job still runs under a live claim: looked at again
-    # once that claim may have gone stale.
-    WORKER_RUNNING_BY_STREAM_ID: LiteralString = """
-    SELECT stream_id FROM {schema}.outbox
-     WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
-       AND state = 'running'
-    """
-
-    WORKER_UPSERT: LiteralString = """
-    INSERT INTO {schema}.workers (id, host, pid, queues, concurrency, in_flight, processed, failed)
-    VALUES (%(id)s, %(host)s, %(pid)s, %(queues)s, %(concurrency)s, %(in_flight)s, %(processed)s, %(failed)s)
-    ON CONFLICT (id) DO UPDATE
-       SET last_seen = now(), in_flight = excluded.in_flight, processed = excluded.processed,
-           failed = excluded.failed, queues = excluded.queues, stopped_at = NULL
-    """
-
-    WORKER_STOPPED: LiteralString = """
-    UPDATE {schema}.workers SET stopped_at = now(), last_seen = now(), in_flight = 0, processed = %(processed)s,
-           failed = %(failed)s
-     WHERE id = %(id)s
-    """
-
-    WORKER_PAUSED_QUEUES: LiteralString = """
-    SELECT name FROM {schema}.queues WHERE paused AND name = ANY(%(queues)s::text[])
-    """
-
-    WORKER_CANCEL_REQUESTED: LiteralString = """
-    SELECT id FROM {schema}.outbox
-     WHERE id = ANY(%(ids)s::int8[]) AND cancel_requested_at IS NOT NULL AND state = 'running'
-    """
-
-    # --- operations ------------------------------------------------------------------
-    # (owned by app/: listings, DLQ, queue control, audit, retention)
-
-    OPS_GET_JOB: LiteralString = """
-    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-           last_error_class, last_error, claimed_by, args, result
-      FROM {schema}.outbox WHERE id = %(id)s
-    """
-
-    # Ended attempts from job_attempts, and the attempt running now from the outbox
-    # row (its history row is written when it ends).
-    OPS_JOB_HISTORY: LiteralString = """
-    SELECT attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback
-      FROM {schema}.job_attempts WHERE outbox_id = %(id)s
-    UNION ALL
-    SELECT o.attempts, o.claimed_by, o.started_at, NULL, NULL, NULL, NULL, NULL
-      FROM {schema}.outbox o
-     WHERE o.id = %(id)s AND o.state = 'running'
-       AND NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
-     ORDER BY started_at, attempt
-    """
-
-    # Newest first; the cursor is the last id of the previous page. NULL filters match everything.
-    OPS_LIST_JOBS: LiteralString = """
-    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-           last_error_class, last_error, claimed_by
-      FROM {schema}.outbox
-     WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
-       AND (%(task)s::text IS NULL OR task = %(task)s)
-       AND (%(state)s::text IS NULL OR state = %(state)s)
-       AND (%(before)s::bigint IS NULL OR id < %(before)s)
-     ORDER BY id DESC
-     LIMIT %(limit)s
-    """
-
-    OPS_LIST_DEAD: LiteralString = """
-    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-           last_error_class, last_error, claimed_by
-      FROM {schema}.outbox
-     WHERE state = 'dead'
-       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-       AND (%(task)s::text IS NULL OR task = %(task)s)
-       AND (%(discarded)s::boolean IS NULL OR (discarded_at IS NOT NULL) = %(discarded)s)
-       AND (%(before)s::bigint IS NULL OR id < %(before)s)
-     ORDER BY id DESC
-     LIMIT %(limit)s
-    """
-
-    # Cancel: waiting jobs end at once; a running one gets a request the worker honours.
-    OPS_CANCEL_WAITING: LiteralString = """
-    UPDATE {schema}.outbox
-       SET state = 'cancelled', finished_at = now(), cancel_requested_at = coalesce(cancel_requested_at, now())
-     WHERE id = %(id)s AND state IN ('pending', 'queued', 'retrying')
-    RETURNING id, queue, task, state, attempts
-    """
-
-    OPS_CANCEL_RUNNING: LiteralString = """
-    UPDATE {schema}.outbox SET cancel_requested_at = coalesce(cancel_requested_at, now())
-     WHERE id = %(id)s AND state = 'running'
-    RETURNING id, queue, task, state, attempts
-    """
-
-    OPS_JOB_STATE: LiteralString = """
-    SELECT id, queue, task, state, attempts FROM {schema}.outbox WHERE id = %(id)s
-    """
-
-    # The API's enqueue: the new row's public columns come back with the INSERT, so
-    # the answer needs no second read. Nothing back on a live dedup key's conflict.
-    OPS_ENQUEUE: LiteralString = """
-    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                        expires_at, timeout_seconds, keep_result, unique_key)
-    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
-            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s, %(unique_key)s)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-              started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-              last_error_class, last_error, claimed_by, args, result
-    """
-
-    # Serialises the API's depth-checked enqueues of one queue until COMMIT, so that
-    # POSTBOX_MAX_QUEUE_DEPTH is exact: the count and the insert happen under the lock.
-    # Two-key form (class, hash of the queue): apart from the relay's one-key lock.
-    OPS_LOCK_QUEUE_DEPTH: LiteralString = """
-    SELECT pg_advisory_xact_lock(%(lock_class)s, hashtext(%(queue)s))
-    """
-
-    # Waiting jobs of one queue, counted no further than the limit (cheap at any depth).
-    OPS_QUEUE_DEPTH: LiteralString = """
-    SELECT count(*) FROM (
-        SELECT 1 FROM {schema}.outbox
-         WHERE queue = %(queue)s AND state IN ('pending', 'queued', 'retrying') LIMIT %(limit)s
-    ) AS waiting
-    """
-
-    # Per-queue counts, exact at this statement's snapshot.
-    OPS_QUEUE_COUNTS: LiteralString = """
-    SELECT queue,
-           count(*) FILTER (WHERE state IN ('pending', 'retrying') AND published_at IS NULL AND available_at <= now())
-               AS backlog,
-           count(*) FILTER (WHERE state = 'pending' AND available_at > now()) AS scheduled,
-           count(*) FILTER (WHERE state = 'queued') AS queued,
-           count(*) FILTER (WHERE state = 'running') AS in_flight,
-           count(*) FILTER (WHERE state = 'retrying') AS retrying,
-           count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NULL) AS dead,
-           count(*) FILTER (WHERE state = 'dead' AND discarded_at IS NOT NULL) AS discarded,
-           extract(epoch FROM now() - min(available_at)
-               FILTER (WHERE state IN ('pending', 'queued', 'retrying') AND available_at <= now()))::float8
-               AS oldest_waiting_seconds
-      FROM {schema}.outbox
-     WHERE state IN ('pending', 'queued', 'running', 'retrying', 'dead')
-       AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-     GROUP BY queue
-    """
-
-    OPS_QUEUE_ROWS: LiteralString = """
-    SELECT name, paused, updated_at FROM {schema}.queues WHERE (%(queue)s::text IS NULL OR name = %(queue)s)
-    """
-
-    OPS_KNOWN_QUEUE: LiteralString = """
-    SELECT EXISTS (SELECT 1 FROM {schema}.outbox WHERE queue = %(queue)s)
-        OR EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(queue)s)
-    """
-
-    OPS_SET_PAUSED: LiteralString = """
-    INSERT INTO {schema}.queues (name, paused, updated_at) VALUES (%(queue)s, %(paused)s, now())
-    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
-    RETURNING name, paused, updated_at
-    """
-
-    OPS_LIST_WORKERS: LiteralString = """
-    SELECT id, host, pid, queues, concurrency, started_at, last_seen, in_flight, processed, failed, stopped_at,
-           last_seen < now() - make_interval(secs => 3 * %(heartbeat)s::float8) AS stale,
-           extract(epoch FROM now() - last_seen)::float8 AS age_seconds
-      FROM {schema}.workers
-     WHERE (%(id)s::text IS NULL OR id = %(id)s)
-     ORDER BY started_at DESC, id
-    """
-
-    # Requeue a dead letter through the outbox. The attempts of its earlier life are
-    # kept in job_attempts, moved below zero (attempt - 1,000,000 x round) so the new
-    # life's attempts 1, 2, ... do not collide with them; readers map them back.
-    OPS_ARCHIVE_ATTEMPTS: LiteralString = """
-    UPDATE {schema}.job_attempts
-       SET attempt = attempt - 1000000 * (1 + (
-               SELECT (coalesce(-min(attempt), 0) + 999999) / 1000000
-                 FROM {schema}.job_attempts WHERE outbox_id = %(id)s AND attempt <= 0))
-     WHERE outbox_id = %(id)s AND attempt > 0
-    """
-
-    OPS_REQUEUE_DEAD: LiteralString = """
-    UPDATE {schema}.outbox
-       SET state = 'pending', attempts = 0, available_at = now(), published_at = NULL, stream_id = NULL,
-           claimed_by = NULL, lease_until = NULL, started_at = NULL, finished_at = NULL, discarded_at = NULL,
-           cancel_requested_at = NULL, result = NULL, result_expires_at = NULL
-     WHERE id = %(id)s AND state = 'dead'
-    RETURNING id, queue, task, state, attempts
-    """
-
-    OPS_LOCK_DEAD: LiteralString = """
-    SELECT id, queue, task, state, attempts, discarded_at FROM {schema}.outbox WHERE id = %(id)s FOR UPDATE
-    """
-
-    OPS_DISCARD_DEAD: LiteralString = """
-    UPDATE {schema}.outbox SET discarded_at = coalesce(discarded_at, now())
-     WHERE id = %(id)s AND state = 'dead'
-    RETURNING id, queue, task, state, attempts, discarded_at
-    """
-
-    OPS_PURGE_MATCH: LiteralString = """
-    SELECT count(*) FROM {schema}.outbox
-     WHERE queue = %(queue)s AND state = 'dead'
-       AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
-       AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
-    """
-
-    # The purged jobs' attempts go in the same statement (job_attempts has no foreign
-    # key to the outbox). Returns how many jobs were purged.
-    OPS_PURGE: LiteralString = """
-    WITH gone AS (
-        DELETE FROM {schema}.outbox
-         WHERE queue = %(queue)s AND state = 'dead'
-           AND (NOT %(discarded_only)s OR discarded_at IS NOT NULL)
-           AND coalesce(discarded_at, finished_at, created_at) <= now() - make_interval(secs => %(older_than)s::float8)
-        RETURNING id
-    ), history AS (
-        DELETE FROM {schema}.job_attempts a USING gone g WHERE a.outbox_id = g.id
-    )
-    SELECT count(*) FROM gone
-    """
-
-    OPS_INSERT_AUDIT: LiteralString = """
-    INSERT INTO {schema}.audit_log (actor, action, target, request_id, details)
-    VALUES (%(actor)s, %(action)s, %(target)s, %(request_id)s, %(details)s::jsonb)
-    RETURNING id, at
-    """
-
-    OPS_LIST_AUDIT: LiteralString = """
-    SELECT id, at, actor, action, target, request_id, details FROM {schema}.audit_log
-     WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
-     ORDER BY id DESC LIMIT %(limit)s
-    """
-
-    OPS_MIGRATION_VERSION: LiteralString = """
-    SELECT version_num FROM {schema}.alembic_version
-    """
-
-    MIGRATION_TABLE_EXISTS: LiteralString = """
-    SELECT to_regclass('{schema}.alembic_version') IS NOT NULL
-    """
-
-    # --- retention -------------------------------------------------------------------
-    # (owned by jobs/retention.py: pruning in small batches, one short transaction each;
-    # SKIP LOCKED so a row someone holds is left for the next round. %(now)s is NULL in
-    # production (the database clock) and a fixed time in tests.)
-
-    # Finished jobs (never dead letters: those wait for an operator's discard + purge).
-    # Their job_attempts go in the same statement (job_attempts has no foreign key);
-    # results live in the outbox row.
-    RETENTION_DELETE_FINISHED: LiteralString = """
-    WITH doomed AS (
-        SELECT id FROM {schema}.outbox
-         WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
-           AND state IN ('succeeded', 'cancelled', 'expired')
-         ORDER BY finished_at
-         LIMIT %(limit)s
-           FOR UPDATE SKIP LOCKED
-    ), gone AS (
-        DELETE FROM {schema}.outbox o USING doomed d WHERE o.id = d.id
-        RETURNING o.id
-    ), history AS (
-        DELETE FROM {schema}.job_attempts a USING gone g WHERE a.outbox_id = g.id
-    )
-    SELECT id FROM gone
-    """
-
-    RETENTION_COUNT_FINISHED: LiteralString = """
-    SELECT count(*) FROM {schema}.outbox
-     WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
-       AND state IN ('succeeded', 'cancelled', 'expired')
-    """
-
-    # Idempotency markers, only once their job is finished for good (or gone): a
-    # marker of a job that may still run (or be requeued from the DLQ) is kept.
-    RETENTION_DELETE_PROCESSED: LiteralString = """
-    WITH doomed AS (
-        SELECT p.outbox_id FROM {schema}.processed_jobs p
-         WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
-           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
-                            WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
-         ORDER BY p.processed_at
-         LIMIT %(limit)s
-           FOR UPDATE OF p SKIP LOCKED
-    )
-    DELETE FROM {schema}.processed_jobs p USING doomed d WHERE p.outbox_id = d.outbox_id
-    RETURNING p.outbox_id
-    """
-
-    RETENTION_COUNT_PROCESSED: LiteralString = """
-    SELECT count(*) FROM {schema}.processed_jobs p
-     WHERE p.processed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
-       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
-                        WHERE o.id = p.outbox_id AND o.state NOT IN ('succeeded', 'cancelled', 'expired'))
-    """
-
-    # Results past their own expiry (result_expires_at, set from the task's result
-    # TTL) are cleared on rows that are kept.
-    RETENTION_CLEAR_RESULTS: LiteralString = """
-    WITH doomed AS (
-        SELECT id FROM {schema}.outbox
-         WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
-         ORDER BY result_expires_at
-         LIMIT %(limit)s
-           FOR UPDATE SKIP LOCKED
-    )
-    UPDATE {schema}.outbox o SET result = NULL, result_expires_at = NULL FROM doomed d WHERE o.id = d.id
-    RETURNING o.id
-    """
-
-    RETENTION_COUNT_RESULTS: LiteralString = """
-    SELECT count(*) FROM {schema}.outbox WHERE result_expires_at <= coalesce(%(now)s::timestamptz, now())
-    """
-
-    # Flow-control state that no longer counts: slots whose job does not run under a
-    # live claim with that attempt, and rate cells in the past (an absent cell means
-    # the same: the next start conforms now). Claims lock a key before reading its
-    # state; a cell or slot deleted here is one they would ignore.
-    RETENTION_DELETE_LIMIT_STATE: LiteralString = """
-    WITH dead_slots AS (
-        SELECT s.key, s.job_id FROM {schema}.limit_slots s
-         WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox o
-                            WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
-                              AND o.lease_until > coalesce(%(now)s::timestamptz, now()))
-         LIMIT %(limit)s
-           FOR UPDATE OF s SKIP LOCKED
-    ), slots AS (
-        DELETE FROM {schema}.limit_slots s USING dead_slots d WHERE s.key = d.key AND s.job_id = d.job_id
-        RETURNING 1
-    ), cells AS (
-        DELETE FROM {schema}.limit_rates r
-         WHERE r.key IN (SELECT key FROM {schema}.limit_rates
-                          WHERE greatest(tat, start_tat) < coalesce(%(now)s::timestamptz, now()) - interval '1 minute'
-                          LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-        RETURNING 1
-    )
-    SELECT 1 FROM slots UNION ALL SELECT 1 FROM cells
-    """
-
-    RETENTION_COUNT_LIMIT_STATE: LiteralString = """
-    SELECT (SELECT count(*) FROM {schema}.limit_slots s
-             WHERE NOT EXISTS (SELECT 1 FROM {schema}.outbox o
-                                WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
-                                  AND o.lease_until > coalesce(%(now)s::timestamptz, now())))
-         + (SELECT count(*) FROM {schema}.limit_rates
-             WHERE greatest(tat, start_tat) < coalesce(%(now)s::timestamptz, now()) - interval '1 minute')
-    """
-
-    # --- schedules (periodic jobs) --------------------------------------------------------
-    # (owned by jobs/schedule_store.py and jobs/schedule_control.py; the leader ticks on its
-    # lock session, everything else on its own connection.)
-
-    SCHEDULE_NOW: LiteralString = "SELECT now()"
+    # --- schedules, schedule_runs: periodic jobs --------------------------------------------------
+    # (The leader ticks on its lock session, everything else on its own connection.)
 
     # Upsert the declared schedules. A changed timing (cron, interval or zone) or a
     # schedule declared again after its removal starts from the sync's now (EXCLUDED's
     # cursor_at/next_run_at): no catch-up of the old expression, no occurrence twice.
-    SCHEDULE_SYNC_UPSERT: LiteralString = """
+    SCHEDULE_UPSERT_DECLARED: LiteralString = """
     INSERT INTO {schema}.schedules AS s (name, task, queue, priority, max_attempts, args, cron, every_seconds, tz,
                                          catch_up, max_catch_up, grace_seconds, cursor_at, next_run_at)
     SELECT n, t, q, p, m, a::jsonb, c, e, z, cu, mc, g, %(now)s::timestamptz, nr
@@ -1326,19 +1341,13 @@ class Statements(schema.Templates):
     """
 
     # Schedules of the tasks this process owns that its code no longer declares.
-    SCHEDULE_SYNC_REMOVE: LiteralString = """
+    SCHEDULE_MARK_REMOVED: LiteralString = """
     UPDATE {schema}.schedules SET removed_at = now(), updated_at = now()
      WHERE removed_at IS NULL AND task = ANY(%(tasks)s::text[]) AND NOT (name = ANY(%(names)s::text[]))
     RETURNING name
     """
 
-    # A tick's transaction may not outlive the lock session's own idle limit: a leader
-    # frozen inside it is cut off (and its lock freed) as if it were frozen while idle.
-    SCHEDULE_TICK_TIMEOUT: LiteralString = """
-    SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
-    """
-
-    SCHEDULE_SELECT_DUE: LiteralString = """
+    SCHEDULE_LOCK_DUE: LiteralString = """
     SELECT name, task, queue, priority, max_attempts, args::text AS args, cron, every_seconds, tz, catch_up,
            max_catch_up, grace_seconds, cursor_at, next_run_at
       FROM {schema}.schedules
@@ -1350,7 +1359,7 @@ class Statements(schema.Templates):
 
     # Record the occurrences and enqueue their jobs in one statement: a job is inserted
     # only for an occurrence whose (schedule, occurrence) row is new.
-    SCHEDULE_ENQUEUE: LiteralString = """
+    SCHEDULE_RUN_INSERT: LiteralString = """
     WITH occ AS (
         SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
                AS u(id bigint, name text, at timestamptz, task text, queue text, args jsonb, priority smallint,
@@ -1384,7 +1393,7 @@ class Statements(schema.Templates):
     SELECT min(next_run_at), now() FROM {schema}.schedules WHERE NOT paused AND removed_at IS NULL
     """
 
-    SCHEDULE_PRUNE_RUNS: LiteralString = """
+    SCHEDULE_RUN_DELETE_OLD: LiteralString = """
     DELETE FROM {schema}.schedule_runs
      WHERE ctid = ANY(ARRAY(SELECT ctid FROM {schema}.schedule_runs
                              WHERE enqueued_at < now() - make_interval(secs => %(age)s::float8)
@@ -1417,6 +1426,65 @@ class Statements(schema.Templates):
 
     SCHEDULE_SET_LAST: LiteralString = """
     UPDATE {schema}.schedules SET last_run_at = %(at)s, last_job_id = %(job)s WHERE name = %(name)s
+    """
+
+    # --- audit_log --------------------------------------------------------------------------------
+
+    AUDIT_INSERT: LiteralString = """
+    INSERT INTO {schema}.audit_log (actor, action, target, request_id, details)
+    VALUES (%(actor)s, %(action)s, %(target)s, %(request_id)s, %(details)s::jsonb)
+    RETURNING id, at
+    """
+
+    AUDIT_LIST: LiteralString = """
+    SELECT id, at, actor, action, target, request_id, details FROM {schema}.audit_log
+     WHERE (%(before)s::bigint IS NULL OR id < %(before)s)
+     ORDER BY id DESC LIMIT %(limit)s
+    """
+
+    # --- alembic_version: the schema revision -----------------------------------------------------
+
+    MIGRATION_VERSION: LiteralString = """
+    SELECT version_num FROM {schema}.alembic_version
+    """
+
+    MIGRATION_TABLE_EXISTS: LiteralString = """
+    SELECT to_regclass('{schema}.alembic_version') IS NOT NULL
+    """
+
+    # Empty every table of the schema but the migration version (postbox.django's flush:
+    # a Django test database's flush empties postbox's tables with Django's). Identities
+    # are not restarted: a producer may hold ids drawn ahead (postbox.ids). No schema: nothing.
+    SCHEMA_TRUNCATE_ALL: LiteralString = """
+    DO $truncate$
+    DECLARE
+        tables text;
+    BEGIN
+        SELECT string_agg(c.oid::regclass::text, ', ') INTO tables
+          FROM pg_class c
+         WHERE c.relnamespace = to_regnamespace('{schema}') AND c.relkind IN ('r', 'p')
+           AND NOT c.relispartition AND c.relname <> 'alembic_version';
+        IF tables IS NOT NULL THEN
+            EXECUTE 'TRUNCATE ' || tables || ' CASCADE';
+        END IF;
+    END
+    $truncate$
+    """
+
+    # --- no table: notifications, the clock, transaction settings ---------------------------------
+
+    OUTBOX_LISTEN: LiteralString = "LISTEN postbox_outbox"
+
+    OUTBOX_NOTIFY: LiteralString = "SELECT pg_notify('postbox_outbox', '')"
+
+    RESULTS_NOTIFY: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
+
+    DATABASE_NOW: LiteralString = "SELECT now()"
+
+    # A tick's transaction may not outlive the lock session's own idle limit: a leader
+    # frozen inside it is cut off (and its lock freed) as if it were frozen while idle.
+    TRANSACTION_SET_IDLE_TIMEOUT: LiteralString = """
+    SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
     """
 
 

@@ -106,7 +106,7 @@ def enqueued(
     state: str | None = None,
 ) -> list[EnqueuedJob]:
     """The jobs visible to ``conn`` (its open transaction included), oldest first, filtered."""
-    rows = conn.execute(sql.active().TESTING_LIST_JOBS).fetchall()
+    rows = conn.execute(sql.active().JOB_LIST_ALL).fetchall()
     jobs = [_row(r) for r in rows]
     return [j for j in jobs if _matches(j, task, queue, args, priority=priority, state=state)]
 
@@ -121,7 +121,7 @@ async def enqueued_async(
     state: str | None = None,
 ) -> list[EnqueuedJob]:
     """The async twin of :func:`enqueued`."""
-    cur = await conn.execute(sql.active().TESTING_LIST_JOBS)
+    cur = await conn.execute(sql.active().JOB_LIST_ALL)
     jobs = [_row(r) for r in await cur.fetchall()]
     return [j for j in jobs if _matches(j, task, queue, args, priority=priority, state=state)]
 
@@ -228,7 +228,7 @@ class InlineContext:
             raise RuntimeError("ctx.transaction() may be entered once per run")
         self._entered = True
         async with self._conn.transaction():  # a savepoint in the test's transaction
-            cur = await self._conn.execute(sql.active().WORKER_INSERT_PROCESSED, {"id": self.job_id})
+            cur = await self._conn.execute(sql.active().PROCESSED_INSERT, {"id": self.job_id})
             if await cur.fetchone() is None:
                 raise AlreadyProcessed(f"job {self.job_id} already committed its effects")
             self._open = self._conn
@@ -272,7 +272,7 @@ async def run_enqueued(
     reg = registry or default_registry
     runs: list[JobRun] = []
     while True:
-        cur = await conn.execute(sql.active().TESTING_DUE_JOBS)
+        cur = await conn.execute(sql.active().JOB_GET_DUE)
         due = [(job_id, name, q) for job_id, name, q in await cur.fetchall()]
         due = [d for d in due if (task is None or d[1] == _task_name(task)) and (queue is None or d[2] == queue)]
         if not retries:
@@ -290,13 +290,14 @@ async def run_enqueued(
 
 async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) -> JobRun | None:
     cur = await conn.execute(
-        sql.active().WORKER_CLAIM, {"ids": pgarray.ints([job_id]), "worker": INLINE_WORKER, "lease": LEASE_SECONDS}
+        sql.active().JOB_CLAIM_ATTEMPTS,
+        {"ids": pgarray.ints([job_id]), "worker": INLINE_WORKER, "lease": LEASE_SECONDS},
     )
     claimed = await cur.fetchone()
     if claimed is None or claimed[1] != "running":
         return None
     _, _, attempt, max_attempts, _, keep_result = claimed[:6]
-    cur = await conn.execute(sql.active().TESTING_JOB, {"id": job_id})
+    cur = await conn.execute(sql.active().JOB_GET_PAYLOAD, {"id": job_id})
     name, queue, args, headers = await cur.fetchone()  # type: ignore[misc]
     ctx = InlineContext(conn, job_id, name, queue, attempt, max_attempts, headers or {}, registry)
     state, kind, result, cls, message, trace = "succeeded", "succeeded", None, None, None, None
@@ -340,7 +341,7 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
         "notify": False,
         "also_notify": None,
     }
-    await conn.execute(sql.active().WORKER_RECORD_OUTCOMES, params)
+    await conn.execute(sql.active().JOB_RECORD_OUTCOMES, params)
     return JobRun(job_id, name, attempt, state, result, cls, message, trace)
 
 

@@ -86,7 +86,7 @@ class LeaderSession:
 
     async def register(self, role: str) -> None:
         await self.conn.execute(
-            sql.active().RELAY_REGISTER,
+            sql.active().RELAY_UPSERT,
             {"id": self.relay_id, "host": socket.gethostname(), "pid": os.getpid(), "role": role},
         )
 
@@ -107,12 +107,12 @@ class LeaderSession:
 
     async def try_acquire(self) -> bool:
         """Take the lock if it is free; on success record the new term and return True."""
-        cur = await self.conn.execute(sql.active().RELAY_TRY_LOCK, {"key": self.lock_key})
+        cur = await self.conn.execute(sql.active().LEADER_TRY_LOCK, {"key": self.lock_key})
         row = await cur.fetchone()
         if not (row and row[0]):
             return False
         self.holds_lock = True
-        cur = await self.conn.execute(sql.active().RELAY_BECOME_LEADER, {"id": self.relay_id})
+        cur = await self.conn.execute(sql.active().LEADER_ELECT, {"id": self.relay_id})
         term_row = await cur.fetchone()
         self.term = int(term_row[0]) if term_row else 0
         return True
@@ -120,7 +120,7 @@ class LeaderSession:
     async def release(self) -> None:
         """Unlock and record ``stopped``; the session stays open (close it after)."""
         if self.holds_lock:
-            await self.conn.execute(sql.active().RELAY_UNLOCK, {"key": self.lock_key})
+            await self.conn.execute(sql.active().LEADER_UNLOCK, {"key": self.lock_key})
             self.holds_lock = False
         await self.set_role("stopped")
 

@@ -48,7 +48,7 @@ class Notifier:
                 conn = await connect_async(
                     self.url, autocommit=True, application_name=LISTENER_APPLICATION_NAME, connect_timeout=5
                 )
-                await conn.execute(sql.active().RELAY_LISTEN)
+                await conn.execute(sql.active().OUTBOX_LISTEN)
                 self.backend_pid = conn.info.backend_pid
                 delay = self.reconnect_delay
                 self.wake.set()  # poll right after every (re-)LISTEN: anything sent meanwhile is lost

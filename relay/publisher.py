@@ -190,7 +190,9 @@ class Publisher:
 
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
         """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
-        cur = await conn.execute(sql.active().RELAY_SELECT_DUE, {"after": after, "limit": limit or self.batch_size})
+        cur = await conn.execute(
+            sql.active().JOB_GET_DUE_UNPUBLISHED, {"after": after, "limit": limit or self.batch_size}
+        )
         rows = await cur.fetchall()
         if len(rows) >= self.batch_size:
             await self.check_statistics(conn)
@@ -207,7 +209,7 @@ class Publisher:
         if seen is not None:
             due_at = seen[0]
             return None if due_at is None else max(0.0, due_at - self.monotonic())
-        cur = await conn.execute(sql.active().RELAY_NEXT_DUE)
+        cur = await conn.execute(sql.active().JOB_NEXT_DUE)
         row = await cur.fetchone()
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
@@ -220,14 +222,14 @@ class Publisher:
         if now - self._statistics_checked < STATISTICS_CHECK_INTERVAL:
             return False
         self._statistics_checked = now
-        cur = await conn.execute(sql.active().RELAY_ESTIMATE_UNPUBLISHED)
+        cur = await conn.execute(sql.active().JOB_ESTIMATE_UNPUBLISHED)
         row = await cur.fetchone()
         plan = row[0] if row else None
         estimate = float(plan[0]["Plan"]["Plan Rows"]) if plan else 0.0
         if estimate >= self.batch_size:
             return False
         log.info("outbox statistics are stale: analyzing", extra={"count": int(estimate)})
-        await conn.execute(sql.active().RELAY_ANALYZE)
+        await conn.execute(sql.active().JOB_ANALYZE)
         return True
 
     async def _expire(self, conn: AsyncConnection[Any], rows: list[Row]) -> tuple[BatchResult, list[Row]]:
@@ -235,7 +237,7 @@ class Publisher:
         result = BatchResult(selected=len(rows))
         result.expired = [row[0] for row in rows if row[8]]
         if result.expired:
-            await conn.execute(sql.active().RELAY_MARK_EXPIRED, {"ids": result.expired})
+            await conn.execute(sql.active().JOB_MARK_EXPIRED, {"ids": result.expired})
             return result, [row for row in rows if not row[8]]
         return result, rows
 
@@ -244,7 +246,7 @@ class Publisher:
             await self.before_mark(ids)
         if ids:
             params = {"ids": pgarray.ints(ids), "sids": pgarray.words(sids), "term": self.term}
-            cur = await conn.execute(sql.active().RELAY_MARK_PUBLISHED, params)
+            cur = await conn.execute(sql.active().JOB_MARK_PUBLISHED, params)
             row = await cur.fetchone()
             result.marked = term_checked(row, self.term)
             assert row is not None

@@ -181,7 +181,7 @@ class Reconciler:
 
     async def _seed_marks(self, conn: AsyncConnection[Any]) -> None:
         """High-water marks from the entries PostgreSQL recorded for the newest in-flight rows."""
-        cur = await conn.execute(sql.active().RELAY_RECENT_STREAM_IDS, {"limit": self.seed_rows})
+        cur = await conn.execute(sql.active().JOB_GET_RECENT_STREAM_IDS, {"limit": self.seed_rows})
         rows = await cur.fetchall()
         prefix = self.publisher.prefix
         self.publisher.high_water.record([stream_key(prefix, q, p) for q, p, _sid in rows], [r[2] for r in rows])
@@ -220,7 +220,7 @@ class Reconciler:
         await self.redis.set(self.key, RECOVERING + self.token)
         self.publisher.forget_groups()
         self.publisher.high_water.forget()
-        cur = await conn.execute(sql.active().RELAY_NOW)
+        cur = await conn.execute(sql.active().DATABASE_NOW)
         row = await cur.fetchone()
         assert row is not None
         self.cutoff = row[0]
@@ -241,7 +241,7 @@ class Reconciler:
         if allowed == 0:
             return []
         cur = await conn.execute(
-            sql.active().RELAY_SELECT_LOST, {"after": self.cursor, "cutoff": self.cutoff, "limit": allowed}
+            sql.active().JOB_GET_PUBLISHED_UNFINISHED, {"after": self.cursor, "cutoff": self.cutoff, "limit": allowed}
         )
         rows = await cur.fetchall()
         if not rows:
@@ -269,7 +269,7 @@ class Reconciler:
 
     async def _sweep(self, conn: AsyncConnection[Any]) -> list[int]:
         cur = await conn.execute(
-            sql.active().RELAY_SELECT_INFLIGHT,
+            sql.active().JOB_GET_INFLIGHT,
             {"after": self.sweep_cursor, "min_age": self.sweep_min_age, "limit": self.sweep_batch},
         )
         rows = await cur.fetchall()
@@ -300,13 +300,13 @@ class Reconciler:
 
     async def _republish(self, conn: AsyncConnection[Any], rows: list[Row]) -> list[int]:
         # Re-read the state right before the XADD: a job that finished meanwhile is never published.
-        cur = await conn.execute(sql.active().RELAY_STILL_UNFINISHED, {"ids": [row[0] for row in rows]})
+        cur = await conn.execute(sql.active().JOB_GET_STILL_UNFINISHED, {"ids": [row[0] for row in rows]})
         alive = {r[0] for r in await cur.fetchall()}
         rows = [row for row in rows if row[0] in alive]
         ids, sids, _refused = await self.publisher.xadd_rows(rows)
         if ids:
             cur = await conn.execute(
-                sql.active().RELAY_MARK_REPUBLISHED, {"ids": ids, "sids": sids, "term": self.publisher.term}
+                sql.active().JOB_MARK_REPUBLISHED, {"ids": ids, "sids": sids, "term": self.publisher.term}
             )
             await check_term(cur, self.publisher.term)
             self.republished_total += len(ids)

@@ -365,7 +365,7 @@ class Relay:
             self.signals.republished.put_nowait(ids)
 
     async def _update_backlog(self, conn: AsyncConnection[Any]) -> None:
-        cur = await conn.execute(sql.active().RELAY_BACKLOG)
+        cur = await conn.execute(sql.active().JOB_COUNT_BACKLOG)
         row = await cur.fetchone()
         if row is not None:
             self.metrics.backlog.set(row[0])

@@ -5,7 +5,7 @@ counted; rows that expired or used every attempt end at once; everything else
 is skipped (acknowledged without running) — except a reclaimed entry whose job
 is still running under a live claim, which stays pending for a later look. A
 job taken over from a lost run comes back with ``isolate``: the worker runs it
-alone (see WORKER_CLAIM: a crash is charged to the job that caused it).
+alone (see JOB_CLAIM_ATTEMPTS: a crash is charged to the job that caused it).
 """
 
 from __future__ import annotations
@@ -46,16 +46,18 @@ async def claim_on(
     if not deliveries:
         return batch
     ids = sorted({d.job_id for d in deliveries})
-    cur = await conn.execute(sql.active().WORKER_CLAIM, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease})
+    cur = await conn.execute(
+        sql.active().JOB_CLAIM_ATTEMPTS, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease}
+    )
     rows = {row[0]: row for row in await cur.fetchall()}
     running: set[int] = set()
     reclaimed_left = [d.job_id for d in deliveries if d.reclaimed and d.job_id not in rows]
     if reclaimed_left:
-        cur = await conn.execute(sql.active().WORKER_SELECT_RUNNING, {"ids": reclaimed_left})
+        cur = await conn.execute(sql.active().JOB_GET_RUNNING, {"ids": reclaimed_left})
         running = {row[0] for row in await cur.fetchall()}
     ended = [job_id for job_id, row in rows.items() if row[1] != "running"]
     if ended:
-        await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, ended))})
+        await conn.execute(sql.active().RESULTS_NOTIFY, {"ids": ",".join(map(str, ended))})
     for delivery in deliveries:
         row = rows.pop(delivery.job_id, None)  # a job delivered twice in one read runs once
         if row is None:

@@ -90,7 +90,7 @@ async def record_outcomes(
     committed in their own ctx.transaction()) wake result waiters.
     """
     params = outcome_params(worker_id, items, result_ttl, notify=notify, also_notify=also_notify)
-    cur = await conn.execute(sql.active().WORKER_RECORD_OUTCOMES, params)
+    cur = await conn.execute(sql.active().JOB_RECORD_OUTCOMES, params)
     return {row[0] for row in await cur.fetchall()}
 
 
@@ -275,13 +275,13 @@ class Completer:
         async with self._pool.connection() as conn:
             for job, result in late:
                 await conn.execute(
-                    sql.active().WORKER_SET_RESULT,
+                    sql.active().JOB_SET_RESULT,
                     {"id": job.id, "result": result, "ttl": self._result_ttl(job)},
                 )
             if writes:
                 return await record_outcomes(conn, self._worker_id, writes, self._result_ttl, also_notify=committed)
             if committed:
-                await conn.execute(sql.active().WORKER_NOTIFY_RESULTS, {"ids": ",".join(map(str, committed))})
+                await conn.execute(sql.active().RESULTS_NOTIFY, {"ids": ",".join(map(str, committed))})
             return set()
 
     async def _write_isolated(

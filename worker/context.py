@@ -93,7 +93,7 @@ class WorkerJobContext:
             #    committed (AlreadyProcessed) or rolled back (and insert it itself).
             cur = AsyncClientCursor(conn)
             try:
-                await cur.execute(statements.WORKER_BEGIN_PROCESSED, {"id": self.job_id}, prepare=False)
+                await cur.execute(statements.PROCESSED_BEGIN_TRANSACTION, {"id": self.job_id}, prepare=False)
                 cur.nextset()  # past BEGIN's
                 row = await cur.fetchone()
                 fresh = row is not None and row[0] is not None
@@ -123,7 +123,7 @@ class WorkerJobContext:
             #    body's effects roll back with the processed row.
             params = {"id": self.job_id, "worker": self.worker_id, "attempt": self.attempt}
             try:
-                await cur.execute(statements.WORKER_RECORD_SUCCESS_AND_COMMIT, params, prepare=False)
+                await cur.execute(statements.JOB_RECORD_SUCCESS_AND_COMMIT, params, prepare=False)
             except BaseException as exc:
                 await _roll_back(conn)
                 if isinstance(exc, psycopg.Error) and exc.sqlstate == sql.STALE_ATTEMPT_SQLSTATE:

@@ -22,10 +22,10 @@ async def poll(
     """(paused queues among ``queues``, running job ids whose cancel was requested)."""
     ids = list(running)
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.active().WORKER_PAUSED_QUEUES, {"queues": list(queues)})
+        cur = await conn.execute(sql.active().QUEUE_GET_PAUSED, {"queues": list(queues)})
         paused = {row[0] for row in await cur.fetchall()}
         cancel: set[int] = set()
         if ids:
-            cur = await conn.execute(sql.active().WORKER_CANCEL_REQUESTED, {"ids": ids})
+            cur = await conn.execute(sql.active().JOB_GET_CANCEL_REQUESTED, {"ids": ids})
             cancel = {row[0] for row in await cur.fetchall()}
     return paused, cancel

@@ -43,7 +43,7 @@ async def publish(conn: AsyncConnection[Any], registry: Registry, *, by: str) ->
     if not rows:
         return
     await conn.execute(
-        sql.active().FLOW_PUBLISH_DECLARED,
+        sql.active().LIMIT_UPSERT_DECLARED,
         {
             "scopes": [scope for scope, _, _ in rows],
             "names": [name for _, name, _ in rows],
@@ -55,7 +55,7 @@ async def publish(conn: AsyncConnection[Any], registry: Registry, *, by: str) ->
 
 async def load(conn: AsyncConnection[Any], queues: Sequence[str], tasks: Sequence[str]) -> Limits:
     """The limits in force for these queues and tasks: the published declaration, the override on top."""
-    cur = await conn.execute(sql.active().FLOW_SELECT_LIMITS, {"queues": list(queues), "tasks": list(tasks)})
+    cur = await conn.execute(sql.active().LIMIT_GET_IN_FORCE, {"queues": list(queues), "tasks": list(tasks)})
     limits = Limits()
     for scope, name, declared_json, override in await cur.fetchall():
         try:
@@ -107,9 +107,11 @@ async def claim(
         # One round trip for the keys' locks, the rows and the keys' state (the server runs
         # them in order: the state is read under the locks).
         async with conn.pipeline():
-            await conn.execute(sql.active().FLOW_LOCK_KEYS, {"keys": sorted({*conc_keys, *rate_keys})})
-            jobs_cur = await conn.execute(sql.active().FLOW_LOCK_JOBS, {"ids": ids, "direct": direct})
-            state_cur = await conn.execute(sql.active().FLOW_STATE, {"conc_keys": conc_keys, "rate_keys": rate_keys})
+            await conn.execute(sql.active().LIMIT_LOCK_KEYS, {"keys": sorted({*conc_keys, *rate_keys})})
+            jobs_cur = await conn.execute(sql.active().JOB_LOCK_FOR_LIMITS, {"ids": ids, "direct": direct})
+            state_cur = await conn.execute(
+                sql.active().LIMIT_GET_STATE, {"conc_keys": conc_keys, "rate_keys": rate_keys}
+            )
             locked = await jobs_cur.fetchall()
             state_rows = await state_cur.fetchall()
         reserved_of = {job_id: reserved for job_id, reserved, _, _ in locked}
@@ -139,7 +141,7 @@ async def claim(
         if direct and starting:
             due = [job_id for job_id in direct if job_id in starting]
             if due:
-                await conn.execute(sql.active().FLOW_DUE_NOW, {"ids": due})
+                await conn.execute(sql.active().JOB_MAKE_DUE, {"ids": due})
         out.batch = await claims.claim_on(conn, to_claim, worker_id=worker_id, lease=lease)
         slots = [(key, job.id, job.attempt) for job in out.batch.run for key, _ in keys_of[job.id].concurrency]
         for job in out.batch.run:
@@ -166,7 +168,7 @@ async def claim(
         for job_id in hold_ids:
             decision = holds[job_id]
             if isinstance(decision, Park):
-                until.append(state.now + recheck)  # (FLOW_HOLD backs the recheck off)
+                until.append(state.now + recheck)  # (JOB_HOLD_BACK backs the recheck off)
                 waits.append(decision.key)
                 reserved.append(None)  # a token it holds, it keeps
             else:
@@ -181,7 +183,7 @@ async def claim(
                 changed = sorted(state.changed)
                 cells = [state.cells(key) for key in changed]
                 await conn.execute(
-                    sql.active().FLOW_TAKE,
+                    sql.active().LIMIT_TAKE,
                     {
                         "slot_keys": [k for k, _, _ in slots],
                         "slot_ids": [j for _, j, _ in slots],
@@ -195,11 +197,11 @@ async def claim(
             if tokens:
                 ids_tok = sorted(tokens)
                 await conn.execute(
-                    sql.active().FLOW_RESERVE_IN_PLACE, {"ids": ids_tok, "tokens": [tokens[i] for i in ids_tok]}
+                    sql.active().JOB_SET_RATE_TOKEN, {"ids": ids_tok, "tokens": [tokens[i] for i in ids_tok]}
                 )
             if hold_ids:
                 hold_cur = await conn.execute(
-                    sql.active().FLOW_HOLD,
+                    sql.active().JOB_HOLD_BACK,
                     {
                         "ids": hold_ids,
                         "until": until,
@@ -212,7 +214,7 @@ async def claim(
                 # The relay sleeps until its next due row, at most its poll interval: wake it
                 # only if a hold-back falls due before that (a NOTIFY serializes commits).
                 if min(until) < state.now + relay_poll:
-                    await conn.execute(sql.active().FLOW_NOTIFY_RELAY)
+                    await conn.execute(sql.active().OUTBOX_NOTIFY)
                 held_rows = await hold_cur.fetchall()
         waited: set[int] = set()
         for delivery, _ in deliveries:
@@ -248,7 +250,7 @@ async def release(pool: AsyncConnectionPool[Any], jobs: Iterable[Job]) -> dict[s
         return {}
     async with pool.connection() as conn:
         cur = await conn.execute(
-            sql.active().FLOW_RELEASE, {"ids": [i for i, _ in done], "attempts": [a for _, a in done]}
+            sql.active().LIMIT_SLOT_RELEASE, {"ids": [i for i, _ in done], "attempts": [a for _, a in done]}
         )
         return {key: n for key, n in await cur.fetchall()}
 
@@ -257,7 +259,7 @@ async def parked(pool: AsyncConnectionPool[Any], freed: dict[str, int], prefix: 
     """Up to ``freed[key]`` jobs parked on each key: (key, a delivery with no stream entry, ``direct``)."""
     keys = sorted(freed)
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.active().FLOW_PARKED, {"keys": keys, "counts": [freed[k] for k in keys]})
+        cur = await conn.execute(sql.active().JOB_GET_PARKED, {"keys": keys, "counts": [freed[k] for k in keys]})
         rows = await cur.fetchall()
     out = []
     for key, job_id, queue, task, args, headers, priority, enq in rows:
@@ -272,9 +274,9 @@ async def wake(pool: AsyncConnectionPool[Any], counts: dict[str, int]) -> int:
     if not keys:
         return 0
     async with pool.connection() as conn:
-        cur = await conn.execute(sql.active().FLOW_WAKE, {"keys": keys, "counts": [counts[k] for k in keys]})
+        cur = await conn.execute(sql.active().JOB_WAKE_PARKED, {"keys": keys, "counts": [counts[k] for k in keys]})
         row = await cur.fetchone()
         woken = int(row[0]) if row else 0
         if woken:
-            await conn.execute(sql.active().FLOW_NOTIFY_RELAY)
+            await conn.execute(sql.active().OUTBOX_NOTIFY)
     return woken

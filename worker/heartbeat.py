@@ -67,7 +67,7 @@ class Heartbeat:
             return 0
         async with self._pool.connection() as conn:
             cur = await conn.execute(
-                sql.active().WORKER_RENEW_LEASES, {"ids": list(by_id), "worker": self._worker_id, "lease": self._lease}
+                sql.active().JOB_RENEW_LEASES, {"ids": list(by_id), "worker": self._worker_id, "lease": self._lease}
             )
             ours = [row[0] for row in await cur.fetchall()]
         entries: dict[str, list[Any]] = defaultdict(list)
@@ -96,5 +96,5 @@ class Heartbeat:
     async def stopped(self, processed: int, failed: int) -> None:
         async with self._pool.connection() as conn:
             await conn.execute(
-                sql.active().WORKER_STOPPED, {"id": self._worker_id, "processed": processed, "failed": failed}
+                sql.active().WORKER_SET_STOPPED, {"id": self._worker_id, "processed": processed, "failed": failed}
             )

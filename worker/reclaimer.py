@@ -154,9 +154,9 @@ class Reclaimer:
                 queue, priority = parse_stream_key(self._prefix, stream)
                 texts = [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
                 params = {"queue": queue, "priority": priority, "stream_ids": texts}
-                cur = await conn.execute(sql.active().WORKER_REPUBLISH_LOST, params)
+                cur = await conn.execute(sql.active().JOB_RELEASE_LOST_ENTRIES, params)
                 rescued += [row[0] for row in await cur.fetchall()]
-                cur = await conn.execute(sql.active().WORKER_RUNNING_BY_STREAM_ID, params)
+                cur = await conn.execute(sql.active().JOB_GET_RUNNING_STREAM_IDS, params)
                 running = [row[0].encode() for row in await cur.fetchall()]
                 if running:
                     still_running[stream] = running

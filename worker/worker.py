@@ -631,7 +631,7 @@ class Worker:
 
         A worker that died while running several jobs cannot say which one killed
         it; run alone, a job that crashes its worker again is the culprit, and the
-        crash is charged to it (WORKER_CLAIM). No new reads meanwhile; jobs claimed
+        crash is charged to it (JOB_CLAIM_ATTEMPTS). No new reads meanwhile; jobs claimed
         in the meantime (takeovers do not wait) are held until the isolated runs are done.
         """
         self.capacity.block()
@@ -655,10 +655,10 @@ class Worker:
                     },
                 )
                 try:
-                    if alone:  # only a run alone is charged for a crash (WORKER_CLAIM)
+                    if alone:  # only a run alone is charged for a crash (JOB_CLAIM_ATTEMPTS)
                         async with self._pool.connection() as conn:
                             await conn.execute(
-                                sql.active().WORKER_MARK_ISOLATED,
+                                sql.active().JOB_ATTEMPT_START_ISOLATED,
                                 {"id": job.id, "attempt": job.attempt, "worker": self.id},
                             )
                 except Exception:

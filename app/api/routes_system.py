@@ -31,7 +31,7 @@ async def health() -> dict[str, str]:
 async def _check_postgres(st: ApiState) -> tuple[str, str]:
     try:
         async with asyncio.timeout(CHECK_TIMEOUT), st.pool.connection(timeout=CHECK_TIMEOUT) as conn:
-            cur = await conn.execute(sql.active().OPS_MIGRATION_VERSION)
+            cur = await conn.execute(sql.active().MIGRATION_VERSION)
             row = await cur.fetchone()
     except Exception as exc:
         return f"unreachable: {type(exc).__name__}", "unknown"

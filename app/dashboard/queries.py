@@ -92,7 +92,7 @@ class DashboardStatements(schema.Templates):
     """
     )
 
-    # Every queue's counts, as OPS_QUEUE_COUNTS defines them, one queue at a time through the
+    # Every queue's counts, as JOB_COUNT_BY_QUEUE defines them, one queue at a time through the
     # (queue, state) index: the queue names by a skip scan, then each queue's unfinished and dead rows.
     # One statement over all queues is a sequential scan of the whole outbox (~200 ms at 1M rows).
     QUEUE_COUNTS: LiteralString = """

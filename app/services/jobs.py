@@ -220,7 +220,7 @@ async def record_audit(
 ) -> None:
     """Append one audit row (in the caller's transaction) and log it."""
     await conn.execute(
-        sql.active().OPS_INSERT_AUDIT,
+        sql.active().AUDIT_INSERT,
         {
             "actor": actor.name,
             "action": action,
@@ -240,7 +240,7 @@ async def record_audit(
 async def list_audit(conn: AsyncConnection[Any], *, limit: int = 50, cursor: str | None = None) -> Page:
     params = {"limit": check_limit(limit) + 1, "before": decode_cursor(cursor)}
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_LIST_AUDIT, params)
+        await cur.execute(sql.active().AUDIT_LIST, params)
         rows = await cur.fetchall()
     return _page(rows, limit)
 
@@ -266,11 +266,11 @@ async def get_job(conn: AsyncConnection[Any], job_id: int) -> dict[str, Any]:
     """One job with its attempt history, args, and its result when kept; NotFoundError if unknown."""
     check_job_id(job_id)
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_GET_JOB, {"id": job_id})
+        await cur.execute(sql.active().JOB_GET, {"id": job_id})
         row = await cur.fetchone()
         if row is None:
             raise NotFoundError(f"job {job_id} not found", details={"id": job_id})
-        await cur.execute(sql.active().OPS_JOB_HISTORY, {"id": job_id})
+        await cur.execute(sql.active().JOB_ATTEMPT_LIST, {"id": job_id})
         history = await cur.fetchall()
     job = job_summary(row)
     job["args"] = row["args"]
@@ -303,7 +303,7 @@ async def list_jobs(
     """Jobs newest first, filtered; ``next_cursor`` continues the listing (None: no more)."""
     params = _listing(queue, task, cursor, limit, state=None if state is None else check_state(state))
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_LIST_JOBS, params)
+        await cur.execute(sql.active().JOB_LIST, params)
         rows = await cur.fetchall()
     return _page([job_summary(r) for r in rows], limit)
 
@@ -316,15 +316,15 @@ async def cancel_job(conn: AsyncConnection[Any], job_id: int, actor: Actor) -> d
     """
     check_job_id(job_id)
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_CANCEL_WAITING, {"id": job_id})
+        await cur.execute(sql.active().JOB_CANCEL_WAITING, {"id": job_id})
         row = await cur.fetchone()
         requested = False
         if row is None:
-            await cur.execute(sql.active().OPS_CANCEL_RUNNING, {"id": job_id})
+            await cur.execute(sql.active().JOB_REQUEST_CANCEL, {"id": job_id})
             row = await cur.fetchone()
             requested = row is not None
         if row is None:
-            await cur.execute(sql.active().OPS_JOB_STATE, {"id": job_id})
+            await cur.execute(sql.active().JOB_GET_STATE, {"id": job_id})
             found = await cur.fetchone()
             if found is None:
                 raise NotFoundError(f"job {job_id} not found", details={"id": job_id})
@@ -370,13 +370,13 @@ async def enqueue_and_read(
     params = row.params()
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         if row.dedup_key is not None:
-            await cur.execute(sql.active().SELECT_DEDUP, params)
+            await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params)
             found = await cur.fetchone()
             if found is not None:
                 return None, int(next(iter(found.values())))
         if max_queue_depth > 0:
-            await cur.execute(sql.active().OPS_LOCK_QUEUE_DEPTH, {"lock_class": DEPTH_LOCK_CLASS, "queue": row.queue})
-            await cur.execute(sql.active().OPS_QUEUE_DEPTH, {"queue": row.queue, "limit": max_queue_depth})
+            await cur.execute(sql.active().QUEUE_LOCK_DEPTH, {"lock_class": DEPTH_LOCK_CLASS, "queue": row.queue})
+            await cur.execute(sql.active().JOB_COUNT_WAITING, {"queue": row.queue, "limit": max_queue_depth})
             depth_row = await cur.fetchone()
             depth = int(next(iter(depth_row.values()))) if depth_row else 0
             if depth >= max_queue_depth:
@@ -386,13 +386,13 @@ async def enqueue_and_read(
                     details={"queue": row.queue, "limit": max_queue_depth},
                 )
         while True:
-            await cur.execute(sql.active().OPS_ENQUEUE, params)
+            await cur.execute(sql.active().JOB_INSERT_RETURNING_ROW, params)
             inserted = await cur.fetchone()
             if inserted is not None:
                 if before_commit is not None:
                     await before_commit(int(inserted["id"]))
                 return _new_job(inserted), int(inserted["id"])
-            await cur.execute(sql.active().SELECT_DEDUP, params)
+            await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params)
             found = await cur.fetchone()
             if found is not None:
                 return None, int(next(iter(found.values())))
@@ -422,15 +422,15 @@ async def queue_stats(
     if queue is not None:
         check_queue_name(queue)
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_QUEUE_COUNTS, {"queue": queue})
+        await cur.execute(sql.active().JOB_COUNT_BY_QUEUE, {"queue": queue})
         counts = {r["queue"]: r for r in await cur.fetchall()}
-        await cur.execute(sql.active().OPS_QUEUE_ROWS, {"queue": queue})
+        await cur.execute(sql.active().QUEUE_LIST, {"queue": queue})
         control = {r["name"]: r for r in await cur.fetchall()}
         names = set(counts) | set(control)
         if queue is None:
             names |= {q for q in extra_queues if QUEUE_NAME_RE.match(q)}
         elif queue not in names:
-            await cur.execute(sql.active().OPS_KNOWN_QUEUE, {"queue": queue})
+            await cur.execute(sql.active().QUEUE_EXISTS, {"queue": queue})
             known = await cur.fetchone()
             if not (known and next(iter(known.values()))) and queue not in extra_queues:
                 raise NotFoundError(f"queue {queue!r} not found", details={"queue": queue})
@@ -491,7 +491,7 @@ async def set_paused(conn: AsyncConnection[Any], queue: str, paused: bool, actor
     """Pause or resume a queue (a queue with no row is active); audited."""
     check_queue_name(queue)
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_SET_PAUSED, {"queue": queue, "paused": paused})
+        await cur.execute(sql.active().QUEUE_SET_PAUSED, {"queue": queue, "paused": paused})
         row = await cur.fetchone()
         assert row is not None
         await record_audit(conn, actor, "queue.pause" if paused else "queue.resume", f"queue:{queue}")
@@ -508,7 +508,7 @@ async def list_workers(
     if worker_id is not None:
         check_text(worker_id, "worker_id")
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_LIST_WORKERS, {"heartbeat": heartbeat_interval, "id": worker_id})
+        await cur.execute(sql.active().WORKER_LIST, {"heartbeat": heartbeat_interval, "id": worker_id})
         rows = await cur.fetchall()
     out = []
     for row in rows:
@@ -542,7 +542,7 @@ async def list_dead(
     """Dead letters newest first (discarded ones too, flagged, unless ``discarded`` filters)."""
     params = _listing(queue, task, cursor, limit, discarded=discarded)
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().OPS_LIST_DEAD, params)
+        await cur.execute(sql.active().JOB_LIST_DEAD, params)
         rows = await cur.fetchall()
     return _page([_dead_summary(r) for r in rows], limit)
 
@@ -563,8 +563,8 @@ async def requeue_dead(conn: AsyncConnection[Any], job_id: int, actor: Actor) ->
     check_job_id(job_id)
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         await _lock_dead(cur, job_id)
-        await cur.execute(sql.active().OPS_ARCHIVE_ATTEMPTS, {"id": job_id})
-        await cur.execute(sql.active().OPS_REQUEUE_DEAD, {"id": job_id})
+        await cur.execute(sql.active().JOB_ATTEMPT_ARCHIVE, {"id": job_id})
+        await cur.execute(sql.active().JOB_REQUEUE_DEAD, {"id": job_id})
         row = await cur.fetchone()
         assert row is not None
         await record_audit(conn, actor, "dlq.requeue", f"job:{job_id}")
@@ -578,7 +578,7 @@ async def discard_dead(conn: AsyncConnection[Any], job_id: int, actor: Actor) ->
         locked = await _lock_dead(cur, job_id)
         if locked["discarded_at"] is not None:
             raise ConflictError(f"job {job_id} is already discarded", details={"id": job_id, "state": "dead"})
-        await cur.execute(sql.active().OPS_DISCARD_DEAD, {"id": job_id})
+        await cur.execute(sql.active().JOB_DISCARD_DEAD, {"id": job_id})
         row = await cur.fetchone()
         assert row is not None
         await record_audit(conn, actor, "dlq.discard", f"job:{job_id}")
@@ -604,7 +604,7 @@ async def purge_dead(
     params = {"queue": queue, "older_than": float(older_than), "discarded_only": bool(discarded_only)}
     async with conn.transaction(), conn.cursor() as cur:
         if not confirm:
-            await cur.execute(sql.active().OPS_PURGE_MATCH, params)
+            await cur.execute(sql.active().JOB_COUNT_PURGEABLE, params)
             found = await cur.fetchone()
             count = int(found[0]) if found else 0
             raise ConfirmationRequiredError(
@@ -612,7 +612,7 @@ async def purge_dead(
                 field="confirm",
                 details={"queue": queue, "would_purge": count},
             )
-        await cur.execute(sql.active().OPS_PURGE, params)
+        await cur.execute(sql.active().JOB_PURGE_DEAD, params)
         row = await cur.fetchone()
         purged = int(row[0]) if row is not None else 0
         await record_audit(
@@ -629,7 +629,7 @@ async def purge_dead(
 
 
 async def _lock_dead(cur: Any, job_id: int) -> dict[str, Any]:
-    await cur.execute(sql.active().OPS_LOCK_DEAD, {"id": job_id})
+    await cur.execute(sql.active().JOB_LOCK, {"id": job_id})
     row = await cur.fetchone()
     if row is None:
         raise NotFoundError(f"job {job_id} not found", details={"id": job_id})

@@ -131,7 +131,7 @@ async def _end_read(conn: AsyncConnection[Any]) -> None:
 
 async def _select(conn: AsyncConnection[Any], scope: str | None, name: str | None) -> list[dict[str, Any]]:
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(sql.active().LIMITS_LIST, {"scope": scope, "name": name})
+        await cur.execute(sql.active().LIMIT_LIST, {"scope": scope, "name": name})
         rows = await cur.fetchall()
     return [view(row) for row in rows]
 
@@ -183,10 +183,10 @@ async def set_override(
     given = check_override(values)
     async with conn.transaction():
         async with conn.cursor() as cur:
-            await cur.execute(sql.active().LIMITS_LOCK, {"scope": scope, "name": name})
+            await cur.execute(sql.active().LIMIT_LOCK, {"scope": scope, "name": name})
             before = await cur.fetchone()
             await cur.execute(
-                sql.active().LIMITS_SET_OVERRIDE,
+                sql.active().LIMIT_SET_OVERRIDE,
                 {"scope": scope, "name": name, "override": orjson.dumps(given).decode(), "by": actor.name},
             )
             after = await cur.fetchone()
@@ -211,12 +211,12 @@ async def clear_override(
     field = check_field(field)
     async with conn.transaction():
         async with conn.cursor() as cur:
-            await cur.execute(sql.active().LIMITS_LOCK, {"scope": scope, "name": name})
+            await cur.execute(sql.active().LIMIT_LOCK, {"scope": scope, "name": name})
             before = await cur.fetchone()
             if before is None:
                 raise NotFoundError(f"no limits for {scope} {name!r}", details={"scope": scope, "name": name})
             await cur.execute(
-                sql.active().LIMITS_CLEAR_OVERRIDE, {"scope": scope, "name": name, "field": field, "by": actor.name}
+                sql.active().LIMIT_CLEAR_OVERRIDE, {"scope": scope, "name": name, "field": field, "by": actor.name}
             )
             after = await cur.fetchone()
         assert after is not None

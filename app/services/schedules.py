@@ -117,7 +117,7 @@ async def trigger(
         row = await _lock(conn, name)
         if row["removed_at"] is not None:
             raise ConflictError(f"schedule {name!r} was removed from the code", details={"name": name})
-        cur = await conn.execute(statements.NEXT_JOB_IDS, {"n": 1})
+        cur = await conn.execute(statements.JOB_NEXT_IDS, {"n": 1})
         id_row = await cur.fetchone()
         assert id_row is not None
         job_id, now = int(id_row[0]), id_row[1]
@@ -132,7 +132,7 @@ async def trigger(
             "max_attempts": row["max_attempts"],
         }
         cur = await conn.execute(
-            statements.SCHEDULE_ENQUEUE, {"rows": orjson.dumps([occurrence]).decode(), "manual": True}
+            statements.SCHEDULE_RUN_INSERT, {"rows": orjson.dumps([occurrence]).decode(), "manual": True}
         )
         if not await cur.fetchall():  # a run at this very microsecond exists already
             raise ConflictError(f"schedule {name!r} has a run at {now.isoformat()} already", details={"name": name})

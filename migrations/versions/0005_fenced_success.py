@@ -4,7 +4,7 @@ A ``ctx.transaction()`` job's success is written in the handler's own
 transaction, and the worker sends that statement and ``COMMIT`` together
 (one simple query, one round trip). When the fence refuses the outcome (a
 newer attempt owns the job) nothing may commit, so the statement itself must
-fail: ``WORKER_RECORD_SUCCESS_IN_TRANSACTION`` (jobs/sql.py) ends by passing the
+fail: ``JOB_RECORD_SUCCESS`` (jobs/sql.py) ends by passing the
 number of rows it recorded to this function, which raises SQLSTATE ``PB001``
 (``postbox.sql.STALE_ATTEMPT_SQLSTATE``) when it is 0. The error aborts the
 transaction, PostgreSQL skips the ``COMMIT`` behind it, and the worker maps the

@@ -16,7 +16,7 @@ only calls these two functions:
   raises SQLSTATE ``PB001`` (``postbox.sql.STALE_ATTEMPT_SQLSTATE``), the
   transaction aborts, and the ``COMMIT`` behind it never runs.
 
-What they write is what ``WORKER_RECORD_OUTCOMES`` writes for one success
+What they write is what ``JOB_RECORD_OUTCOMES`` writes for one success
 (jobs/sql.py keeps the statements side by side; a test compares the rows).
 
 Revision ID: 0006_job_transaction

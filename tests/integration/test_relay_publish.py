@@ -108,7 +108,7 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
     [job] = enqueue_sql(conn, 1)
     await aconn.set_autocommit(True)
     publisher = Publisher(redis, settings.redis_prefix)
-    cur = await aconn.execute(sql.active().RELAY_SELECT_DUE, {"after": 0, "limit": 10})
+    cur = await aconn.execute(sql.active().JOB_GET_DUE_UNPUBLISHED, {"after": 0, "limit": 10})
     ids, sids, refused = await publisher.xadd_rows(await cur.fetchall())
     assert (ids, refused) == ([job], [])
     conn.execute(
@@ -116,7 +116,7 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
                              lease_until = now() + interval '30 s'"""
     )
     conn.commit()
-    cur = await aconn.execute(sql.active().RELAY_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
+    cur = await aconn.execute(sql.active().JOB_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
     assert await cur.fetchone() == (True, 0, None)  # leads, rows marked, seconds to the next delayed row
     assert states(conn) == {job: ("running", 0)}
 
@@ -124,10 +124,10 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
 @pytest.mark.parametrize(
     ("statement", "state", "expected"),
     [
-        (sql.active().RELAY_MARK_PUBLISHED, "pending", [(True, 20, None)]),
-        (sql.active().RELAY_MARK_REPUBLISHED, "queued", [(True, 20)]),
-        (sql.active().RELAY_MARK_EXPIRED, "pending", 20),
-        (sql.active().WORKER_RENEW_LEASES, "running", "every id"),
+        (sql.active().JOB_MARK_PUBLISHED, "pending", [(True, 20, None)]),
+        (sql.active().JOB_MARK_REPUBLISHED, "queued", [(True, 20)]),
+        (sql.active().JOB_MARK_EXPIRED, "pending", 20),
+        (sql.active().JOB_RENEW_LEASES, "running", "every id"),
     ],
 )
 def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncate(
@@ -195,9 +195,9 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
     if expected == "every id":
         expected = [(i,) for i in ids]
     assert found == [expected]
-    if statement is sql.active().RELAY_MARK_EXPIRED:
+    if statement is sql.active().JOB_MARK_EXPIRED:
         assert conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'expired'").fetchone() == (20,)
-    if statement is sql.active().WORKER_RENEW_LEASES:
+    if statement is sql.active().JOB_RENEW_LEASES:
         renewed = "SELECT count(*) FROM postbox.outbox WHERE lease_until > now() + interval '20 s'"
         assert conn.execute(renewed).fetchone() == (20,)
 
