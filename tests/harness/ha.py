@@ -6,8 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +14,6 @@ import psycopg
 from tests.harness.tasks import ha as tasks_ha
 
 JOBS_PER_SECOND = 50.0
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> float:
-    """Poll until ``predicate`` holds (a refused connection counts as "not yet"); return seconds waited."""
-    start = time.monotonic()
-    while True:
-        try:
-            if predicate():
-                return time.monotonic() - start
-        except psycopg.OperationalError:
-            pass
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 class Producer(threading.Thread):

@@ -27,6 +27,7 @@ from typing import Literal
 import psycopg
 
 from tests.harness.redis_server import free_port
+from tests.harness.wait import wait_until
 
 ShutdownMode = Literal["smart", "fast", "immediate"]
 
@@ -101,16 +102,13 @@ class PostgresServer:
 
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.pgdata), "-l", str(self.workdir / "server.log"), "-w", "-t", "60", "start")
-        deadline = time.monotonic() + 30
-        while True:  # pg_ctl -w returns once the server accepts connections; check it from our side too
-            try:
-                with psycopg.connect(self.url(), connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
-                return
-            except psycopg.OperationalError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+        # pg_ctl -w returns once the server accepts connections; check it from our side too
+        wait_until(self._answers, 60, message=f"PostgreSQL on port {self.port}", ignore=(psycopg.OperationalError,))
+
+    def _answers(self) -> bool:
+        with psycopg.connect(self.url(), connect_timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return True
 
     def stop(self, mode: ShutdownMode = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.pgdata), "-m", mode, "-w", "-t", "60", "stop")

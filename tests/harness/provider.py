@@ -7,11 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import httpx
+
+from tests.harness.wait import wait_until
 
 
 def free_port() -> int:
@@ -43,19 +44,19 @@ class ProviderProcess:
 
     def start(self, timeout: float = 20.0) -> ProviderProcess:
         self.proc = subprocess.Popen(self.args, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"provider exited with {self.proc.returncode}: {err[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("provider did not become healthy in time")
+        try:
+            wait_until(self._healthy, timeout, message="the provider healthy", ignore=(httpx.HTTPError,))
+        except AssertionError:
+            self.stop()
+            raise
+        return self
+
+    def _healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+            raise RuntimeError(f"provider exited with {self.proc.returncode}: {err[-2000:]}")
+        return httpx.get(f"{self.url}/health", timeout=0.5).status_code == 200
 
     def messages(self) -> list[dict[str, Any]]:
         response = httpx.get(f"{self.url}/v1/messages", timeout=10)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +22,7 @@ import redis as syncredis
 from redis.cluster import RedisCluster
 
 from tests.harness.redis_server import RedisServer, free_port, server_binary
+from tests.harness.wait import wait_until
 
 
 def cli_binary() -> str:
@@ -68,14 +68,12 @@ class RedisClusterServers:
 
     def wait_ok(self, timeout: float = 60.0) -> None:
         """Until every live node says ``cluster_state:ok`` and sees each primary with its replica."""
-        deadline = time.monotonic() + timeout
         live = [node for node in self.nodes if node.proc is not None]
-        while True:
-            if all(self._ok(node) for node in live) and all(self._paired(node) for node in live):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError("the cluster did not reach cluster_state:ok")
-            time.sleep(0.05)
+        wait_until(
+            lambda: all(self._ok(node) for node in live) and all(self._paired(node) for node in live),
+            timeout,
+            message="every live node at cluster_state:ok, each primary with its replica",
+        )
 
     @staticmethod
     def _ok(node: RedisServer) -> bool:
@@ -140,4 +138,3 @@ def running_cluster(workdir: Path) -> Iterator[RedisClusterServers]:
 
 
 __all__ = ["RedisClusterServers", "cli_binary", "running_cluster"]
-

@@ -24,6 +24,7 @@ from pathlib import Path
 import redis as syncredis
 
 from tests.harness.redis_server import RedisServer
+from tests.harness.wait import wait_until
 
 
 def replication(client: syncredis.Redis) -> dict[str, object]:
@@ -33,20 +34,20 @@ def replication(client: syncredis.Redis) -> dict[str, object]:
 
 def wait_synced(primary: syncredis.Redis, replica: syncredis.Redis, timeout: float = 30.0) -> None:
     """Until the replica's link is up and it has applied everything the primary sent."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            mine = replication(replica)
-            theirs = replication(primary)
-            if mine.get("master_link_status") == "up" and mine.get("slave_repl_offset") == theirs.get(
-                "master_repl_offset"
-            ):
-                return
-        except syncredis.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("the replica did not catch up with its primary")
-        time.sleep(0.02)
+
+    def synced() -> bool:
+        mine = replication(replica)
+        return mine.get("master_link_status") == "up" and mine.get("slave_repl_offset") == replication(primary).get(
+            "master_repl_offset"
+        )
+
+    wait_until(
+        synced,
+        timeout,
+        interval=0.02,
+        message="the replica caught up with its primary",
+        ignore=(syncredis.ConnectionError,),
+    )
 
 
 class RedisPair:

@@ -19,13 +19,14 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import redis as syncredis
+
+from tests.harness.wait import wait_until
 
 
 def server_binary() -> str:
@@ -73,18 +74,22 @@ class RedisServer:
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
             )
-        deadline = time.monotonic() + timeout
         client = syncredis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis server on port {self.port} exited with {proc.returncode}")
+            return bool(client.ping())
+
         try:
-            while True:
-                try:
-                    if client.ping():
-                        return
-                except syncredis.ConnectionError:
-                    pass
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis server on port {self.port} did not start")
-                time.sleep(0.02)
+            wait_until(
+                answers,
+                timeout,
+                interval=0.02,
+                message=f"redis on port {self.port}",
+                ignore=(syncredis.ConnectionError,),
+            )
         finally:
             client.close()
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
@@ -21,40 +19,6 @@ from postbox.settings import Settings
 from postbox.streams import decode_entry, queue_streams
 
 Predicate = Callable[[], Any]
-
-
-async def wait_until(predicate: Predicate, within: float, interval: float = 0.02, what: str = "condition") -> float:
-    """Poll ``predicate`` (sync or async) until truthy; return seconds waited; fail after ``within`` seconds."""
-    start = time.monotonic()
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return time.monotonic() - start
-        if time.monotonic() - start > within:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-def wait_until_sync(
-    predicate: Callable[[], Any], timeout: float, interval: float = 0.02, what: str = "condition"
-) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-    return time.monotonic() - start
-
-
-async def get_within(queue: asyncio.Queue[Any], within: float) -> Any:
-    return await asyncio.wait_for(queue.get(), timeout=within)
-
-
-async def event_within(event: asyncio.Event | None, within: float) -> None:
-    assert event is not None
-    await asyncio.wait_for(event.wait(), timeout=within)
 
 
 @asynccontextmanager

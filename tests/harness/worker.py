@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -15,6 +13,7 @@ import postbox
 from postbox.settings import Settings
 from postbox.worker import Worker, WorkerSignals
 from tests.harness.tasks import worker as tasks_worker
+from tests.harness.wait import take
 
 
 def worker_settings(settings: Settings, **overrides: Any) -> Settings:
@@ -68,32 +67,9 @@ async def enqueue(aconn: AsyncConnection[Any], task: Any, args: dict[str, Any] |
     return job_id
 
 
-async def wait_until(predicate: Callable[[], Any], within: float, what: str = "condition") -> float:
-    """Poll ``predicate`` (sync or async) until truthy; fail after ``within`` seconds."""
-    start = time.monotonic()
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return time.monotonic() - start
-        if time.monotonic() - start > within:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def finished(worker: Worker, count: int, within: float = 15.0) -> list[tuple[int, str]]:
     """The next ``count`` (job id, outcome) pairs the worker recorded."""
-    queue = worker.signals.finished
-    assert queue is not None
-    out = []
-    deadline = time.monotonic() + within
-    while len(out) < count:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"only {len(out)} of {count} jobs finished within {within}s: {out}")
-        out.append(await asyncio.wait_for(queue.get(), remaining))
-    return out
+    return await take(worker.signals.finished, count, within, message="jobs finished")
 
 
 async def fetch(aconn: AsyncConnection[Any], query: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -13,7 +13,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.harness.api import client_fixture, running_fleet, wait_until  # noqa: F401
+from tests.harness.api import client_fixture, running_fleet  # noqa: F401
+from tests.harness.wait import wait_until
 
 
 def _state(client: TestClient, job_id: int) -> str:
@@ -29,7 +30,7 @@ def test_dead_letter_flow_end_to_end(client: TestClient, child_env: dict[str, st
         assert r.status_code == 201
         job = r.json()["id"]
         try:
-            wait_until(lambda: _state(client, job) == "dead", timeout=30)
+            wait_until(lambda: _state(client, job) == "dead", 30)
         except AssertionError:
             raise AssertionError(fleet.logs()) from None
 
@@ -51,7 +52,7 @@ def test_dead_letter_flow_end_to_end(client: TestClient, child_env: dict[str, st
 
         other = client.post("/api/v1/jobs", json={"task": "api_needs_file", "args": {"path": str(tmp_path / "no")}})
         other_id = other.json()["id"]
-        wait_until(lambda: _state(client, other_id) == "dead", timeout=30)
+        wait_until(lambda: _state(client, other_id) == "dead", 30)
         assert client.post(f"/api/v1/dlq/{other_id}/discard").status_code == 200
         still = client.get("/api/v1/dlq").json()["items"]
         assert [(j["id"], j["discarded"]) for j in still] == [(other_id, True)]

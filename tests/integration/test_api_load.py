@@ -14,10 +14,10 @@ from fastapi import APIRouter, Depends
 from fastapi.testclient import TestClient
 from psycopg import AsyncConnection
 
-from postbox import control
 from postbox.app.api.main import create_app
 from postbox.app.api.state import db
-from postbox.control import QueueFullError
+from postbox.app.services import jobs as job_service
+from postbox.errors import QueueFullError
 from postbox.producer import Limits, prepare
 from postbox.registry import default_registry
 from postbox.settings import Settings
@@ -128,7 +128,7 @@ async def test_max_queue_depth_is_exact_under_concurrent_enqueues(
 
         async def enqueue_b() -> None:
             try:
-                outcome["b"] = await control.enqueue_and_read(b, limit_row, max_queue_depth=limit)
+                outcome["b"] = await job_service.enqueue_and_read(b, limit_row, max_queue_depth=limit)
             except QueueFullError as exc:
                 outcome["b"] = exc
 
@@ -148,7 +148,7 @@ async def test_max_queue_depth_is_exact_under_concurrent_enqueues(
                 assert time.monotonic() < deadline, "B neither finished nor waited"
                 await asyncio.sleep(0.02)
 
-        job, _ = await control.enqueue_and_read(a, limit_row, max_queue_depth=limit, before_commit=before_commit)
+        job, _ = await job_service.enqueue_and_read(a, limit_row, max_queue_depth=limit, before_commit=before_commit)
         assert job is not None
         await asyncio.wait_for(outcome["b_task"], timeout=20)
     assert isinstance(outcome["b"], QueueFullError), outcome["b"]

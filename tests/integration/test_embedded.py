@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import pytest
 import redis as syncredis
 
 from postbox_examples.embedded import EmbeddedServers, pgdata_for
+from tests.harness.wait import wait_until
 
 PROJECT = Path(__file__).resolve().parents[2]
 
@@ -39,14 +39,6 @@ print(json.dumps({"db": db, "redis": rd, "pids": servers.pids()}), flush=True)
 while True:
     time.sleep(3600)
 """
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.05)
 
 
 def gone(pids: list[int]) -> Callable[[], bool]:
@@ -185,7 +177,7 @@ def test_sigkill_of_the_owner_leaves_the_watchdog_to_stop_them(root: Path) -> No
         pids = [int(p) for p in info["pids"]]  # type: ignore[attr-defined]
         proc.kill()
         proc.wait(timeout=10)
-        wait_until(gone(pids), timeout=30)
+        wait_until(gone(pids), 30)
         assert server_processes(root) == []
     finally:
         proc.kill()

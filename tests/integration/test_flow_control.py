@@ -20,7 +20,8 @@ import postbox
 from postbox.relay import Relay
 from postbox.settings import Settings
 from tests.harness.tasks import flow as f
-from tests.harness.worker import fetch, fetchval, running_worker, wait_until, worker_settings
+from tests.harness.wait import wait_until_async
+from tests.harness.worker import fetch, fetchval, running_worker, worker_settings
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ async def test_a_global_concurrency_limit_holds_across_workers_and_spends_no_att
     aconn = runs
     await enqueue_many(aconn, [(f.f_conc, {"seconds": 0.1}) for _ in range(30)])
     async with relay_running(fsettings), running_worker(fsettings) as w1, running_worker(fsettings) as w2:
-        await wait_until(lambda: all_done(aconn, 30), 60, "30 limited jobs done")
+        await wait_until_async(lambda: all_done(aconn, 30), 60, message="30 limited jobs done")
         held = w1.metrics.jobs._values.get((f.QUEUE, "f_conc", "held"), 0)
         held += w2.metrics.jobs._values.get((f.QUEUE, "f_conc", "held"), 0)
     assert f.max_overlap(await intervals(aconn, "f_conc")) <= 3
@@ -82,7 +83,7 @@ async def test_partitions_never_overlap_within_a_key_and_run_side_by_side_across
     aconn = runs
     await enqueue_many(aconn, [(f.f_part, {"customer_id": c, "seconds": 0.05}) for _ in range(3) for c in range(20)])
     async with relay_running(fsettings), running_worker(fsettings, worker_id="w-a"), running_worker(fsettings):
-        await wait_until(lambda: all_done(aconn, 60), 60, "60 partitioned jobs done")
+        await wait_until_async(lambda: all_done(aconn, 60), 60, message="60 partitioned jobs done")
     rows = await fetch(aconn, "SELECT part, started, ended FROM flow_runs")
     by_part: dict[str, list[tuple[float, float]]] = {}
     for part, started, ended in rows:
@@ -98,7 +99,7 @@ async def test_a_rate_limit_spaces_starts_across_workers(
     aconn = runs
     await enqueue_many(aconn, [(f.f_rate, {}) for _ in range(100)])
     async with relay_running(fsettings), running_worker(fsettings), running_worker(fsettings):
-        await wait_until(lambda: all_done(aconn, 100), 60, "100 rate-limited jobs done")
+        await wait_until_async(lambda: all_done(aconn, 100), 60, message="100 rate-limited jobs done")
     starts = [s for s, _ in await intervals(aconn, "f_rate")]
     span = starts[-1] - starts[0]
     assert span >= 99 / 50 * 0.9  # 100 starts at 50/s take about 2 s
@@ -115,10 +116,10 @@ async def test_an_unlimited_task_is_not_blocked_behind_a_limited_one(
     await enqueue_many(aconn, [(f.f_conc, {"seconds": 1.0}) for _ in range(30)])  # 10 s at 3 at once
     await enqueue_many(aconn, [(f.f_free, {}) for _ in range(200)])
     async with relay_running(fsettings), running_worker(fsettings):
-        await wait_until(
+        await wait_until_async(
             lambda: fetchval(aconn, "SELECT count(*) = 200 FROM flow_runs WHERE task = 'f_free'"),
             30,
-            "the unlimited jobs done",
+            message="the unlimited jobs done",
         )
         limited_done = await fetchval(aconn, "SELECT count(*) FROM flow_runs WHERE task = 'f_conc'")
     assert limited_done < 30  # the unlimited ones finished while the limited ones still waited
@@ -134,9 +135,9 @@ async def test_an_override_changes_the_limit_without_a_restart(
             "UPDATE postbox.limits SET override = '{\"concurrency\": 1}' WHERE scope = 'task' AND name = 'f_conc'"
         )
         await aconn.commit()
-        await wait_until(lambda: worker.limits.tasks["f_conc"].concurrency == 1, 10, "override applied")
+        await wait_until_async(lambda: worker.limits.tasks["f_conc"].concurrency == 1, 10, message="override applied")
         await enqueue_many(aconn, [(f.f_conc, {"seconds": 0.05}) for _ in range(10)])
-        await wait_until(lambda: all_done(aconn, 10), 60, "10 jobs done")
+        await wait_until_async(lambda: all_done(aconn, 10), 60, message="10 jobs done")
     assert f.max_overlap(await intervals(aconn, "f_conc")) == 1
 
 
@@ -182,7 +183,7 @@ async def test_a_queue_limit_holds_for_every_task_of_the_queue(
     await enqueue_many(aconn, [(f.f_free, {}) for _ in range(30)] + [(f.f_part, {"customer_id": i}) for i in range(30)])
     async with relay_running(fsettings), running_worker(fsettings) as w1, running_worker(fsettings):
         assert w1.limits.queues[f.QUEUE].concurrency == 2
-        await wait_until(lambda: all_done(aconn, 60), 60, "60 jobs of two tasks done")
+        await wait_until_async(lambda: all_done(aconn, 60), 60, message="60 jobs of two tasks done")
     rows = await fetch(aconn, "SELECT started, ended FROM flow_runs ORDER BY started")
     assert len(rows) == 60
     assert f.max_overlap([(s, e) for s, e in rows]) <= 2  # both tasks together
@@ -198,11 +199,15 @@ async def test_a_worker_stops_at_once_while_a_job_waits_in_it_for_its_reservatio
     await enqueue_many(aconn, [(f.f_slow_rate, {}) for _ in range(2)])
     async with relay_running(fsettings):
         async with running_worker(fsettings) as worker:
-            await wait_until(lambda: fetchval(aconn, "SELECT count(*) = 1 FROM flow_runs"), 30, "the first start")
-            await wait_until(lambda: len(worker._waits) == 1, 30, "the second waiting in the worker")
+            await wait_until_async(
+                lambda: fetchval(aconn, "SELECT count(*) = 1 FROM flow_runs"), 30, message="the first start"
+            )
+            await wait_until_async(lambda: len(worker._waits) == 1, 30, message="the second waiting in the worker")
             stopping = time.monotonic()
         assert time.monotonic() - stopping < 2.0  # not the 4 s to its reservation
         async with running_worker(fsettings):  # the entry left pending is reclaimed, its token kept
-            await wait_until(lambda: fetchval(aconn, "SELECT count(*) = 2 FROM flow_runs"), 30, "the second start")
+            await wait_until_async(
+                lambda: fetchval(aconn, "SELECT count(*) = 2 FROM flow_runs"), 30, message="the second start"
+            )
     gap = await fetchval(aconn, "SELECT max(started) - min(started) FROM flow_runs")
     assert gap >= 4.0 * 0.9

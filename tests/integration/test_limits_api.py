@@ -18,7 +18,8 @@ from postbox.flow import FlowLimit, Rate
 from postbox.settings import Settings
 from tests.harness.api import API_KEY, audit_rows, client_fixture, keyed_client_fixture, make_client  # noqa: F401
 from tests.harness.tasks import flow as f
-from tests.harness.worker import running_worker, wait_until, worker_settings
+from tests.harness.wait import wait_until_async
+from tests.harness.worker import running_worker, worker_settings
 
 F_CONC = "/api/v1/limits/task/f_conc"
 
@@ -48,14 +49,18 @@ async def test_an_override_set_through_the_api_reaches_a_running_worker_and_is_a
             assert put.status_code == 200, put.text
             assert put.json()["override"] == {"concurrency": 1}
             assert put.json()["effective"]["concurrency"] == 1 and put.json()["override_by"] == "api:anonymous"
-            await wait_until(lambda: worker.limits.tasks["f_conc"].concurrency == 1, 10, "override applied")
+            await wait_until_async(
+                lambda: worker.limits.tasks["f_conc"].concurrency == 1, 10, message="override applied"
+            )
 
             # A second override merges: the concurrency stays, a rate is added.
             put = await asyncio.to_thread(client.put, F_CONC, json={"rate": {"limit": 20, "period": 2, "burst": 4}})
             assert put.status_code == 200, put.text
             assert put.json()["override"] == {"concurrency": 1, "rate": {"limit": 20, "period": 2.0, "burst": 4}}
             assert put.json()["effective"]["rate_text"] == "20/2s (burst 4)"
-            await wait_until(lambda: worker.limits.tasks["f_conc"].rate is not None, 10, "rate override applied")
+            await wait_until_async(
+                lambda: worker.limits.tasks["f_conc"].rate is not None, 10, message="rate override applied"
+            )
 
             # Lifting one field, then the whole override: the declaration is in force again.
             cleared = await asyncio.to_thread(client.delete, F_CONC, params={"field": "rate"})
@@ -63,16 +68,16 @@ async def test_an_override_set_through_the_api_reaches_a_running_worker_and_is_a
             cleared = await asyncio.to_thread(client.delete, F_CONC)
             assert cleared.status_code == 200 and cleared.json()["override"] is None
             assert cleared.json()["effective"]["concurrency"] == 3
-            await wait_until(
+            await wait_until_async(
                 lambda: worker.limits.tasks["f_conc"].concurrency == 3 and worker.limits.tasks["f_conc"].rate is None,
                 10,
-                "override lifted",
+                message="override lifted",
             )
 
             # A null lifts a declared limit (the task is then unlimited).
             put = await asyncio.to_thread(client.put, F_CONC, json={"concurrency": None})
             assert put.status_code == 200 and put.json()["effective"]["concurrency"] is None
-            await wait_until(lambda: "f_conc" not in worker.limits.tasks, 10, "declared limit lifted")
+            await wait_until_async(lambda: "f_conc" not in worker.limits.tasks, 10, message="declared limit lifted")
 
             queue = (await asyncio.to_thread(client.get, f"/api/v1/queues/{f.QUEUE}")).json()
             names = {(item["scope"], item["name"]) for item in queue["limits"]}

@@ -29,7 +29,8 @@ from postbox.streams import epoch_key, events_channel, queue_streams
 from tests.harness.api import make_client
 from tests.harness.redis_cluster import RedisClusterServers, running_cluster
 from tests.harness.tasks import worker as t
-from tests.harness.worker import enqueue, fetch, running_worker, wait_until, worker_settings
+from tests.harness.wait import wait_until_async
+from tests.harness.worker import enqueue, fetch, running_worker, worker_settings
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ async def test_every_job_over_three_primaries_runs_once_and_is_acknowledged(
     assert len({node_of(cluster, queue_streams(csettings.redis_prefix, q)[0]) for q in queues}) == 3
     ids = await enqueue_spread(effects, queues, 300, "spread")
     async with running_relay(csettings) as relay, running_worker(csettings) as worker:
-        await wait_until(lambda: _all_succeeded(effects, ids), 90, "300 jobs succeeded")
+        await wait_until_async(lambda: _all_succeeded(effects, ids), 90, message="300 jobs succeeded")
         await worker.wait_idle()
         assert relay.published_total >= 300
     assert await effects_of(effects, ids) == (300, 300)
@@ -155,10 +156,10 @@ async def test_strict_priority_within_each_queue_and_the_workers_queue_order_acr
                 await enqueue(effects, t.w_record, {"label": f"{queue}:{priority}"}, queue=queue, priority=priority)
             )
     async with running_relay(csettings):
-        await wait_until(lambda: _published_all(effects, ids), 60, "every job published")
+        await wait_until_async(lambda: _published_all(effects, ids), 60, message="every job published")
     settings = csettings.model_copy(update={"concurrency": 1, "queues": [first, second]})
     async with running_worker(settings):
-        await wait_until(lambda: len(t.STARTED) >= len(ids), 60, "every job started")
+        await wait_until_async(lambda: len(t.STARTED) >= len(ids), 60, message="every job started")
     labels = [label for _, label in t.STARTED]
     order = [(q, int(p)) for q, p in (label.split(":") for label in labels)]
     assert [q for q, _ in order] == [first] * 7 + [second] * 7, order
@@ -181,7 +182,7 @@ async def test_queue_stats_of_the_api_and_the_cli_read_the_cluster(
     queues = csettings.queues
     ids = [await enqueue(effects, t.w_noop, queue=queues[n % 3]) for n in range(9)]
     async with running_relay(csettings):
-        await wait_until(lambda: _published_all(effects, ids), 60, "every job published")
+        await wait_until_async(lambda: _published_all(effects, ids), 60, message="every job published")
     with make_client(csettings) as client:
         for queue in queues:
             stats = client.get(f"/api/v1/queues/{queue}").json()
@@ -212,7 +213,7 @@ async def test_the_api_websocket_gets_the_relays_and_the_workers_events_over_the
     try:
         with make_client(csettings) as api, api.websocket_connect(f"/ws/events?job_id={job}") as ws:
             channel = events_channel(csettings.redis_prefix)
-            await wait_until(lambda: _subscribed(client, channel), 30, "the API's hub subscribed")
+            await wait_until_async(lambda: _subscribed(client, channel), 30, message="the API's hub subscribed")
             async with running_relay(csettings), running_worker(csettings):
                 seen: list[str] = []
                 while "succeeded" not in seen:
@@ -278,7 +279,7 @@ async def test_a_node_that_loses_its_data_is_noticed_and_its_jobs_are_published_
     ids = [await enqueue(effects, t.w_slow_effect, {"seconds": 0.0, "label": "lost"}, queue=victim) for _ in range(20)]
     signals = RelaySignals.all()
     async with running_relay(csettings, signals):
-        await wait_until(lambda: _published_all(effects, ids), 60, "every job published")
+        await wait_until_async(lambda: _published_all(effects, ids), 60, message="every job published")
         assert signals.redis_loss is not None
         signals.redis_loss.clear()  # the first check of a fresh epoch counts as a "loss" too
         port = node_of(cluster, queue_streams(prefix, victim)[0])
@@ -287,7 +288,7 @@ async def test_a_node_that_loses_its_data_is_noticed_and_its_jobs_are_published_
             node.flushall()
         await asyncio.wait_for(signals.redis_loss.wait(), 30)
         async with running_worker(csettings) as worker:
-            await wait_until(lambda: _all_succeeded(effects, ids), 90, "the lost jobs succeeded")
+            await wait_until_async(lambda: _all_succeeded(effects, ids), 90, message="the lost jobs succeeded")
             await worker.wait_idle()
     assert await effects_of(effects, ids) == (20, 20)
 
@@ -300,16 +301,18 @@ async def test_a_failover_mid_run_loses_no_job_and_runs_none_twice(
     queues = csettings.queues
     ids = await enqueue_spread(effects, queues, 300, "before", seconds=0.05)  # 1.5 s of work at least
     async with running_relay(csettings), running_worker(csettings):
-        await wait_until(lambda: _some_succeeded(effects, ids, 50), 60, "the run under way")
+        await wait_until_async(lambda: _some_succeeded(effects, ids, 50), 60, message="the run under way")
         owner = node_of(cluster, queue_streams(prefix, queues[1])[0])
         replica = cluster.replica_of(owner)
         with syncredis.Redis(port=replica.port) as node:
             node.execute_command("CLUSTER", "FAILOVER")
         assert (await states(effects, ids)).get("succeeded", 0) < 300  # mid-run
         await asyncio.to_thread(cluster.wait_ok)
-        await wait_until(lambda: node_of(cluster, queue_streams(prefix, queues[1])[0]) == replica.port, 30, "promoted")
+        await wait_until_async(
+            lambda: node_of(cluster, queue_streams(prefix, queues[1])[0]) == replica.port, 30, message="promoted"
+        )
         ids += await enqueue_spread(effects, queues, 150, "after")
-        await wait_until(lambda: _all_succeeded(effects, ids), 120, "every job succeeded")
+        await wait_until_async(lambda: _all_succeeded(effects, ids), 120, message="every job succeeded")
     assert await effects_of(effects, ids) == (450, 450)
 
 
@@ -336,7 +339,7 @@ async def test_a_failover_to_a_replica_that_missed_the_last_writes_loses_no_job(
     first = [await enqueue(effects, t.w_slow_effect, {"seconds": 0.0, "label": "kept"}, queue=queue) for _ in range(20)]
     signals = RelaySignals.all()
     async with running_relay(csettings, signals):
-        await wait_until(lambda: _published_all(effects, first), 60, "the first 20 published")
+        await wait_until_async(lambda: _published_all(effects, first), 60, message="the first 20 published")
         with primary.client() as node:
             assert node.wait(1, 10_000) == 1  # the replica has them
         replica.proc.send_signal(signal.SIGSTOP)
@@ -347,16 +350,18 @@ async def test_a_failover_to_a_replica_that_missed_the_last_writes_loses_no_job(
                 await enqueue(effects, t.w_slow_effect, {"seconds": 0.0, "label": "lost"}, queue=queue)
                 for _ in range(20)
             ]
-            await wait_until(lambda: _published_all(effects, lost), 60, "20 more published to the primary only")
+            await wait_until_async(
+                lambda: _published_all(effects, lost), 60, message="20 more published to the primary only"
+            )
             assert signals.redis_loss is not None
             signals.redis_loss.clear()
             primary.stop()
         finally:
             replica.proc.send_signal(signal.SIGCONT)
-        await wait_until(lambda: _owned_by(cluster, key, replica.port), 90, "the stale replica promoted")
+        await wait_until_async(lambda: _owned_by(cluster, key, replica.port), 90, message="the stale replica promoted")
         await asyncio.wait_for(signals.redis_loss.wait(), 60)  # the tail's high-water mark
         async with running_worker(csettings) as worker:
-            await wait_until(lambda: _all_succeeded(effects, first + lost), 90, "every job succeeded")
+            await wait_until_async(lambda: _all_succeeded(effects, first + lost), 90, message="every job succeeded")
             await worker.wait_idle()
     assert await effects_of(effects, first + lost) == (40, 40)
     primary.start()  # it rejoins as a replica of the promoted node

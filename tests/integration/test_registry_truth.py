@@ -6,9 +6,10 @@ from typing import Any
 
 import psycopg
 
-from postbox import control
+from postbox.app.services import workers as worker_service
 from postbox.settings import Settings
-from tests.harness.relay import event_within, running_relay, wait_until
+from tests.harness.relay import running_relay
+from tests.harness.wait import wait_event, wait_until_async
 
 
 def rows(conn: psycopg.Connection[Any], query: str) -> dict[str, Any]:
@@ -35,13 +36,13 @@ async def test_a_dead_leader_and_dead_workers_are_recorded_stopped(
     conn.commit()
     settings = settings.model_copy(update={"visibility_timeout": lease, "relay_session_timeout": 2.0})
     async with running_relay(settings, relay_id="relay-new", heartbeat_interval=0.2) as (_, signals):
-        await event_within(signals.leader, 10)
+        await wait_event(signals.leader, 10)
         # Holding the lock proves the old leader is not leading: recorded at once.
         assert rows(conn, "SELECT id, role FROM postbox.relays ORDER BY id")["relay-killed"] == "stopped"
-        await wait_until(
+        await wait_until_async(
             lambda: rows(conn, "SELECT id, stopped_at IS NOT NULL FROM postbox.workers")["worker-killed"],
             5,
-            what="the silent worker recorded stopped",
+            message="the silent worker recorded stopped",
         )
         assert rows(conn, "SELECT id, role FROM postbox.relays") == {
             "relay-killed": "stopped",
@@ -49,14 +50,14 @@ async def test_a_dead_leader_and_dead_workers_are_recorded_stopped(
             "relay-new": "leader",
         }
         assert rows(conn, "SELECT id, in_flight FROM postbox.workers WHERE stopped_at IS NULL") == {"worker-live": 2}
-        listed = {w["id"]: w for w in await control.list_workers(aconn, heartbeat_interval=5.0)}
-        assert (listed["worker-killed"]["stopped"], listed["worker-killed"]["in_flight"]) == (True, 0)
-        assert (listed["worker-live"]["stopped"], listed["worker-live"]["stale"]) == (False, False)
+        listed = {w.id: w for w in await worker_service.list_workers(aconn, heartbeat_interval=5.0)}
+        assert (listed["worker-killed"].stopped, listed["worker-killed"].in_flight) == (True, 0)
+        assert (listed["worker-live"].stopped, listed["worker-live"].stale) == (False, False)
         # A live worker that goes silent for longer than its lease is recorded stopped too...
-        await wait_until(
+        await wait_until_async(
             lambda: rows(conn, "SELECT id, stopped_at IS NOT NULL FROM postbox.workers")["worker-live"],
             lease + 3,
-            what="the silent live worker recorded stopped",
+            message="the silent live worker recorded stopped",
         )
         # ... and its own next heartbeat (a frozen worker resumed) says it runs again.
         conn.execute("UPDATE postbox.workers SET stopped_at = NULL, last_seen = now() WHERE id = 'worker-live'")

@@ -17,27 +17,19 @@ from postbox.relay import Relay, RelaySignals
 from postbox.settings import Settings
 from postbox.streams import events_channel
 from tests.harness.redis_server import free_port
-from tests.harness.relay import (
-    enqueue_sql,
-    entries,
-    event_within,
-    get_within,
-    leader_pid,
-    running_relay,
-    states,
-    wait_until,
-)
+from tests.harness.relay import enqueue_sql, entries, leader_pid, running_relay, states
+from tests.harness.wait import next_item, wait_event, wait_until_async
 
 
 async def test_of_two_relays_one_leads_and_the_other_stands_by(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
 ) -> None:
     async with running_relay(settings, relay_id="relay-a") as (a, a_signals):
-        await event_within(a_signals.leader, 10)
+        await wait_event(a_signals.leader, 10)
         async with running_relay(settings, relay_id="relay-b") as (b, b_signals):
-            await event_within(b_signals.standby, 10)
+            await wait_event(b_signals.standby, 10)
             ids = enqueue_sql(conn, 5)
-            await wait_until(lambda: a.published_total == 5, 5, what="the leader publishes")
+            await wait_until_async(lambda: a.published_total == 5, 5, message="the leader publishes")
             assert (a.role, b.role) == ("leader", "standby")
             assert b.published_total == 0
             assert b_signals.leader is not None and not b_signals.leader.is_set()
@@ -48,9 +40,9 @@ async def test_of_two_relays_one_leads_and_the_other_stands_by(
             }
             conn.commit()
             a.stop()  # a clean stop hands over at b's next lock retry
-            await event_within(b_signals.leader, 5)
+            await wait_event(b_signals.leader, 5)
             more = enqueue_sql(conn, 2)
-            await wait_until(lambda: b.published_total == 2, 5, what="the new leader publishes")
+            await wait_until_async(lambda: b.published_total == 2, 5, message="the new leader publishes")
     assert states(conn) == {i: ("queued", 1) for i in ids + more}
     conn.commit()
     assert dict(conn.execute("SELECT id, role FROM postbox.relays").fetchall()) == {
@@ -79,23 +71,23 @@ async def test_a_leader_whose_session_dies_between_xadd_and_mark_marks_nothing(
                 row = await cur.fetchone()
                 return row is not None and row[0] == 0
 
-            await wait_until(gone, 5, what="the backend to exit")
+            await wait_until_async(gone, 5, message="the backend to exit")
 
     a_signals = RelaySignals.all()
     a_signals.before_mark = terminate_own_session
     a = Relay(settings, signals=a_signals, relay_id="relay-a")
     a_task = asyncio.create_task(a.run())
     try:
-        await event_within(a_signals.leader, 10)
+        await wait_event(a_signals.leader, 10)
         async with running_relay(settings, relay_id="relay-b") as (b, b_signals):
-            await event_within(b_signals.standby, 10)
+            await wait_event(b_signals.standby, 10)
             ids = enqueue_sql(conn, 3)
-            await event_within(a_signals.lost_leadership, 5)
-            await event_within(b_signals.leader, 5)
-            await wait_until(lambda: b.published_total == 3, 5, what="the new leader publishes the rows")
+            await wait_event(a_signals.lost_leadership, 5)
+            await wait_event(b_signals.leader, 5)
+            await wait_until_async(lambda: b.published_total == 3, 5, message="the new leader publishes the rows")
             assert a.published_total == 0 and a_signals.published is not None and a_signals.published.empty()
             assert leader_pid(conn, settings.relay_lock_key) == (b.session.backend_pid if b.session else None)
-            await wait_until(lambda: a.role == "standby", 5, what="the old leader stands by")
+            await wait_until_async(lambda: a.role == "standby", 5, message="the old leader stands by")
     finally:
         a.stop()
         await asyncio.wait_for(a_task, 10)
@@ -108,10 +100,10 @@ async def test_stop_finishes_releases_the_lock_and_records_stopped(
     settings: Settings, conn: psycopg.Connection[Any]
 ) -> None:
     async with running_relay(settings, relay_id="relay-a") as (relay, signals):
-        await event_within(signals.leader, 10)
+        await wait_event(signals.leader, 10)
         assert leader_pid(conn, settings.relay_lock_key) is not None
         relay.stop()
-        await event_within(signals.stopped, 2)
+        await wait_event(signals.stopped, 2)
     assert leader_pid(conn, settings.relay_lock_key) is None
     conn.commit()
     assert conn.execute("SELECT role FROM postbox.relays WHERE id = 'relay-a'").fetchone() == ("stopped",)
@@ -128,7 +120,7 @@ async def test_published_events_go_out_while_someone_listens(
             got: list[int] = []
             while len(got) < 3:
                 assert signals.published is not None
-                got += await get_within(signals.published, 5)
+                got += await next_item(signals.published, 5)
             found: list[dict[str, Any]] = []
             async with asyncio.timeout(5):
                 while len(found) < 3:
@@ -148,7 +140,7 @@ async def test_metrics_endpoint_reports_the_relay(settings: Settings, conn: psyc
     delayed = settings.model_copy(update={"relay_metrics_port": port})
     enqueue_sql(conn, 4)
     async with running_relay(delayed) as (relay, _signals):
-        await wait_until(lambda: relay.published_total == 4, 5, what="4 published")
+        await wait_until_async(lambda: relay.published_total == 4, 5, message="4 published")
         async with httpx.AsyncClient() as client:
             text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     values = {
@@ -182,9 +174,9 @@ async def test_the_leader_prunes_finished_jobs_past_their_retention(
         return found
 
     async with running_relay(settings.model_copy(update={"prune_interval": 0.2})) as (relay, signals):
-        await event_within(signals.leader, 10)
-        await wait_until(lambda: old not in remaining(), 5, what="the old job pruned")
-        await wait_until(lambda: relay.published_total == 1, 5, what="the live job published")
+        await wait_event(signals.leader, 10)
+        await wait_until_async(lambda: old not in remaining(), 5, message="the old job pruned")
+        await wait_until_async(lambda: relay.published_total == 1, 5, message="the live job published")
     assert remaining() == {recent, live}
 
 
@@ -197,7 +189,7 @@ async def test_stop_does_not_wait_for_a_database_that_does_not_answer(settings: 
         silent = settings.model_copy(update={"database_url": f"postgresql://postgres@127.0.0.1:{port}/postbox"})
         relay = Relay(silent, signals=RelaySignals.all())
         task = asyncio.create_task(relay.run())
-        await wait_until(lambda: len(asyncio.all_tasks()) > 2, 1)  # connecting
+        await wait_until_async(lambda: len(asyncio.all_tasks()) > 2, 1)  # connecting
         started = time.monotonic()
         relay.stop()
         await asyncio.wait_for(task, 2)
@@ -210,7 +202,7 @@ async def test_a_mark_refuses_when_a_newer_term_is_recorded(
 ) -> None:
     """The term is checked in the mark itself: a newer leader on record → nothing marked, the relay steps down."""
     async with running_relay(settings, relay_id="relay-a") as (relay, signals):
-        await event_within(signals.leader, 10)
+        await wait_event(signals.leader, 10)
         assert relay.term == 1 and signals.leader is not None
         conn.execute(
             "INSERT INTO postbox.relays (id, host, pid, role, term) VALUES ('relay-z', 'elsewhere', 1, 'leader', 7)"
@@ -218,10 +210,10 @@ async def test_a_mark_refuses_when_a_newer_term_is_recorded(
         conn.commit()
         signals.leader.clear()
         [job] = enqueue_sql(conn, 1)
-        await event_within(signals.lost_leadership, 5)
+        await wait_event(signals.lost_leadership, 5)
         # it stands by on a new session, gets the (free) lock again, and takes the next term
-        await event_within(signals.leader, 5)
+        await wait_event(signals.leader, 5)
         assert relay.term == 8
-        await wait_until(lambda: relay.published_total == 1, 5, what="published in the new term")
+        await wait_until_async(lambda: relay.published_total == 1, 5, message="published in the new term")
     assert states(conn) == {job: ("queued", 1)}  # marked once, by term 8
     assert [int(e["id"]) for e in await entries(redis, settings.redis_prefix)] == [job, job]

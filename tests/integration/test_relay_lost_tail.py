@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
-from tests.harness.relay import enqueue_sql, entries, event_within, get_within, running_relay, wait_until
+from tests.harness.relay import enqueue_sql, entries, running_relay
+from tests.harness.wait import next_item, wait_event, wait_until_async
 
 
 async def lose_tail(redis: aioredis.Redis, key: str, *, keep: str) -> None:
@@ -41,19 +42,19 @@ async def test_a_lost_stream_tail_is_found_by_the_high_water_mark_and_republishe
     # No sweep during the test: only the loss check can find the lost tail.
     async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (relay, signals):
         ids = enqueue_sql(conn, 6)
-        await wait_until(lambda: relay.published_total == 6, 10, what="6 published")
+        await wait_until_async(lambda: relay.published_total == 6, 10, message="6 published")
         sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
         conn.commit()
         key = stream_key(prefix, "default", 5)
         await lose_tail(redis, key, keep=sids[2])  # the replica never saw the last three
-        await event_within(signals.redis_loss, 10)
+        await wait_event(signals.redis_loss, 10)
         found: list[dict[str, Any]] = []
 
         async def refresh() -> bool:
             found[:] = await entries(redis, prefix)
             return set(ids[3:]) <= {int(e["id"]) for e in found}
 
-        await wait_until(refresh, 10, what="the lost tail back in the stream")
+        await wait_until_async(refresh, 10, message="the lost tail back in the stream")
     conn.commit()
     counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
     assert all(counts[i] == 2 for i in ids[3:]), counts
@@ -65,7 +66,7 @@ async def test_the_sweep_republishes_a_job_whose_entry_id_now_holds_another_job(
     prefix = settings.redis_prefix
     async with running_relay(settings, sweep_interval=0.2, sweep_min_age=0.3) as (relay, signals):
         first, second = enqueue_sql(conn, 2)
-        await wait_until(lambda: relay.published_total == 2, 10, what="2 published")
+        await wait_until_async(lambda: relay.published_total == 2, 10, message="2 published")
         sids = dict(conn.execute("SELECT id, stream_id FROM postbox.outbox").fetchall())
         # After a failover the stream's ids restart from an older point: the id recorded
         # for ``first`` can come back holding another job's entry.
@@ -73,7 +74,7 @@ async def test_the_sweep_republishes_a_job_whose_entry_id_now_holds_another_job(
         conn.execute("UPDATE postbox.outbox SET stream_id = %s WHERE id = %s", (sids[second], first))
         conn.commit()
         assert signals.republished is not None
-        got = await get_within(signals.republished, 10)
+        got = await next_item(signals.republished, 10)
         assert got == [first]
     assert conn.execute("SELECT publish_count FROM postbox.outbox WHERE id = %s", (first,)).fetchone() == (2,)
     assert sorted(int(e["id"]) for e in await entries(redis, prefix)) == [first, second]
@@ -86,20 +87,20 @@ async def test_a_new_leader_notices_a_tail_lost_before_its_term_began(
     prefix = settings.redis_prefix
     async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (relay, _signals):
         ids = enqueue_sql(conn, 6)
-        await wait_until(lambda: relay.published_total == 6, 10, what="6 published")
+        await wait_until_async(lambda: relay.published_total == 6, 10, message="6 published")
     sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
     conn.commit()
     key = stream_key(prefix, "default", 5)
     await lose_tail(redis, key, keep=sids[2])
     async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (_relay, signals):
-        await event_within(signals.redis_loss, 10)
+        await wait_event(signals.redis_loss, 10)
         found: list[dict[str, Any]] = []
 
         async def refresh() -> bool:
             found[:] = await entries(redis, prefix)
             return set(ids[3:]) <= {int(e["id"]) for e in found}
 
-        await wait_until(refresh, 10, what="the lost tail back in the stream")
+        await wait_until_async(refresh, 10, message="the lost tail back in the stream")
 
 
 async def test_a_server_that_refuses_xinfo_does_not_stop_publishing(
@@ -119,9 +120,9 @@ async def test_a_server_that_refuses_xinfo_does_not_stop_publishing(
         )
         async with running_relay(limited, epoch_check_interval=0.05) as (relay, _):
             enqueue_sql(conn, 3)
-            await wait_until(lambda: relay.published_total == 3, 10, what="first 3 published")
-            await wait_until(xinfo_refused, 10, what="a tail check refused by the ACL")
+            await wait_until_async(lambda: relay.published_total == 3, 10, message="first 3 published")
+            await wait_until_async(xinfo_refused, 10, message="a tail check refused by the ACL")
             enqueue_sql(conn, 3)
-            await wait_until(lambda: relay.published_total == 6, 10, what="3 more published after the refusal")
+            await wait_until_async(lambda: relay.published_total == 6, 10, message="3 more published after the refusal")
     finally:
         await admin.aclose()

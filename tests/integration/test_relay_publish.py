@@ -16,29 +16,20 @@ from postbox.relay.publisher import Publisher, ensure_group
 from postbox.relay.service import run_until_published
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
-from tests.harness.relay import (
-    enqueue_sql,
-    entries,
-    entry_ids,
-    event_within,
-    get_within,
-    running_relay,
-    states,
-    wait_until,
-    wait_until_sync,
-)
+from tests.harness.relay import enqueue_sql, entries, entry_ids, running_relay, states
+from tests.harness.wait import next_item, wait_event, wait_until, wait_until_async
 
 
 async def test_publishes_committed_rows_to_their_stream_and_marks_them(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
 ) -> None:
     async with running_relay(settings) as (_relay, signals):
-        await event_within(signals.leader, 10)
+        await wait_event(signals.leader, 10)
         ids = enqueue_sql(conn, 3, queue="mail", priority=7)
         got: list[int] = []
         while len(got) < 3:
             assert signals.published is not None
-            got += await get_within(signals.published, 5)
+            got += await next_item(signals.published, 5)
     assert sorted(got) == ids
     found = await entries(redis, settings.redis_prefix, "mail")
     assert sorted(int(e["id"]) for e in found) == ids
@@ -63,7 +54,7 @@ async def test_backlog_is_published_in_batches_in_id_order(
     async with running_relay(settings.model_copy(update={"relay_batch_size": 10})) as (_relay, signals):
         assert signals.published is not None
         while sum(len(b) for b in batches) < 25:
-            batches.append(await get_within(signals.published, 5))
+            batches.append(await next_item(signals.published, 5))
     assert [len(b) for b in batches] == [10, 10, 5]
     assert [i for b in batches for i in b] == ids
     found = await entries(redis, settings.redis_prefix)
@@ -76,14 +67,14 @@ async def test_notify_wakes_the_relay_long_before_the_poll(
 ) -> None:
     slow_poll = settings.model_copy(update={"poll_interval": 30.0})
     async with running_relay(slow_poll, heartbeat_interval=30.0, epoch_check_interval=30.0) as (_relay, signals):
-        await event_within(signals.listening, 10)
+        await wait_event(signals.listening, 10)
         assert signals.published is not None
         await asyncio.sleep(0)  # let the first idle wait begin
         while not signals.published.empty():
             signals.published.get_nowait()
         start = time.monotonic()
         ids = enqueue_sql(conn, 1)
-        assert await get_within(signals.published, 5) == ids
+        assert await next_item(signals.published, 5) == ids
         assert time.monotonic() - start < 1.0
 
 
@@ -96,7 +87,7 @@ async def test_expired_rows_are_not_published(
     [fresh] = enqueue_sql(conn, 1)
     async with running_relay(settings) as (_relay, signals):
         assert signals.published is not None
-        assert await get_within(signals.published, 5) == [fresh]
+        assert await next_item(signals.published, 5) == [fresh]
     assert await entry_ids(redis, settings.redis_prefix) == [fresh]
     assert states(conn) == {stale: ("expired", 0), fresh: ("queued", 1)}
 
@@ -186,7 +177,7 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
                 conn.commit()
                 return bool(waits and waits[0])
 
-            wait_until_sync(mark_waits, 10, what="the mark waiting for the claimed row")
+            wait_until(mark_waits, 10, message="the mark waiting for the claimed row")
             # the claim's next row: free, not held by the waiting mark (NOWAIT: no deadlock wait)
             claim.execute("SELECT 1 FROM postbox.outbox WHERE id = %s FOR UPDATE NOWAIT", (ids[-1],))
         finally:
@@ -222,7 +213,7 @@ async def test_the_relay_never_trims_streams(
     ids = enqueue_sql(conn, 150)
     tight = settings.model_copy(update={"stream_maxlen": 100, "relay_batch_size": 50})
     async with running_relay(tight) as (relay, _signals):
-        await wait_until(lambda: relay.published_total >= 150, 10, what="150 published")
+        await wait_until_async(lambda: relay.published_total >= 150, 10, message="150 published")
     key = stream_key(settings.redis_prefix, "default", 5)
     assert await redis.xlen(key) == 150
     assert await entry_ids(redis, settings.redis_prefix) == ids

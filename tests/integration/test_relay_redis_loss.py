@@ -17,7 +17,8 @@ import redis.asyncio as aioredis
 from postbox.settings import Settings
 from postbox.streams import GROUP, epoch_key, stream_key
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
-from tests.harness.relay import enqueue_sql, entries, event_within, running_relay, wait_until
+from tests.harness.relay import enqueue_sql, entries, running_relay
+from tests.harness.wait import wait_event, wait_until_async
 
 FINISHED = ("succeeded", "dead", "cancelled", "expired")
 
@@ -86,7 +87,7 @@ async def test_after_redis_loses_everything_every_unfinished_job_is_republished_
     url = private_redis.url
     async with running_relay(loss_settings, sweep_interval=60.0) as (relay, signals):
         ids = enqueue_sql(conn, 24)
-        await wait_until(lambda: relay.published_total == 24, 10, what="24 published")
+        await wait_until_async(lambda: relay.published_total == 24, 10, message="24 published")
         groups = set_outcomes(conn, ids)
         assert signals.redis_loss is not None
         signals.redis_loss.clear()  # the first start (empty Redis) counts as a loss too
@@ -95,11 +96,11 @@ async def test_after_redis_loses_everything_every_unfinished_job_is_republished_
         else:
             private_redis.restart()
         assert await published_ids(url, prefix) == []
-        await event_within(signals.redis_loss, 10)
+        await wait_event(signals.redis_loss, 10)
         expected = set(groups["queued"] + groups["running_stale"])
         republished = await collect(signals.republished, expected, 10)
         fresh = enqueue_sql(conn, 2)  # publishing goes on as usual
-        await wait_until(lambda: relay.published_total == 26, 10, what="new jobs published")
+        await wait_until_async(lambda: relay.published_total == 26, 10, message="new jobs published")
         client = aioredis.Redis.from_url(url)
         try:
 
@@ -107,7 +108,7 @@ async def test_after_redis_loses_everything_every_unfinished_job_is_republished_
                 value = await client.get(epoch_key(prefix))
                 return value is not None and not value.startswith(b"recovering:")
 
-            await wait_until(recovered, 5, what="recovery finished")
+            await wait_until_async(recovered, 5, message="recovery finished")
             epoch = await client.get(epoch_key(prefix))
             groups_found = await client.xinfo_groups(stream_key(prefix, "default", 5))
         finally:
@@ -130,11 +131,11 @@ async def test_republishing_is_bounded_in_rate(
     slow = settings.model_copy(update={"redis_url": private_redis.url, "republish_rate": 20, "relay_batch_size": 10})
     async with running_relay(slow, sweep_interval=60.0) as (relay, signals):
         ids = enqueue_sql(conn, 50)
-        await wait_until(lambda: relay.published_total == 50, 10, what="50 published")
+        await wait_until_async(lambda: relay.published_total == 50, 10, message="50 published")
         assert signals.redis_loss is not None
         signals.redis_loss.clear()
         private_redis.client().flushall()
-        await event_within(signals.redis_loss, 10)
+        await wait_event(signals.redis_loss, 10)
         start = time.monotonic()
         republished = await collect(signals.republished, set(ids), 15)
         elapsed = time.monotonic() - start
@@ -153,7 +154,7 @@ async def test_a_lost_entry_is_republished_by_the_sweep_but_never_a_finished_job
     try:
         async with running_relay(loss_settings, sweep_interval=0.2, sweep_min_age=0.3) as (relay, signals):
             ids = enqueue_sql(conn, 4)
-            await wait_until(lambda: relay.published_total == 4, 10, what="4 published")
+            await wait_until_async(lambda: relay.published_total == 4, 10, message="4 published")
             lost, done, kept, stale = ids
             conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (done,))
             conn.execute(
@@ -171,7 +172,7 @@ async def test_a_lost_entry_is_republished_by_the_sweep_but_never_a_finished_job
             reconciler = relay.reconciler
             assert reconciler is not None
             sweeps = reconciler.sweeps
-            await wait_until(lambda: reconciler.sweeps >= sweeps + 3, 5, what="three more sweeps")
+            await wait_until_async(lambda: reconciler.sweeps >= sweeps + 3, 5, message="three more sweeps")
             assert relay.republished_total == 2
         found = sorted(int(e["id"]) for e in await entries(client, prefix))
     finally:

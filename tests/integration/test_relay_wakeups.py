@@ -10,15 +10,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from postbox.settings import Settings
-from tests.harness.relay import (
-    enqueue_sql,
-    entries,
-    entry_ids,
-    event_within,
-    get_within,
-    running_relay,
-    states,
-)
+from tests.harness.relay import enqueue_sql, entries, entry_ids, running_relay, states
+from tests.harness.wait import next_item, wait_event
 
 pytestmark = pytest.mark.alone  # wake-up times within 0.2 s of the poll
 
@@ -36,10 +29,10 @@ async def test_late_commit_is_published_after_a_higher_id(
             assert signals.published is not None
             [b] = enqueue_sql(conn, 1)
             assert a < b
-            assert await get_within(signals.published, 5) == [b]
+            assert await next_item(signals.published, 5) == [b]
             assert await entry_ids(redis, settings.redis_prefix) == [b]
             tx_a.commit()
-            assert await get_within(signals.published, 5) == [a]
+            assert await next_item(signals.published, 5) == [a]
     assert await entry_ids(redis, settings.redis_prefix) == [a, b]
     assert states(conn) == {a: ("queued", 1), b: ("queued", 1)}
 
@@ -50,7 +43,7 @@ async def test_a_notify_lost_while_the_listener_reconnects_is_caught_by_the_poll
     poll = 1.0
     slow = settings.model_copy(update={"poll_interval": poll})
     async with running_relay(slow) as (relay, signals):
-        await event_within(signals.listening, 10)
+        await wait_event(signals.listening, 10)
         assert signals.listening is not None and signals.published is not None
         assert relay.notifier is not None and relay.notifier.backend_pid is not None
         listener_pid = relay.notifier.backend_pid
@@ -59,13 +52,13 @@ async def test_a_notify_lost_while_the_listener_reconnects_is_caught_by_the_poll
         conn.commit()
         start = time.monotonic()
         ids = enqueue_sql(conn, 1)  # its NOTIFY reaches no listener
-        assert await get_within(signals.published, poll + 0.5) == ids
+        assert await next_item(signals.published, poll + 0.5) == ids
         elapsed = time.monotonic() - start
-        await event_within(signals.listening, 5)  # and the listener came back
+        await wait_event(signals.listening, 5)  # and the listener came back
         assert relay.notifier.backend_pid not in (None, listener_pid)
         # the new LISTEN works: a fresh row is woken by its NOTIFY
         more = enqueue_sql(conn, 1)
-        assert await get_within(signals.published, poll + 0.5) == more
+        assert await next_item(signals.published, poll + 0.5) == more
     assert elapsed <= poll + 0.2
     assert await entry_ids(redis, settings.redis_prefix) == ids + more
 
@@ -76,12 +69,12 @@ async def test_delayed_job_is_published_within_a_second_of_its_time_not_before(
     """With a 10 s poll, only the relay's "next due row" wake-up can publish it in time."""
     slow = settings.model_copy(update={"poll_interval": 10.0})
     async with running_relay(slow, heartbeat_interval=10.0, epoch_check_interval=10.0) as (_relay, signals):
-        await event_within(signals.listening, 10)
+        await wait_event(signals.listening, 10)
         assert signals.published is not None
         [job] = enqueue_sql(conn, 1, delay=1.5)
         [now_job] = enqueue_sql(conn, 1)
-        assert await get_within(signals.published, 5) == [now_job]
-        assert await get_within(signals.published, 5) == [job]
+        assert await next_item(signals.published, 5) == [now_job]
+        assert await next_item(signals.published, 5) == [job]
     conn.commit()
     row = conn.execute(
         """SELECT extract(epoch FROM published_at - available_at)::float8,

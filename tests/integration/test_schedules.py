@@ -14,15 +14,18 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from postbox import schedule_control, schedule_store
-from postbox.control import Actor, ConflictError, NotFoundError
+from postbox import schedule_store
+from postbox.app.services import schedules as schedule_control
+from postbox.app.services.audit import Actor
+from postbox.app.services.errors import ConflictError, NotFoundError
 from postbox.occurrences import Timing
 from postbox.periodic import Schedule, ScheduleBook, periodic
 from postbox.registry import Registry, task
 from postbox.relay.scheduler import ScheduleDuty
 from postbox.settings import Settings
 from postbox.streams import events_channel
-from tests.harness.relay import event_within, running_relay, wait_until
+from tests.harness.relay import running_relay
+from tests.harness.wait import wait_event, wait_until_async
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -61,16 +64,33 @@ async def test_sync_inserts_updates_and_removes_only_what_the_process_owns(
     # a process that owns only `noop` and no longer declares `a`: `a` removed, `b` untouched
     partial = await schedule_store.sync(aconn, [], ["noop"], now=T0 + timedelta(minutes=1))
     assert (partial.inserted, partial.updated, partial.removed) == ([], [], ["a"])
-    listed = {s["name"]: s for s in await schedule_control.list_schedules(aconn)}
-    assert listed["a"]["removed"] is True and listed["a"]["next_run_at"] is None
-    assert listed["b"]["removed"] is False
-    assert listed["b"]["next_run_at"] == T0 + timedelta(minutes=1)
-    assert listed["b"]["expression"] == "every 60s"
+    listed = {s.name: s for s in await schedule_control.list_schedules(aconn)}
+    assert listed["a"].removed is True and listed["a"].next_run_at is None
+    assert listed["b"].removed is False
+    assert listed["b"].next_run_at == T0 + timedelta(minutes=1)
+    assert listed["b"].expression == "every 60s"
     # declared again: back, from the sync's time on
     back = await schedule_store.sync(aconn, [sched("a")], ["noop"], now=T0 + timedelta(minutes=5, seconds=30))
     assert back.updated == ["a"]
     row = conn.execute("SELECT removed_at, cursor_at, next_run_at FROM postbox.schedules WHERE name = 'a'").fetchone()
     assert row == (None, T0 + timedelta(minutes=5, seconds=30), T0 + timedelta(minutes=6))
+
+
+async def test_sync_takes_whole_and_fractional_intervals_side_by_side(
+    aconn: psycopg.AsyncConnection[Any], conn: psycopg.Connection[Any]
+) -> None:
+    """every=60 beside every=90.5 (and a cron one): the sync once sent them as a list psycopg refused."""
+    await aconn.set_autocommit(True)
+    declared = [sched("whole", every=60), sched("fraction", every=90.5), sched("cron", every=None, cron="0 3 * * *")]
+    report = await schedule_store.sync(aconn, declared, ["noop"], now=T0)
+    assert sorted(report.inserted) == ["cron", "fraction", "whole"]
+    conn.commit()
+    rows = conn.execute("SELECT name, every_seconds FROM postbox.schedules ORDER BY name").fetchall()
+    assert [(name, None if every is None else float(every)) for name, every in rows] == [
+        ("cron", None),
+        ("fraction", 90.5),
+        ("whole", 60.0),
+    ]
 
 
 async def test_each_occurrence_is_enqueued_once_with_its_bookkeeping(
@@ -91,10 +111,10 @@ async def test_each_occurrence_is_enqueued_once_with_its_bookkeeping(
     assert [r[1] for r in runs(conn)] == [T0 + timedelta(minutes=m) for m in (1, 2, 3)]
     assert [r[2] for r in runs(conn)] == [j[0] for j in found]
     listed = await schedule_control.get_schedule(aconn, "every-minute")
-    assert listed["last_run_at"] == T0 + timedelta(minutes=3)
-    assert listed["last_job_id"] == found[-1][0]
-    assert listed["last_job_state"] == "pending"
-    assert listed["next_run_at"] == T0 + timedelta(minutes=4)
+    assert listed.last_run_at == T0 + timedelta(minutes=3)
+    assert listed.last_job_id == found[-1][0]
+    assert listed.last_job_state == "pending"
+    assert listed.next_run_at == T0 + timedelta(minutes=4)
 
 
 async def test_two_leaders_ticking_at_once_enqueue_each_occurrence_once(
@@ -179,10 +199,10 @@ async def test_pause_resume_and_trigger_are_audited(
     await schedule_store.sync(aconn, [sched("ops", every=60)], ["noop"], now=T0)
     actor = Actor("test:ops", request_id="r-1")
     paused = await schedule_control.set_paused(aconn, "ops", True, actor)
-    assert paused["paused"] is True
+    assert paused.paused is True
     assert (await schedule_store.tick(aconn, now=T0 + timedelta(minutes=5))).fired == []
     resumed = await schedule_control.set_paused(aconn, "ops", False, actor)
-    assert resumed["paused"] is False
+    assert resumed.paused is False
     # occurrences that fell while paused are skipped (the cursor moved to the resume)
     assert (await schedule_store.tick(aconn)).fired == []
     client = aioredis.Redis.from_url(redis_url)
@@ -196,9 +216,9 @@ async def test_pause_resume_and_trigger_are_audited(
         await pubsub.aclose()
         await client.aclose()
     assert message is not None
-    assert orjson.loads(message["data"])["job_id"] == fired["job_id"]
-    assert runs(conn, "ops") == [("ops", fired["occurrence"], fired["job_id"], True)]
-    assert (await schedule_control.get_schedule(aconn, "ops"))["last_job_id"] == fired["job_id"]
+    assert orjson.loads(message["data"])["job_id"] == fired.job_id
+    assert runs(conn, "ops") == [("ops", fired.occurrence, fired.job_id, True)]
+    assert (await schedule_control.get_schedule(aconn, "ops")).last_job_id == fired.job_id
     conn.commit()
     audit = conn.execute("SELECT actor, action, target, request_id FROM postbox.audit_log ORDER BY id").fetchall()
     assert audit == [
@@ -273,7 +293,7 @@ async def test_the_leading_relay_runs_the_duty_and_exposes_its_metrics(
     await aconn.set_autocommit(True)
     await schedule_store.sync(aconn, [sched("each-second", every=1)], ["noop"])
     async with running_relay(settings) as (relay, signals):
-        await event_within(signals.leader, 10)
+        await wait_event(signals.leader, 10)
         registry = relay.metrics.registry
 
         def counted() -> float:
@@ -283,7 +303,7 @@ async def test_the_leading_relay_runs_the_duty_and_exposes_its_metrics(
             return value or 0.0
 
         # The duty counts a tick's occurrences after its commit: wait on the counter, not the rows.
-        await wait_until(lambda: counted() >= 2, 10, what="two occurrences counted")
+        await wait_until_async(lambda: counted() >= 2, 10, message="two occurrences counted")
         enqueued = counted()
         lateness = registry.get_sample_value("postbox_schedule_lateness_seconds_count")
         stored = len(runs(conn, "each-second"))
@@ -389,9 +409,9 @@ async def test_a_trigger_at_the_instant_of_an_existing_run_is_refused_not_half_d
         first = await schedule_control.trigger(aconn, "twice", actor)
         with pytest.raises(ConflictError):
             await schedule_control.trigger(aconn, "twice", actor)
-    assert [r[2] for r in runs(conn, "twice")] == [first["job_id"]]
-    assert [j[0] for j in jobs(conn)] == [first["job_id"]]
-    assert (await schedule_control.get_schedule(aconn, "twice"))["last_job_id"] == first["job_id"]
+    assert [r[2] for r in runs(conn, "twice")] == [first.job_id]
+    assert [j[0] for j in jobs(conn)] == [first.job_id]
+    assert (await schedule_control.get_schedule(aconn, "twice")).last_job_id == first.job_id
 
 
 async def test_a_tick_that_raises_a_bug_is_logged_and_retried_later_never_raised(

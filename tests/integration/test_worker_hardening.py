@@ -18,7 +18,8 @@ from postbox.worker.delivery import Delivery, Job
 from postbox.worker.outcomes import Outcome
 from tests.harness.publish import publish_due
 from tests.harness.tasks import hardening as h
-from tests.harness.worker import enqueue, fetch, finished, running_worker, wait_until, worker_settings
+from tests.harness.wait import wait_until_async
+from tests.harness.worker import enqueue, fetch, finished, running_worker, worker_settings
 
 
 async def test_unencodable_text_is_stored_safely_and_blocks_nothing(
@@ -33,7 +34,9 @@ async def test_unencodable_text_is_stored_safely_and_blocks_nothing(
         await publish_due(aconn, redis, wsettings.redis_prefix)
         got = dict(await finished(worker, 4))
         assert got == {retried: "retry", last: "dead", kept: "succeeded", fine: "succeeded"}
-        await wait_until(lambda: publish_due(aconn, redis, wsettings.redis_prefix), 10, "the retry published")
+        await wait_until_async(
+            lambda: publish_due(aconn, redis, wsettings.redis_prefix), 10, message="the retry published"
+        )
         assert await finished(worker, 1) == [(retried, "dead")]
     rows = await fetch(aconn, "SELECT id, state, last_error_class, last_error, result FROM postbox.outbox ORDER BY id")
     bad = "report-\\udcff.pdf"
@@ -130,7 +133,7 @@ async def test_a_stuck_sync_handler_times_out_and_never_starves_the_next_jobs(
                 published.extend(await publish_due(aconn, redis, wsettings.redis_prefix))
                 return len(published) == 3
 
-            await wait_until(all_retries_published, 10, "retries published")
+            await wait_until_async(all_retries_published, 10, message="retries published")
             got += await finished(worker, 3, within=20)
             assert worker.threads.abandoned == 6
     finally:
@@ -231,7 +234,7 @@ async def test_a_job_nobody_knows_is_dead_lettered_after_the_grace_period(
                 outcome.append(worker.signals.finished.get_nowait())
             return bool(outcome)
 
-        await wait_until(dead_lettered, 15, "the job dead-lettered")
+        await wait_until_async(dead_lettered, 15, message="the job dead-lettered")
         waited = asyncio.get_running_loop().time() - started
     assert outcome == [(job_id, "dead")]
     assert waited >= 1.0

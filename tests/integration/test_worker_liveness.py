@@ -15,7 +15,8 @@ from postbox.streams import queue_streams
 from tests.harness.publish import publish_due
 from tests.harness.redis_server import RedisServer
 from tests.harness.tasks import worker as t
-from tests.harness.worker import enqueue, fetch, fetchval, finished, running_worker, wait_until, worker_settings
+from tests.harness.wait import wait_until_async
+from tests.harness.worker import enqueue, fetch, fetchval, finished, running_worker, worker_settings
 
 
 async def test_a_long_handler_keeps_its_claim_and_entry_fresh(
@@ -57,12 +58,12 @@ async def test_heartbeat_registry_row(
         await aconn.execute(t.EFFECTS_DDL)
         await aconn.commit()
         await publish_due(aconn, redis, s.redis_prefix)
-        await wait_until(
+        await wait_until_async(
             lambda: fetchval(
                 aconn, "SELECT in_flight = 1 AND last_seen > %s FROM postbox.workers WHERE id = %s", (first, worker.id)
             ),
             5,
-            "a heartbeat showing the job in flight",
+            message="a heartbeat showing the job in flight",
         )
         assert await finished(worker, 1) == [(job_id, "succeeded")]
     row = await fetch(aconn, "SELECT in_flight, processed, failed, stopped_at IS NOT NULL FROM postbox.workers")
@@ -166,7 +167,7 @@ async def test_in_flight_gauge_follows_running_handlers_and_outcomes_count_per_b
     async with running_worker(s) as worker:
         registry = worker.metrics.registry
         await publish_due(aconn, redis, s.redis_prefix)
-        await wait_until(lambda: registry.get_sample_value("postbox_worker_in_flight") == 3, 10)
+        await wait_until_async(lambda: registry.get_sample_value("postbox_worker_in_flight") == 3, 10)
         assert sorted(kind for _, kind in await finished(worker, 3)) == ["succeeded"] * 3
         assert registry.get_sample_value("postbox_worker_in_flight") == 0
         succeeded = {"queue": t.QUEUE, "task": "w_slow_effect", "outcome": "succeeded"}

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness.api import wait_until
 from tests.harness.redis_server import free_port
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -51,7 +51,7 @@ def api(child_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
         )
     try:
         try:
-            wait_until(lambda: _healthy(f"http://127.0.0.1:{port}"), timeout=120)  # a busy machine starts it slowly
+            wait_until(lambda: _healthy(f"http://127.0.0.1:{port}"), 120)  # a busy machine starts it slowly
         except AssertionError:
             raise AssertionError(log_path.read_text()) from None
         yield "127.0.0.1", port

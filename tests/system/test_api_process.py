@@ -12,8 +12,8 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from tests.harness.api import wait_until
 from tests.harness.redis_server import free_port
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -38,7 +38,7 @@ def test_api_run_serves_rest_and_websocket_and_stops_on_sigterm(child_env: dict[
     url = f"http://127.0.0.1:{port}"
     try:
         try:
-            wait_until(lambda: _healthy(url), timeout=30)
+            wait_until(lambda: _healthy(url), 30)
         except AssertionError:
             raise AssertionError((tmp_path / "api.log").read_text()) from None
         assert httpx.get(url + "/ready", timeout=5).json()["status"] == "ready"

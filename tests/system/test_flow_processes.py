@@ -27,7 +27,8 @@ import pytest
 import postbox
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
 from tests.harness.tasks import flow as f
-from tests.system.test_worker_processes import Fleet, one, wait_for, worker_id_of
+from tests.harness.wait import wait_until
+from tests.system.test_worker_processes import Fleet, one, worker_id_of
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # rates and hand-off times
 
@@ -54,7 +55,9 @@ class FlowFleet(Fleet):
 
     def workers(self, db: psycopg.Connection[Any], n: int, concurrency: int = 10) -> list[subprocess.Popen[bytes]]:
         procs = [self.worker(concurrency) for _ in range(n)]
-        wait_for(lambda: all(worker_id_of(db, p) for p in procs), 30, f"{n} workers up", self)
+        wait_until(
+            lambda: all(worker_id_of(db, p) for p in procs), 30, message=lambda: f"{n} workers up\n{self.logs()}"
+        )
         return procs
 
 
@@ -160,7 +163,7 @@ def test_four_workers_never_run_more_than_the_global_limit_and_keep_it_busy(
     fleet.relay()
     fleet.workers(db, 4)
     enqueue(db, "f_conc", [{"seconds": 0.2} for _ in range(60)])
-    wait_for(lambda: done(db, "f_conc") == 60, 90, "60 limited jobs done", fleet)
+    wait_until(lambda: done(db, "f_conc") == 60, 90, message=lambda: f"60 limited jobs done\n{fleet.logs()}")
     runs = runs_of(db, "f_conc")
     overlap = f.max_overlap(runs)
     mean = mean_concurrency(runs)
@@ -202,12 +205,14 @@ def test_a_rate_of_50_per_second_starts_500_jobs_in_10_seconds(fleet: FlowFleet,
     fleet.relay()
     enqueue(db, "f_rate", [{} for _ in range(700)])
     # Published (and marked) before any worker reads: no claim meets an unmarked publish.
-    wait_for(
-        lambda: one(db, "SELECT count(*) FROM postbox.outbox WHERE state = 'queued'") == 700, 30, "published", fleet
+    wait_until(
+        lambda: one(db, "SELECT count(*) FROM postbox.outbox WHERE state = 'queued'") == 700,
+        30,
+        message=lambda: f"published\n{fleet.logs()}",
     )
     fleet.workers(db, 2)
     first = lambda: one(db, "SELECT min(started) FROM flow_runs")  # noqa: E731
-    wait_for(first, 60, "first start", fleet)
+    wait_until(first, 60, message=lambda: f"first start\n{fleet.logs()}")
     first_start = float(first())
     # The first second is the backlog pass: two workers read and sort 700 jobs at once
     # (each starts, waits in its worker for its reservation, or is held back), which on a
@@ -216,11 +221,10 @@ def test_a_rate_of_50_per_second_starts_500_jobs_in_10_seconds(fleet: FlowFleet,
     # reported). The window is over once a start after it is recorded (f_rate runs take
     # no time), or, at the latest, a second after it closed.
     start = first_start + 1.0
-    wait_for(
+    wait_until(
         lambda: one(db, "SELECT max(started) FROM flow_runs") > start + 10.0 or time.time() > start + 11.0,
         60,
-        "10 s of starts",
-        fleet,
+        message=lambda: f"10 s of starts\n{fleet.logs()}",
     )
     starts = [row[0] for row in db.execute("SELECT started FROM flow_runs ORDER BY started").fetchall()]
     in_window = sum(1 for s in starts if start <= s < start + 10.0)
@@ -256,7 +260,9 @@ def test_200_partitions_with_a_limit_of_1_never_overlap_within_a_partition(
     fleet.relay()
     fleet.workers(db, 4)
     enqueue(db, "f_part", [{"customer_id": c, "seconds": 0.05} for _ in range(3) for c in range(200)])
-    took = wait_for(lambda: done(db, "f_part") == 600, 90, "600 partitioned jobs done", fleet)
+    enqueued = time.monotonic()
+    wait_until(lambda: done(db, "f_part") == 600, 90, message=lambda: f"600 partitioned jobs done\n{fleet.logs()}")
+    took = time.monotonic() - enqueued
     by_part: dict[str, list[tuple[float, float]]] = {}
     for part, started, ended in db.execute("SELECT part, started, ended FROM flow_runs").fetchall():
         by_part.setdefault(part, []).append((started, ended))
@@ -283,7 +289,11 @@ def test_a_lost_workers_slots_come_back_within_the_visibility_timeout(
         victim = fleet.workers(db, 1)[0]
         victim_id = worker_id_of(db, victim)
         mine = "SELECT count(*) FROM postbox.outbox WHERE state = 'running' AND claimed_by = %s"
-        wait_for(lambda: one(db, mine, (victim_id,)) == LIMIT, 30, "victim running three jobs", fleet)
+        wait_until(
+            lambda: one(db, mine, (victim_id,)) == LIMIT,
+            30,
+            message=lambda: f"victim running three jobs\n{fleet.logs()}",
+        )
         survivor = fleet.workers(db, 1)[0]  # starts while the victim's runs go on
         survivor_id = worker_id_of(db, survivor)
         assert one(db, mine, (victim_id,)) == LIMIT and one(db, mine, (survivor_id,)) == 0
@@ -302,7 +312,7 @@ def test_a_lost_workers_slots_come_back_within_the_visibility_timeout(
             most_live = max(most_live, one(db, live))
             return bool(one(db, mine, (survivor_id,)))
 
-        wait_for(recovered, KILL_VISIBILITY + 15.0, "a slot back on the survivor", fleet)
+        wait_until(recovered, KILL_VISIBILITY + 15.0, message=lambda: f"a slot back on the survivor\n{fleet.logs()}")
         recovery = (
             one(
                 db,
@@ -323,12 +333,20 @@ def test_a_lost_workers_slots_come_back_within_the_visibility_timeout(
             most_live = max(most_live, one(db, live))
             return bool(one(db, by_survivor, (survivor_id,)))
 
-        wait_for(first_takeover_ended, LOST_JOB_SECONDS + 30.0, "a run of the survivor recorded", fleet)
+        wait_until(
+            first_takeover_ended,
+            LOST_JOB_SECONDS + 30.0,
+            message=lambda: f"a run of the survivor recorded\n{fleet.logs()}",
+        )
         if fault == "SIGSTOP":  # and the resumed victim has finished its stale runs
             caught_up = (
                 "SELECT in_flight = 0 AND last_seen > now() - interval '1 second' FROM postbox.workers WHERE id = %s"
             )
-            wait_for(lambda: one(db, caught_up, (victim_id,)), 30, "the resumed victim caught up", fleet)
+            wait_until(
+                lambda: one(db, caught_up, (victim_id,)),
+                30,
+                message=lambda: f"the resumed victim caught up\n{fleet.logs()}",
+            )
         recorded = db.execute("SELECT job_id, worker_id, attempt, started, ended FROM flow_runs").fetchall()
         overlap = f.max_overlap([(r[3], r[4]) for r in recorded])
         from_victim = sum(1 for r in recorded if r[1] == victim_id)
@@ -367,11 +385,15 @@ def test_limits_hold_when_redis_loses_its_data_mid_run(
         fleet.relay()
         fleet.workers(db, 2)
         enqueue(db, "f_conc", [{"seconds": 0.2} for _ in range(40)])
-        wait_for(lambda: one(db, "SELECT count(*) FROM flow_runs") >= 10, 60, "ten runs", fleet)
+        wait_until(
+            lambda: one(db, "SELECT count(*) FROM flow_runs") >= 10,
+            60,
+            message=lambda: f"ten runs\n{fleet.logs()}",
+        )
         flushed_after = one(db, "SELECT count(*) FROM flow_runs")
         private_redis.client().flushall()
         flushed = time.monotonic()
-        wait_for(lambda: done(db, "f_conc") == 40, 90, "40 done after FLUSHALL", fleet)
+        wait_until(lambda: done(db, "f_conc") == 40, 90, message=lambda: f"40 done after FLUSHALL\n{fleet.logs()}")
         took = time.monotonic() - flushed
         runs = runs_of(db, "f_conc")
         overlap = f.max_overlap(runs)
@@ -399,12 +421,16 @@ def test_an_unlimited_task_keeps_its_throughput_while_a_limited_one_waits(
         return len(ids) / (last - first)
 
     warm = enqueue(db, "f_free", [{} for _ in range(20)])
-    wait_for(lambda: free_done(warm), 30, "warm-up", fleet)
+    wait_until(lambda: free_done(warm), 30, message=lambda: f"warm-up\n{fleet.logs()}")
     alone = enqueue(db, "f_free", [{} for _ in range(500)])
-    wait_for(lambda: free_done(alone), 60, "500 unlimited jobs alone", fleet)
+    wait_until(lambda: free_done(alone), 60, message=lambda: f"500 unlimited jobs alone\n{fleet.logs()}")
     limited = enqueue(db, "f_conc", [{"seconds": 1.0} for _ in range(30)])  # 10 s at 3 at once
     beside = enqueue(db, "f_free", [{} for _ in range(500)])
-    wait_for(lambda: free_done(beside), 60, "500 unlimited jobs beside the limited backlog", fleet)
+    wait_until(
+        lambda: free_done(beside),
+        60,
+        message=lambda: f"500 unlimited jobs beside the limited backlog\n{fleet.logs()}",
+    )
     limited_done = one(db, "SELECT count(*) FROM flow_runs WHERE job_id = ANY(%s)", (limited,))
     limited_publishes = one(db, "SELECT sum(publish_count) FROM postbox.outbox WHERE id = ANY(%s)", (limited,))
     waited = one(db, "SELECT max(ended) - min(started) FROM flow_runs WHERE job_id = ANY(%s)", (beside,))

@@ -23,9 +23,10 @@ import psycopg
 import pytest
 
 from postbox import migrate
-from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, one, wait_for
+from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, one
 from tests.harness.postgres_server import PostgresServer, running_postgres, running_standby
 from tests.harness.tasks import ha as tasks_ha
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -67,20 +68,32 @@ def test_postgres_fast_and_immediate_restarts_under_load(
         procs.worker()
         procs.worker()
         producer.start()
-        wait_for(lambda: finished_count(url) >= 50, 60, "the first 50 jobs done")
+        wait_until(
+            lambda: finished_count(url) >= 50, 60, message="the first 50 jobs done", ignore=(psycopg.OperationalError,)
+        )
         for mode, down_for in (("fast", 0.0), ("immediate", 0.0), ("immediate", 5.0)):
             before = finished_count(url)
             restarted = time.monotonic()
             private_pg.restart(mode, down_for)
             up = time.monotonic()
             # Progress again: jobs enqueued after the restart are published, run and recorded.
-            wait_for(lambda b=before: finished_count(url) >= b + 100, 60, f"progress after the {mode} restart")
+            wait_until(
+                lambda b=before: finished_count(url) >= b + 100,
+                60,
+                message=f"progress after the {mode} restart",
+                ignore=(psycopg.OperationalError,),
+            )
             print(f"\n{mode} restart: server down and up in {up - restarted:.2f}s; 100 more jobs done "
                   f"{time.monotonic() - up:.2f}s after it was up")  # fmt: skip
-            wait_for(lambda: leader_count(url) == 1, 30, f"one relay leading after the {mode} restart")
+            wait_until(
+                lambda: leader_count(url) == 1,
+                30,
+                message=f"one relay leading after the {mode} restart",
+                ignore=(psycopg.OperationalError,),
+            )
         producer.stop()
         assert producer.committed and producer.refused > 0  # the restarts were real: the producer saw them
-        wait_for(lambda: all_finished(url), 90, "every job finished")
+        wait_until(lambda: all_finished(url), 90, message="every job finished", ignore=(psycopg.OperationalError,))
         assert procs.exit_codes() == [None] * 4  # nobody was restarted: each one reconnected on its own
         check_invariants(url, producer.committed)
         assert leader_count(url) == 1
@@ -107,8 +120,12 @@ def test_a_primary_crash_and_a_promoted_synchronous_standby_under_load(
             # Synchronous: a COMMIT returns once the standby has it, so the promotion loses no committed job.
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
             conn.execute("SELECT pg_reload_conf()")
-        wait_for(lambda: one(primary.url(), "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") == 1,
-                 30, "the standby streaming synchronously")  # fmt: skip
+        wait_until(
+            lambda: one(primary.url(), "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") == 1,
+            30,
+            message="the standby streaming synchronously",
+            ignore=(psycopg.OperationalError,),
+        )
         url = (
             f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/postgres"
             "?target_session_attrs=read-write&connect_timeout=2"
@@ -129,20 +146,35 @@ def test_a_primary_crash_and_a_promoted_synchronous_standby_under_load(
             procs.worker()
             procs.worker()
             producer.start()
-            wait_for(lambda: finished_count(url) >= 50, 60, "the first 50 jobs done")
+            wait_until(
+                lambda: finished_count(url) >= 50,
+                60,
+                message="the first 50 jobs done",
+                ignore=(psycopg.OperationalError,),
+            )
             before = finished_count(url)
             crashed = time.monotonic()
             primary.stop("immediate")
             standby.promote()
             promoted = time.monotonic()
             assert not in_recovery(standby.url())
-            wait_for(lambda: finished_count(url) >= before + 100, 60, "progress on the promoted standby")
+            wait_until(
+                lambda: finished_count(url) >= before + 100,
+                60,
+                message="progress on the promoted standby",
+                ignore=(psycopg.OperationalError,),
+            )
             print(f"\nfailover: crash to promoted in {promoted - crashed:.2f}s; 100 more jobs done "
                   f"{time.monotonic() - promoted:.2f}s after the promotion")  # fmt: skip
-            wait_for(lambda: leader_count(url) == 1, 30, "one relay leading on the promoted standby")
+            wait_until(
+                lambda: leader_count(url) == 1,
+                30,
+                message="one relay leading on the promoted standby",
+                ignore=(psycopg.OperationalError,),
+            )
             producer.stop()
             assert producer.committed and producer.refused > 0
-            wait_for(lambda: all_finished(url), 90, "every job finished")
+            wait_until(lambda: all_finished(url), 90, message="every job finished", ignore=(psycopg.OperationalError,))
             assert procs.exit_codes() == [None] * 4
             check_invariants(url, producer.committed)
         except BaseException:

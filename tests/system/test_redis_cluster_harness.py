@@ -23,10 +23,11 @@ import pytest
 
 from postbox.startup import cluster_refusal
 from postbox.streams import queue_streams
-from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, wait_for
+from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count
 from tests.harness.redis_cluster import RedisClusterServers, running_cluster
 from tests.harness.redis_server import free_port
 from tests.harness.tasks import ha as tasks_ha
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -116,9 +117,14 @@ def test_relay_workers_api_and_cli_processes_run_on_the_cluster_through_a_failov
         procs.worker()
         procs.worker()
         procs.start("-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port))
-        wait_for(lambda: api_ready(port), 60, "the API ready")
+        wait_until(lambda: api_ready(port), 60, message="the API ready", ignore=(psycopg.OperationalError,))
         producer.start()
-        wait_for(lambda: finished_count(database_url) >= 50, 60, "the first 50 jobs done")
+        wait_until(
+            lambda: finished_count(database_url) >= 50,
+            60,
+            message="the first 50 jobs done",
+            ignore=(psycopg.OperationalError,),
+        )
         with cluster.client() as client:
             owner = int(client.get_node_from_key(key).port)
         replica = cluster.replica_of(owner)
@@ -126,9 +132,14 @@ def test_relay_workers_api_and_cli_processes_run_on_the_cluster_through_a_failov
             node.execute_command("CLUSTER", "FAILOVER")
         cluster.wait_ok()
         done = finished_count(database_url)
-        wait_for(lambda: finished_count(database_url) >= done + 50, 60, "50 more jobs done after the failover")
+        wait_until(
+            lambda: finished_count(database_url) >= done + 50,
+            60,
+            message="50 more jobs done after the failover",
+            ignore=(psycopg.OperationalError,),
+        )
         producer.stop()
-        wait_for(lambda: all_finished(database_url), 60, "every job done")
+        wait_until(lambda: all_finished(database_url), 60, message="every job done", ignore=(psycopg.OperationalError,))
         check_invariants(database_url, producer.committed)
 
         # An acknowledgement the failover lost (sent to the old primary, not yet replicated)
@@ -138,7 +149,12 @@ def test_relay_workers_api_and_cli_processes_run_on_the_cluster_through_a_failov
             found = httpx.get(f"http://127.0.0.1:{port}/api/v1/queues/{tasks_ha.QUEUE}", timeout=10).json()
             return (found["in_streams"], found["stream_pending"], found["redis_error"]) == (0, 0, None)
 
-        wait_for(streams_clean, 30, "the streams empty (a lost acknowledgement reclaimed)")
+        wait_until(
+            streams_clean,
+            30,
+            message="the streams empty (a lost acknowledgement reclaimed)",
+            ignore=(psycopg.OperationalError,),
+        )
         check_invariants(database_url, producer.committed)  # and nothing ran twice meanwhile
         for argv in (["pause", tasks_ha.QUEUE], ["list", "--json"]):  # paused: listed with no job waiting
             listed = subprocess.run(
@@ -180,5 +196,5 @@ def test_a_queue_lives_on_one_slot_queues_spread_over_three_primaries_and_a_repl
             client.nodes_manager.initialize()  # read the slot map again
             return int(client.get_node_from_key(key).port) == int(replica.port)
 
-        wait_for(promoted, 30, "the replica owning the queue's slot")
+        wait_until(promoted, 30, message="the replica owning the queue's slot", ignore=(psycopg.OperationalError,))
         assert client.xlen(key) == 1

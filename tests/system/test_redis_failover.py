@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,9 +25,10 @@ import redis as syncredis
 
 from postbox.relay.watermark import parse_entry_id
 from postbox.streams import stream_key
-from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, one, wait_for
+from tests.harness.ha import Processes, Producer, all_finished, check_invariants, finished_count, one
 from tests.harness.redis_failover import RedisPair, redis_pair
 from tests.harness.tasks import ha as tasks_ha
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -89,19 +91,36 @@ def test_a_failover_to_a_replica_missing_the_last_writes_loses_nothing_and_runs_
         procs.worker()
         procs.worker()
         producer.start()
-        wait_for(lambda: finished_count(database_url) >= 50, 60, "the first 50 jobs done")
+        wait_until(
+            lambda: finished_count(database_url) >= 50,
+            60,
+            message="the first 50 jobs done",
+            ignore=(psycopg.OperationalError,),
+        )
         pair.wait_synced()
         pair.detach_replica()
         with pair.replica.client() as replica:
             kept = last_generated(replica, key)
         done_at_detach = finished_count(database_url)
         # The tail the replica never gets: entries published, and jobs finished (XACK + XDEL).
-        wait_for(lambda: finished_count(database_url) >= done_at_detach + 50, 60, "50 jobs done after the detach")
+        wait_until(
+            lambda: finished_count(database_url) >= done_at_detach + 50,
+            60,
+            message="50 jobs done after the detach",
+            ignore=(psycopg.OperationalError,),
+        )
         # And jobs published but not yet taken: the workers pause while the relay goes on.
         workers = procs.procs[2:]
         for worker in workers:
             worker.send_signal(signal.SIGSTOP)
-        waiting = wait_for(lambda: queued_published(database_url) >= 20, 30, "20 jobs published to no one")
+        stopped = time.monotonic()
+        wait_until(
+            lambda: queued_published(database_url) >= 20,
+            30,
+            message="20 jobs published to no one",
+            ignore=(psycopg.OperationalError,),
+        )
+        waiting = time.monotonic() - stopped
         with pair.primary.client() as primary, pair.replica.client() as replica:
             assert last_generated(primary, key) > kept  # the replica misses entries...
             assert replica.get(f"{env['POSTBOX_REDIS_PREFIX']}:epoch") is not None  # ...but has the epoch key
@@ -113,12 +132,21 @@ def test_a_failover_to_a_replica_missing_the_last_writes_loses_nothing_and_runs_
         outage = pair.fail_over()
         for worker in workers:
             worker.send_signal(signal.SIGCONT)
-        repaired = wait_for(lambda: unfinished_among(database_url, committed) == 0, 60, "the jobs before the failover")
+        failed_over = time.monotonic()
+        wait_until(
+            lambda: unfinished_among(database_url, committed) == 0,
+            60,
+            message="the jobs before the failover",
+            ignore=(psycopg.OperationalError,),
+        )
+        repaired = time.monotonic() - failed_over
         case = "leader killed too" if leader_dies else "same leader"
         print(f"\nfailover ({case}): workers paused {waiting:.2f}s, {outage:.2f}s without Redis; "
               f"every job committed before it done {repaired:.2f}s later")  # fmt: skip
         producer.stop()
-        wait_for(lambda: all_finished(database_url), 90, "every job finished")
+        wait_until(
+            lambda: all_finished(database_url), 90, message="every job finished", ignore=(psycopg.OperationalError,)
+        )
         assert sorted(procs.exit_codes(), key=str) == ([-9] if leader_dies else []) + [None] * (3 if leader_dies else 4)
         check_invariants(database_url, producer.committed)
         assert "Redis lost the newest entries of streams" in procs.text("relay")

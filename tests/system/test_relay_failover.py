@@ -16,13 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from postbox.settings import Settings
-from tests.harness.relay import (
-    enqueue_sql,
-    entries,
-    leader_pid,
-    relay_processes,
-    wait_until_sync,
-)
+from tests.harness.relay import enqueue_sql, entries, leader_pid, relay_processes
+from tests.harness.wait import wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # failover and exit times
 
@@ -64,12 +59,10 @@ def log_text(tmp_path: Path, index: int) -> str:
 
 def start_pair(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     """Wait until both relays registered and one leads; return (leader index, standby index)."""
-    wait_until_sync(
-        lambda: len(roles(conn)) == 2 and current_leader(conn) is not None, 15, what="two relays, one leader"
-    )
+    wait_until(lambda: len(roles(conn)) == 2 and current_leader(conn) is not None, 15, message="two relays, one leader")
     leader = current_leader(conn)
-    wait_until_sync(
-        lambda: sorted(role for role, _ in roles(conn).values()) == ["leader", "standby"], 5, what="a standby"
+    wait_until(
+        lambda: sorted(role for role, _ in roles(conn).values()) == ["leader", "standby"], 5, message="a standby"
     )
     return (0, 1) if leader == "relay-t0" else (1, 0)
 
@@ -90,7 +83,7 @@ def test_two_relays_exactly_one_publishes_and_every_row_once(
         ids: list[int] = []
         for _ in range(20):
             ids += enqueue_sql(conn, 10)
-        wait_until_sync(lambda: not unpublished(conn, ids), 10, what="every row published")
+        wait_until(lambda: not unpublished(conn, ids), 10, message="every row published")
         assert all(p.poll() is None for p in procs)
         assert roles(conn)[f"relay-t{standby}"][0] == "standby"
     assert publish_counts(conn) == {i: 1 for i in ids}
@@ -105,12 +98,12 @@ def test_sigkill_the_leader_and_the_standby_publishes_new_rows_within_5_s(
     with relay_processes(child_env, 2, tmp_path) as procs:
         leader, standby = start_pair(conn)
         before = enqueue_sql(conn, 5)
-        wait_until_sync(lambda: not unpublished(conn, before), 10, what="first rows published")
+        wait_until(lambda: not unpublished(conn, before), 10, message="first rows published")
         procs[leader].kill()
         killed_at = time.monotonic()
         procs[leader].wait(timeout=5)
         after = enqueue_sql(conn, 5)
-        wait_until_sync(lambda: not unpublished(conn, after), 5, what="standby publishes")
+        wait_until(lambda: not unpublished(conn, after), 5, message="standby publishes")
         took = time.monotonic() - killed_at
         assert current_leader(conn) == f"relay-t{standby}"
     assert took < 5.0
@@ -124,19 +117,19 @@ def test_terminating_the_leaders_session_moves_leadership(
     with relay_processes(child_env, 2, tmp_path) as procs:
         leader, standby = start_pair(conn)
         before = enqueue_sql(conn, 5)
-        wait_until_sync(lambda: not unpublished(conn, before), 10, what="first rows published")
+        wait_until(lambda: not unpublished(conn, before), 10, message="first rows published")
         old_pid = leader_pid(conn, settings.relay_lock_key)
         assert old_pid is not None
         conn.execute("SELECT pg_terminate_backend(%s)", (old_pid,))
         conn.commit()
         terminated_at = time.monotonic()
         after = enqueue_sql(conn, 5)
-        wait_until_sync(lambda: not unpublished(conn, after), 5, what="rows published after the takeover")
+        wait_until(lambda: not unpublished(conn, after), 5, message="rows published after the takeover")
         took = time.monotonic() - terminated_at
-        wait_until_sync(lambda: current_leader(conn) == f"relay-t{standby}", 5, what="the standby leads")
+        wait_until(lambda: current_leader(conn) == f"relay-t{standby}", 5, message="the standby leads")
         # the old leader noticed, and stands by on a new session
-        wait_until_sync(lambda: "lost leadership" in log_text(tmp_path, leader), 5, what="lost leadership logged")
-        wait_until_sync(lambda: roles(conn)[f"relay-t{leader}"][0] == "standby", 5, what="old leader stands by")
+        wait_until(lambda: "lost leadership" in log_text(tmp_path, leader), 5, message="lost leadership logged")
+        wait_until(lambda: roles(conn)[f"relay-t{leader}"][0] == "standby", 5, message="old leader stands by")
         new_pid = leader_pid(conn, settings.relay_lock_key)
         assert new_pid not in (None, old_pid)
         assert all(p.poll() is None for p in procs)
@@ -161,14 +154,14 @@ def test_sigstop_the_leader_past_failover_then_sigcont_loses_nothing(
         burst = [r[0] for r in conn.execute("SELECT id FROM postbox.outbox ORDER BY id").fetchall()]
         conn.commit()
         during = enqueue_sql(conn, 10)
-        wait_until_sync(lambda: not unpublished(conn, burst + during), 10, what="standby publishes everything")
+        wait_until(lambda: not unpublished(conn, burst + during), 10, message="standby publishes everything")
         failover = time.monotonic() - stopped_at
         assert current_leader(conn) == f"relay-t{standby}"
         procs[leader].send_signal(signal.SIGCONT)
-        wait_until_sync(lambda: "lost leadership" in log_text(tmp_path, leader), 5, what="resumed leader steps down")
-        wait_until_sync(lambda: roles(conn)[f"relay-t{leader}"][0] == "standby", 5, what="it stands by")
+        wait_until(lambda: "lost leadership" in log_text(tmp_path, leader), 5, message="resumed leader steps down")
+        wait_until(lambda: roles(conn)[f"relay-t{leader}"][0] == "standby", 5, message="it stands by")
         after = enqueue_sql(conn, 10)
-        wait_until_sync(lambda: not unpublished(conn, after), 5, what="rows after the resume")
+        wait_until(lambda: not unpublished(conn, after), 5, message="rows after the resume")
         assert all(p.poll() is None for p in procs)
     every = burst + during + after
     assert failover < 5.0
@@ -190,11 +183,11 @@ def test_sigterm_exits_0_within_2_s_and_releases_the_lock(
         code = procs[leader].wait(timeout=5)
         exit_time = time.monotonic() - sent
         # released, not left to die with the session: the standby has it at its next retry
-        wait_until_sync(lambda: current_leader(conn) == f"relay-t{standby}", 2, what="standby takes the lock")
+        wait_until(lambda: current_leader(conn) == f"relay-t{standby}", 2, message="standby takes the lock")
         assert leader_pid(conn, settings.relay_lock_key) not in (None, held_by)
         assert roles(conn)[f"relay-t{leader}"][0] == "stopped"
         rows = enqueue_sql(conn, 3)
-        wait_until_sync(lambda: not unpublished(conn, rows), 5, what="the new leader publishes")
+        wait_until(lambda: not unpublished(conn, rows), 5, message="the new leader publishes")
         procs[standby].send_signal(signal.SIGINT)
         standby_code = procs[standby].wait(timeout=5)
     assert code == 0
@@ -226,7 +219,7 @@ def test_sigterm_under_a_backlog_finishes_the_batch_in_hand_and_exits_within_2_s
         return int(row[0]) if row else 0
 
     with relay_processes(env, 1, tmp_path) as procs:
-        wait_until_sync(lambda: published() >= 1000, 20, what="publishing under way")
+        wait_until(lambda: published() >= 1000, 20, message="publishing under way")
         procs[0].send_signal(signal.SIGTERM)
         sent = time.monotonic()
         code = procs[0].wait(timeout=5)

@@ -13,7 +13,8 @@ import redis.asyncio as aioredis
 from postbox.settings import Settings
 from postbox.streams import epoch_key
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
-from tests.harness.relay import enqueue_sql, entries, relay_processes, wait_until_sync
+from tests.harness.relay import enqueue_sql, entries, relay_processes
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -49,8 +50,8 @@ def test_redis_restart_without_persistence_under_a_relay_process(
     env = dict(child_env, POSTBOX_REDIS_URL=private_redis.url)
     with relay_processes(env, 1, tmp_path) as procs:
         ids = enqueue_sql(conn, 10)
-        wait_until_sync(lambda: stream_ids(private_redis.url, prefix) == ids, 15, what="10 published")
-        wait_until_sync(lambda: marked(conn, ids), 5, what="10 marked")
+        wait_until(lambda: stream_ids(private_redis.url, prefix) == ids, 15, message="10 published")
+        wait_until(lambda: marked(conn, ids), 5, message="10 marked")
         finished, running, queued = ids[:3], ids[3:5], ids[5:]
         conn.execute(
             "UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = ANY(%s)", (finished,)
@@ -69,17 +70,17 @@ def test_redis_restart_without_persistence_under_a_relay_process(
             return seen[-1] == sorted(running + queued)
 
         try:
-            wait_until_sync(republished, 15, what="republished")
+            wait_until(republished, 15, message="republished")
         except AssertionError:
             log = (tmp_path / "relay-0.log").read_text()
             raise AssertionError(
                 f"stream holds {seen[-1]}, want {sorted(running + queued)}; relay log:\n{log}"
             ) from None
         fresh = enqueue_sql(conn, 2)
-        wait_until_sync(
-            lambda: stream_ids(private_redis.url, prefix) == sorted(running + queued + fresh), 10, what="new jobs"
+        wait_until(
+            lambda: stream_ids(private_redis.url, prefix) == sorted(running + queued + fresh), 10, message="new jobs"
         )
-        wait_until_sync(lambda: marked(conn, fresh), 5, what="new jobs marked")
+        wait_until(lambda: marked(conn, fresh), 5, message="new jobs marked")
         assert procs[0].poll() is None
     assert private_redis.client().get(epoch_key(prefix)) is not None
     conn.commit()

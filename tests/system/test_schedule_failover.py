@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.harness.relay import wait_until_sync
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -107,11 +107,11 @@ def test_a_one_second_schedule_through_leader_kills_and_freezes_has_one_job_per_
     with relays(env_for(child_env), tmp_path) as group:
         group.start()
         group.start()
-        wait_until_sync(lambda: len(runs(conn, "every-second")) >= 2, 20, what="the schedule fires")
+        wait_until(lambda: len(runs(conn, "every-second")) >= 2, 20, message="the schedule fires")
         started = time.monotonic()
         n = 0
         while time.monotonic() - started < RUN_FOR:
-            wait_until_sync(lambda: leader(conn) is not None, 15, what="a leader")
+            wait_until(lambda: leader(conn) is not None, 15, message="a leader")
             time.sleep(FAULT_EVERY)  # let the schedule run between faults (this is the workload, not a wait)
             current = leader(conn)
             assert current is not None
@@ -124,14 +124,12 @@ def test_a_one_second_schedule_through_leader_kills_and_freezes_has_one_job_per_
             else:
                 proc.send_signal(signal.SIGSTOP)
                 # frozen past its session timeout: the standby must take over meanwhile
-                wait_until_sync(
-                    lambda current=current: leader(conn) not in (None, current), 15, what="the standby leads"
-                )
+                wait_until(lambda current=current: leader(conn) not in (None, current), 15, message="the standby leads")
                 proc.send_signal(signal.SIGCONT)
                 faults.append(f"SIGSTOP {current}")
             n += 1
         end = datetime.now().astimezone()
-        wait_until_sync(lambda: runs(conn, "every-second")[-1][0] >= end, 15, what="the schedule catches up to the end")
+        wait_until(lambda: runs(conn, "every-second")[-1][0] >= end, 15, message="the schedule catches up to the end")
     found = runs(conn, "every-second")
     times = [at for at, _ in found]
     first, last = times[0], times[-1]
@@ -158,7 +156,7 @@ def test_a_schedule_removed_from_the_code_stops_when_a_worker_with_the_new_code_
 ) -> None:
     with relays(env_for(child_env), tmp_path) as group:
         group.start()
-        wait_until_sync(lambda: len(runs(conn, "doomed")) >= 2, 20, what="both schedules fire")
+        wait_until(lambda: len(runs(conn, "doomed")) >= 2, 20, message="both schedules fire")
         with open(tmp_path / "worker.log", "wb") as log_file:
             worker = subprocess.Popen(
                 [sys.executable, "-m", "postbox.worker", "run", "--concurrency", "1"],
@@ -174,14 +172,14 @@ def test_a_schedule_removed_from_the_code_stops_when_a_worker_with_the_new_code_
                 conn.commit()
                 return row is not None and row[0] is not None
 
-            wait_until_sync(removed, 20, what="the worker's sync removes `doomed`")
+            wait_until(removed, 20, message="the worker's sync removes `doomed`")
             conn.commit()
             removed_at = conn.execute("SELECT removed_at FROM postbox.schedules WHERE name = 'doomed'").fetchone()
             conn.commit()
             assert removed_at is not None
             stopped_with = len(runs(conn, "doomed"))
             before = len(runs(conn, "every-second"))
-            wait_until_sync(lambda: len(runs(conn, "every-second")) >= before + 3, 20, what="the other one goes on")
+            wait_until(lambda: len(runs(conn, "every-second")) >= before + 3, 20, message="the other one goes on")
         finally:
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=20)

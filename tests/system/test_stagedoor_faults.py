@@ -38,6 +38,7 @@ from psycopg.types.json import Jsonb
 
 from tests.harness.provider import ProviderProcess, free_port
 from tests.harness.redis_server import RedisServer, private_redis
+from tests.harness.wait import wait_until
 
 __all__ = ["private_redis"]  # the fixture, used by name
 
@@ -54,19 +55,6 @@ FAST_EMAIL_RATE = 32
 FAST_ORDER_RATE = 40.0
 EVENTS = 5
 SEED = 20261129
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if predicate():
-                return
-        except psycopg.OperationalError:
-            pass  # the shared server refused a connection (too many clients): poll again
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 @dataclass
@@ -180,7 +168,7 @@ def pick_running_worker(rng: random.Random, cluster: Cluster, database_url: str,
         found[:] = running_workers(cluster, database_url, exclude)
         return bool(found)
 
-    wait_until(some, 30, what="a running worker")
+    wait_until(some, 30, interval=0.2, message="a running worker", ignore=(psycopg.OperationalError,))
     return rng.choice(found)
 
 
@@ -243,7 +231,9 @@ def run_fault_scenario(
             cluster.start("relay")
         for _ in range(3):
             cluster.start("worker")
-        wait_until(lambda: _healthy(api_url), 120, what="the api")  # a busy machine starts it slowly
+        wait_until(
+            lambda: _healthy(api_url), 120, interval=0.2, message="the api", ignore=(psycopg.OperationalError,)
+        )  # a busy machine starts it slowly
         event_ids = []
         with httpx.Client(base_url=api_url, timeout=10) as client:
             for n in range(EVENTS):
@@ -276,7 +266,13 @@ def run_fault_scenario(
                 cluster.kill(victim)
                 cluster.start("worker")
             elif fault == "kill-leader":
-                wait_until(lambda: leader_name(cluster, database_url) is not None, 30, what="a leading relay")
+                wait_until(
+                    lambda: leader_name(cluster, database_url) is not None,
+                    30,
+                    interval=0.2,
+                    message="a leading relay",
+                    ignore=(psycopg.OperationalError,),
+                )
                 victim = leader_name(cluster, database_url)
                 assert victim is not None
                 cluster.kill(victim)
@@ -291,14 +287,26 @@ def run_fault_scenario(
             elif fault == "flushall":
                 redis_fault()  # FLUSHALL of the private server; on a cluster, a failover and a node's loss
             elif fault == "terminate-sessions":
-                wait_until(lambda: terminate_worker_sessions(database_url) > 0, 30, what="worker sessions to end")
+                wait_until(
+                    lambda: terminate_worker_sessions(database_url) > 0,
+                    30,
+                    interval=0.2,
+                    message="worker sessions to end",
+                    ignore=(psycopg.OperationalError,),
+                )
             applied.append(fault)
         thread.join(timeout=orders / rate + 120)
         assert not failures, failures
         assert len(placed) == orders
         # A send interrupted mid-flight leaves a fresh claim: its retry comes CLAIM_TTL later.
         try:
-            wait_until(lambda: quiet(database_url, 3 * orders), quiet_timeout, interval=1.0, what="quiet")
+            wait_until(
+                lambda: quiet(database_url, 3 * orders),
+                quiet_timeout,
+                interval=1.0,
+                message="quiet",
+                ignore=(psycopg.OperationalError,),
+            )
         except AssertionError:
             raise AssertionError(f"{_states(database_url)}\n{cluster.tail()}") from None
         busiest = email_rate * 1.25 if busiest_deliveries is None else busiest_deliveries

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +15,9 @@ import pytest
 from postbox.producer import enqueue
 from postbox_examples.stagedoor.tasks import render_tickets
 from tests.harness.provider import ProviderProcess, free_port
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -53,7 +45,7 @@ def stack(database_url: str, child_env: dict[str, str], tmp_path: Path) -> Itera
             except httpx.HTTPError:
                 return False
 
-        wait_until(up, 30, "the api")
+        wait_until(up, 30, interval=0.1, message="the api")
         yield {"api": api, "provider": provider, "blobs": tmp_path / "blobs"}
     finally:
         for proc in procs:
@@ -88,7 +80,7 @@ def test_orders_flow_to_one_pdf_and_one_email_each(database_url: str, stack: dic
     # A duplicate render job for the first order: the conditional UPDATE lets only one queue the email.
     with psycopg.connect(database_url) as conn, conn.transaction():
         enqueue(conn, render_tickets, {"order_id": orders[0]["id"]})
-    wait_until(lambda: all_succeeded(database_url, 3 * 3 + 1), 60, "every job to succeed")
+    wait_until(lambda: all_succeeded(database_url, 3 * 3 + 1), 60, interval=0.1, message="every job to succeed")
 
     messages = provider.messages()
     assert sorted((m["idempotency_key"], m["to"]) for m in messages) == sorted(

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import pytest
 
 import postbox
 from tests.harness.tasks import worker as t
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -89,15 +90,6 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-def wait_for(predicate: Callable[[], Any], within: float, what: str, fleet: Fleet | None = None) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > within:
-            raise AssertionError(f"timed out after {within}s waiting for {what}\n{fleet.logs() if fleet else ''}")
-        time.sleep(0.05)
-    return time.monotonic() - start
-
-
 def one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
     row = conn.execute(query, params).fetchone()
     return row[0] if row else None
@@ -112,17 +104,23 @@ def test_sigkill_mid_job_another_worker_finishes_it_after_the_visibility_timeout
 ) -> None:
     fleet.relay()
     first = fleet.worker()
-    wait_for(lambda: worker_id_of(db, first), 20, "first worker up", fleet)
+    wait_until(lambda: worker_id_of(db, first), 20, message=lambda: f"first worker up\n{fleet.logs()}")
     job_id = postbox.enqueue(db, t.w_slow_effect, {"seconds": 1.5})
     first_id = worker_id_of(db, first)
-    wait_for(
-        lambda: one(db, "SELECT claimed_by FROM postbox.outbox WHERE state = 'running'") == first_id, 20, "claim", fleet
+    wait_until(
+        lambda: one(db, "SELECT claimed_by FROM postbox.outbox WHERE state = 'running'") == first_id,
+        20,
+        message=lambda: f"claim\n{fleet.logs()}",
     )
     first.kill()
     first.wait(10)
     killed = time.monotonic()
     second = fleet.worker()
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded", 30, "takeover", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded",
+        30,
+        message=lambda: f"takeover\n{fleet.logs()}",
+    )
     assert time.monotonic() - killed >= VISIBILITY
     second_id = worker_id_of(db, second)
     # The lost run was not running alone (no row at its start): not charged, its
@@ -139,30 +137,34 @@ def test_sigstop_for_twice_the_visibility_timeout_then_sigcont_effect_happens_on
 ) -> None:
     fleet.relay()
     stalled = fleet.worker()
-    wait_for(lambda: worker_id_of(db, stalled), 20, "worker up", fleet)
+    wait_until(lambda: worker_id_of(db, stalled), 20, message=lambda: f"worker up\n{fleet.logs()}")
     stalled_id = worker_id_of(db, stalled)
     postbox.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
-    wait_for(
+    wait_until(
         lambda: one(db, "SELECT claimed_by FROM postbox.outbox WHERE state = 'running'") == stalled_id,
         20,
-        "claim",
-        fleet,
+        message=lambda: f"claim\n{fleet.logs()}",
     )
     stalled.send_signal(signal.SIGSTOP)
     stopped = time.monotonic()
     other = fleet.worker()
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded", 30, "takeover", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded",
+        30,
+        message=lambda: f"takeover\n{fleet.logs()}",
+    )
     other_id = worker_id_of(db, other)
-    wait_for(lambda: time.monotonic() - stopped >= 2 * VISIBILITY, 10, "twice the visibility timeout")
+    wait_until(lambda: time.monotonic() - stopped >= 2 * VISIBILITY, 10, message="twice the visibility timeout")
     stalled.send_signal(signal.SIGCONT)
     resumed = time.monotonic()
     # The resumed worker finishes its stale run: its transaction finds the job
     # already processed, and its outcome write is refused by the fence.
     caught_up = "SELECT in_flight = 0 AND last_seen > now() - interval '1 second' FROM postbox.workers WHERE id = %s"
-    wait_for(
+    wait_until(
         lambda: one(db, caught_up, (stalled_id,)) and time.monotonic() - resumed > 1.5,
-        20, "stalled worker caught up", fleet,
-    )  # fmt: skip
+        20,
+        message=lambda: f"stalled worker caught up\n{fleet.logs()}",
+    )
     assert stalled.poll() is None
     assert one(db, "SELECT count(*) FROM worker_effects") == 1
     # Not charged (see the SIGKILL test); the fence told the two runs of attempt 1 apart by worker.
@@ -177,7 +179,7 @@ def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
 ) -> None:
     fleet.relay()
     workers = [fleet.worker(concurrency=4) for _ in range(2)]
-    wait_for(lambda: all(worker_id_of(db, w) for w in workers), 20, "workers up", fleet)
+    wait_until(lambda: all(worker_id_of(db, w) for w in workers), 20, message=lambda: f"workers up\n{fleet.logs()}")
     poison = postbox.enqueue(db, t.w_poison)
     others = postbox.enqueue_many(db, [{"task": "w_noop"} for _ in range(40)])
     deaths = 0
@@ -195,7 +197,7 @@ def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
             == 40
         )
 
-    wait_for(settled, 60, "poison dead and the rest done", fleet)
+    wait_until(settled, 60, message=lambda: f"poison dead and the rest done\n{fleet.logs()}")
     # Its first crash is not charged (it ran among others: any of them may have crashed
     # the process); run alone afterwards, each crash is its own (issue 14, defect 8).
     assert deaths == 4
@@ -213,10 +215,14 @@ def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
 def test_sigterm_with_a_job_in_flight_finishes_it_and_exits_0(fleet: Fleet, db: psycopg.Connection[Any]) -> None:
     fleet.relay()
     proc = fleet.worker()
-    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    wait_until(lambda: worker_id_of(db, proc), 20, message=lambda: f"worker up\n{fleet.logs()}")
     wid = worker_id_of(db, proc)
     job_id = postbox.enqueue(db, t.w_slow_effect, {"seconds": 1.0})
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "running",
+        20,
+        message=lambda: f"job running\n{fleet.logs()}",
+    )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
     assert db.execute("SELECT state, attempts, claimed_by FROM postbox.outbox").fetchall() == [("succeeded", 1, None)]
@@ -229,15 +235,23 @@ def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_anothe
 ) -> None:
     fleet.relay()
     proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="0.3")
-    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    wait_until(lambda: worker_id_of(db, proc), 20, message=lambda: f"worker up\n{fleet.logs()}")
     postbox.enqueue(db, t.w_slow_effect, {"seconds": 2.0})
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "running",
+        20,
+        message=lambda: f"job running\n{fleet.logs()}",
+    )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(15) == 0
     assert one(db, "SELECT state FROM postbox.outbox") == "running"  # nothing recorded, nothing acknowledged
     assert one(db, "SELECT count(*) FROM worker_effects") == 0
     successor = fleet.worker()
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded", 30, "successor finishes it", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "succeeded",
+        30,
+        message=lambda: f"successor finishes it\n{fleet.logs()}",
+    )
     assert db.execute("SELECT attempt, outcome FROM postbox.job_attempts ORDER BY attempt").fetchall() == [
         (1, "succeeded"),  # the abandoned run is not charged (issue 14, defect 8)
     ]
@@ -246,12 +260,16 @@ def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_anothe
 
 def test_a_second_sigterm_ends_the_drain_at_once(fleet: Fleet, db: psycopg.Connection[Any]) -> None:
     proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="60")
-    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    wait_until(lambda: worker_id_of(db, proc), 20, message=lambda: f"worker up\n{fleet.logs()}")
     job_id = postbox.enqueue(db, t.w_slow_effect, {"seconds": 30.0})
     fleet.relay()
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "running",
+        20,
+        message=lambda: f"job running\n{fleet.logs()}",
+    )
     proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "draining" in fleet.logs(), 10, "drain started", fleet)
+    wait_until(lambda: "draining" in fleet.logs(), 10, message=lambda: f"drain started\n{fleet.logs()}")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
     assert db.execute("SELECT id, state FROM postbox.outbox").fetchall() == [

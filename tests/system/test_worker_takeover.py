@@ -19,7 +19,8 @@ import pytest
 import postbox
 from tests.harness.tasks import hardening as h
 from tests.harness.tasks import worker as t
-from tests.system.test_worker_processes import VISIBILITY, Fleet, one, wait_for, worker_id_of
+from tests.harness.wait import wait_until
+from tests.system.test_worker_processes import VISIBILITY, Fleet, one, worker_id_of
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # take-over and drain times
 
@@ -62,12 +63,20 @@ def test_a_lost_workers_jobs_are_taken_over_within_the_bound_whatever_the_backlo
     fleet.relay()
     victim = fleet.worker(concurrency=3)
     busy = fleet.worker(concurrency=3)
-    wait_for(lambda: worker_id_of(db, victim) and worker_id_of(db, busy), 20, "workers up", fleet)
+    wait_until(
+        lambda: worker_id_of(db, victim) and worker_id_of(db, busy),
+        20,
+        message=lambda: f"workers up\n{fleet.logs()}",
+    )
     victim_id = worker_id_of(db, victim)
     # A backlog far longer than the test: every slot of the live worker stays busy.
     postbox.enqueue_many(db, [{"task": "h_sync_sleep", "args": {"seconds": 1.0}} for _ in range(200)])
     mine = "SELECT array_agg(id ORDER BY id) FROM postbox.outbox WHERE state = 'running' AND claimed_by = %s"
-    wait_for(lambda: len(one(db, mine, (victim_id,)) or []) == 3, 20, "victim running three jobs", fleet)
+    wait_until(
+        lambda: len(one(db, mine, (victim_id,)) or []) == 3,
+        20,
+        message=lambda: f"victim running three jobs\n{fleet.logs()}",
+    )
     victim.send_signal(signal.SIGKILL if fault == "SIGKILL" else signal.SIGSTOP)
     taken: list[int] = one(db, mine, (victim_id,))
     struck = one(db, "SELECT now()")
@@ -77,7 +86,9 @@ def test_a_lost_workers_jobs_are_taken_over_within_the_bound_whatever_the_backlo
         "SELECT count(*) FROM postbox.outbox WHERE id = ANY(%s) AND started_at > %s"
         " AND (state <> 'running' OR claimed_by <> %s)"
     )
-    wait_for(lambda: one(db, retaken, (taken, struck, victim_id)) == 3, 30, "takeover", fleet)
+    wait_until(
+        lambda: one(db, retaken, (taken, struck, victim_id)) == 3, 30, message=lambda: f"takeover\n{fleet.logs()}"
+    )
     delays = [
         row[0]
         for row in db.execute(
@@ -98,9 +109,13 @@ def test_sigterm_ends_a_worker_with_a_stuck_sync_handler_within_the_drain_timeou
 ) -> None:
     fleet.relay()
     proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="1")
-    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    wait_until(lambda: worker_id_of(db, proc), 20, message=lambda: f"worker up\n{fleet.logs()}")
     postbox.enqueue(db, h.h_sync_stuck)
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "running",
+        20,
+        message=lambda: f"job running\n{fleet.logs()}",
+    )
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     assert proc.wait(15) == 0
@@ -114,11 +129,15 @@ def test_a_second_sigterm_ends_a_worker_with_a_stuck_sync_handler_at_once(
 ) -> None:
     fleet.relay()
     proc = fleet.worker(POSTBOX_DRAIN_TIMEOUT="60")
-    wait_for(lambda: worker_id_of(db, proc), 20, "worker up", fleet)
+    wait_until(lambda: worker_id_of(db, proc), 20, message=lambda: f"worker up\n{fleet.logs()}")
     postbox.enqueue(db, h.h_sync_stuck)
-    wait_for(lambda: one(db, "SELECT state FROM postbox.outbox") == "running", 20, "job running", fleet)
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox") == "running",
+        20,
+        message=lambda: f"job running\n{fleet.logs()}",
+    )
     proc.send_signal(signal.SIGTERM)
-    wait_for(lambda: "draining" in fleet.logs(), 10, "drain started", fleet)
+    wait_until(lambda: "draining" in fleet.logs(), 10, message=lambda: f"drain started\n{fleet.logs()}")
     proc.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     # 0: it closed its connections in time; 3: the watchdog ended it (ABORT_GRACE), as promised

@@ -5,21 +5,12 @@ from __future__ import annotations
 
 import fcntl
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.harness import alone
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.005)
+from tests.harness.wait import wait_until
 
 
 def held(path: Path) -> bool:
@@ -49,9 +40,9 @@ def test_an_alone_test_runs_between_the_others_never_beside_them(tmp_path: Path)
         return thread
 
     first = run("first", False, release_first)
-    wait_until(lambda: log == ["first in"], "the first test runs")
+    wait_until(lambda: log == ["first in"], interval=0.005, message="the first test runs")
     lone = run("lone", True)
-    wait_until(lambda: held(tmp_path / "gate"), "the alone test waits, holding the gate")
+    wait_until(lambda: held(tmp_path / "gate"), interval=0.005, message="the alone test waits, holding the gate")
     later = run("later", False)
     assert log == ["first in"]  # neither the alone test nor the later one started beside the first
     release_first.set()
