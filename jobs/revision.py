@@ -1,8 +1,9 @@
 """The schema revision this code needs, and the check a worker makes at start.
 
-A worker's statements call what the newest migration created (migration 0006's
-functions for ``ctx.transaction()``), so a worker started on a database that
-was not migrated that far would fail every such job. It checks at start, and
+A worker's statements call what the newest migrations created (migration 0006's
+functions for ``ctx.transaction()``, 0007's version of its success, stamped at
+commit time), so a worker started on a database that was not migrated that far
+would fail such jobs or time them wrongly. It checks at start, and
 refuses with :class:`postbox.errors.SchemaOutdatedError` instead.
 
 A database *newer* than this code (a later postbox migrated it while older
@@ -21,7 +22,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0006_job_transaction"
+REQUIRED = "0007_commit_time"
 
 
 def order(revision: str) -> int | None:

@@ -142,6 +142,49 @@ def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url:
     assert "job 7 attempt 2 is no longer current" in str(refused.value)
 
 
+SUCCESS_AFTER_WORK = """
+INSERT INTO postbox.outbox (id, queue, task, state, attempts, claimed_by, started_at) OVERRIDING SYSTEM VALUE
+VALUES (7, 'default', 'noop', 'running', 1, 'w', now());
+SELECT pg_sleep(0.3);
+SELECT postbox.record_success(7, 'w', 1);
+"""
+
+
+def _success_took(url: str) -> tuple[float, float]:
+    """Seconds from start to finish of a success recorded 0.3 s into its transaction: (outbox, history)."""
+    with psycopg.connect(url) as conn:
+        with conn.transaction():
+            conn.execute(SUCCESS_AFTER_WORK)
+            row = conn.execute(
+                "SELECT extract(epoch FROM o.finished_at - o.started_at)::float8,"
+                " extract(epoch FROM a.finished_at - a.started_at)::float8"
+                " FROM postbox.outbox o JOIN postbox.job_attempts a ON a.outbox_id = o.id WHERE o.id = 7"
+            ).fetchone()
+            conn.execute("DELETE FROM postbox.job_attempts; DELETE FROM postbox.outbox")
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_0007_stamps_a_success_when_it_is_written_and_downgrades_to_0006s_stamp(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    took = _success_took(empty_database_url)
+    assert all(0.3 <= t < 5 for t in took), took
+    migrate.downgrade(empty_database_url, "0006_job_transaction")
+    assert objects(empty_database_url) == everything, "0007 replaces a function: no object comes or goes"
+    assert _success_took(empty_database_url) == (0.0, 0.0)  # 0006: the transaction's start, now()
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
+    took = _success_took(empty_database_url)
+    assert all(0.3 <= t < 5 for t in took), took
+    with psycopg.connect(empty_database_url) as conn:
+        assert migrate.current_revision(conn) == "0007_commit_time"
+        # Still fenced: no running attempt 2 of job 7.
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("SELECT postbox.record_success(7, 'w', 2)")
+    assert refused.value.sqlstate == "PB001"
+
+
 def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
     before = objects(empty_database_url)
     migrate.upgrade(empty_database_url)

@@ -66,14 +66,14 @@ def test_a_database_older_than_the_code_is_refused_before_anything_is_written(
 
     done = start()
     assert done.returncode == 2, done.stderr
-    assert "postbox worker: the database has no postbox schema (revision 0006_job_transaction needed)" in done.stderr
+    assert "postbox worker: the database has no postbox schema (revision 0007_commit_time needed)" in done.stderr
     assert "Traceback" not in done.stderr
 
     migrate.upgrade(empty_database_url, "0005_fenced_success")
     done = start()
     assert done.returncode == 2, done.stderr
     assert (
-        "the database's postbox schema is at revision 0005_fenced_success; this postbox needs 0006_job_transaction:"
+        "the database's postbox schema is at revision 0005_fenced_success; this postbox needs 0007_commit_time:"
         " run `postbox migrate`"
     ) in done.stderr
     with psycopg.connect(empty_database_url) as conn:

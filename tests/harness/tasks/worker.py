@@ -135,3 +135,10 @@ async def w_enqueue_child(ctx: Any, n: int) -> None:
 async def w_tx_noop(ctx: Any) -> None:
     async with ctx.transaction():
         pass
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_slow_in_transaction(ctx: Any, seconds: float) -> None:
+    """Work ``seconds`` inside the job's transaction (its success is stamped when it commits)."""
+    async with ctx.transaction():
+        await asyncio.sleep(seconds)
