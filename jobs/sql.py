@@ -3,7 +3,22 @@
 One place per table: producers, the relay, workers and the API all take their
 SQL from here, so a reader sees every way a row can change in one file.
 Statements are ``LiteralString`` so a type checker refuses SQL built at runtime.
-Sections: producer, relay, worker, operations.
+
+A statement is named for what it does to which table, never for its caller:
+``<TABLE>_<EFFECT>``, with ``JOB_`` for the outbox (``JOB_CLAIM_ATTEMPTS``,
+``JOB_RECORD_OUTCOMES``, ``JOB_HAND_BACK``), ``JOB_ATTEMPT_`` for job_attempts,
+``PROCESSED_``, ``TASK_``, ``LEADER_`` / ``RELAY_``, ``WORKER_``, ``QUEUE_``,
+``LIMIT_`` (limits, limit_slots, limit_rates), ``SCHEDULE_`` / ``SCHEDULE_RUN_``,
+``AUDIT_``, ``MIGRATION_``; ``GET`` / ``LIST`` / ``COUNT`` read, ``LOCK`` reads
+``FOR UPDATE``. Callers that do the same thing to a table share one statement.
+
+Sections, one per table (the outbox's by component): outbox (enqueue; publish
+and republish; claims and outcomes; claims released unrun; flow control; reads
+and operator actions), job_attempts, processed_jobs, retention, tasks, relays
+and leadership, workers, queues, limits, schedules, audit_log, alembic_version,
+and statements on no table (notifications, the clock). Fragments that several
+statements share (the release of a claim, the lost attempt it ends) are written
+once, above the class, and joined when the class is defined.
 
 Every table is named with its schema, ``{schema}.outbox``: postbox's objects
 live in one schema of their own (``POSTBOX_SCHEMA``, default ``postbox``), and a
@@ -23,6 +38,69 @@ from postbox import schema
 # The SQLSTATE of a refused fence inside a handler's transaction (migration 0005's
 # require_current_attempt(), called by 0006's record_success(); JOB_RECORD_SUCCESS).
 STALE_ATTEMPT_SQLSTATE = "PB001"
+
+
+# --- shared fragments -------------------------------------------------------------------------
+# Pieces that several statements below write the same way, written once. They are joined
+# when the class is defined (LiteralString + LiteralString stays a LiteralString); the
+# result is a template like any other, rendered per schema by postbox.schema.Templates.
+
+
+def _release_claims(
+    *, where: LiteralString, also_select: LiteralString = "", also_set: LiteralString = ""
+) -> LiteralString:
+    """The CTEs ``target``, ``released`` and ``lost`` of a statement that gives rows back unrun.
+
+    ``target``: the outbox rows matching ``where``, locked in id order (as every claim
+    locks them), with what their claim was (``also_select`` adds columns).
+    ``released``: those rows pending again, unclaimed and unpublished, so the relay
+    publishes them again when due (``also_set`` adds assignments; ``t`` is the target
+    row); returns their ids. ``lost``: the attempt of a row that was running under a
+    stale claim ends as lost in job_attempts (it stays counted); written once: a row
+    its worker wrote at its start (an isolated run, JOB_ATTEMPT_START_ISOLATED) is
+    finished, a finished one left alone.
+    """
+    return (
+        """
+    WITH target AS (
+        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at"""
+        + also_select
+        + """
+          FROM {schema}.outbox
+         WHERE """
+        + where
+        + """
+         ORDER BY id
+           FOR UPDATE
+    ), released AS (
+        UPDATE {schema}.outbox o
+           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL"""
+        + also_set
+        + """
+          FROM target t
+         WHERE o.id = t.id
+     RETURNING o.id
+    ), lost AS (
+        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
+        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
+          FROM target WHERE old_state = 'running'
+        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
+         WHERE a.finished_at IS NULL
+    )"""
+    )
+
+
+# The answer of a hand-back or hold-back: (id, true) for each row released, (id, false)
+# for each row of %(ids)s that is due but whose publish is not marked yet (the relay
+# adds the entry, then marks the row: a release written before the mark would be
+# overwritten by it, so the entry stays pending for a later look).
+_RELEASED_OR_UNMARKED: LiteralString = """
+    SELECT id, true FROM released
+    UNION ALL
+    SELECT id, false FROM {schema}.outbox
+     WHERE id = ANY(%(ids)s::int8[]) AND state IN ('pending', 'retrying') AND published_at IS NULL
+       AND available_at <= now()
+    """
 
 
 class Statements(schema.Templates):
@@ -516,33 +594,23 @@ class Statements(schema.Templates):
     """
 
     # --- outbox: claims released unrun (postbox.worker) -------------------------------------------
+    # Three statements give rows back to the relay unrun (_release_claims): lost
+    # entries, hand-backs, hold-backs. Each locks its rows in id order, clears the
+    # claim and the publish mark (the relay publishes the row again when it is due),
+    # and ends a stale claim's attempt as lost (it stays counted).
 
     # Stream entries XAUTOCLAIM reported deleted (lost in transport): make their
     # jobs publishable again. Queued rows go back to the relay's work list; running
     # rows under a stale claim too (their lost attempt stays counted).
-    JOB_RELEASE_LOST_ENTRIES: LiteralString = """
-    WITH target AS (
-        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
-          FROM {schema}.outbox
-         WHERE queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
-           AND (state = 'queued' OR (state = 'running' AND lease_until < now()))
-         ORDER BY id
-           FOR UPDATE
-    ), rescued AS (
-        UPDATE {schema}.outbox o
-           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL
-          FROM target t
-         WHERE o.id = t.id
-     RETURNING o.id
-    ), lost AS (
-        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-          FROM target WHERE old_state = 'running'
-        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-         WHERE a.finished_at IS NULL
-    )
-    SELECT id FROM rescued
+    JOB_RELEASE_LOST_ENTRIES: LiteralString = (
+        _release_claims(
+            where="""queue = %(queue)s AND priority = %(priority)s AND stream_id = ANY(%(stream_ids)s::text[])
+           AND (state = 'queued' OR (state = 'running' AND lease_until < now()))""",
+        )
+        + """
+    SELECT id FROM released
     """
+    )
 
     # Jobs this worker cannot run (it does not know their task, or its handler refuses
     # their args), handed back unclaimed for a worker that can: publishable again
@@ -551,36 +619,17 @@ class Statements(schema.Templates):
     # would be overwritten by it. A running row under a stale claim (its worker died)
     # too; its lost attempt stays counted. Returns (id, handed back); false: not
     # marked yet, its entry stays pending for a later look.
-    JOB_HAND_BACK: LiteralString = """
-    WITH target AS (
-        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at
-          FROM {schema}.outbox
-         WHERE id = ANY(%(ids)s::int8[])
-           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now()))
-         ORDER BY id
-           FOR UPDATE
-    ), handed AS (
-        UPDATE {schema}.outbox o
-           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
+    JOB_HAND_BACK: LiteralString = (
+        _release_claims(
+            where="""id = ANY(%(ids)s::int8[])
+           AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now()))""",
+            also_set=""",
                available_at = now() + make_interval(secs => %(delay)s),
                last_error_class = %(error_class)s,
-               last_error = format(%(reason)s, o.task)
-          FROM target t
-         WHERE o.id = t.id
-     RETURNING o.id
-    ), lost AS (
-        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-          FROM target WHERE old_state = 'running'
-        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-         WHERE a.finished_at IS NULL
+               last_error = format(%(reason)s, o.task)""",
+        )
+        + _RELEASED_OR_UNMARKED
     )
-    SELECT id, true FROM handed
-    UNION ALL
-    SELECT id, false FROM {schema}.outbox
-     WHERE id = ANY(%(ids)s::int8[]) AND state IN ('pending', 'retrying') AND published_at IS NULL
-       AND available_at <= now()
-    """
 
     # Jobs a limit holds back, unclaimed and with their attempts untouched: publishable
     # again at ``until`` (epoch seconds) — a rate reservation's time, or, for a job
@@ -588,19 +637,14 @@ class Statements(schema.Templates):
     # wakes it sooner: LIMIT_SLOT_RELEASE). As JOB_HAND_BACK: only rows whose publish is
     # marked, or running under a stale claim (its lost attempt stays counted).
     # Returns (id, held); false: not marked yet, its entry stays pending.
-    JOB_HOLD_BACK: LiteralString = """
-    WITH target AS (
-        SELECT id, state AS old_state, attempts, claimed_by AS old_worker, started_at AS old_started_at,
-               array_position(%(ids)s::int8[], id) AS i
-          FROM {schema}.outbox
-         WHERE id = ANY(%(ids)s::int8[])
+    JOB_HOLD_BACK: LiteralString = (
+        _release_claims(
+            also_select=""",
+               array_position(%(ids)s::int8[], id) AS i""",
+            where="""id = ANY(%(ids)s::int8[])
            AND ((state = 'queued' AND available_at <= now()) OR (state = 'running' AND lease_until < now())
-                OR (id = ANY(%(direct)s::int8[]) AND state = 'pending' AND published_at IS NULL))
-         ORDER BY id
-           FOR UPDATE
-    ), held AS (
-        UPDATE {schema}.outbox o
-           SET state = 'pending', published_at = NULL, claimed_by = NULL, lease_until = NULL,
+                OR (id = ANY(%(direct)s::int8[]) AND state = 'pending' AND published_at IS NULL))""",
+            also_set=""",
                -- A parked job's recheck backs off with each publish (x1, x2, x4 ... x16): a
                -- released slot wakes it at once; the recheck is only the safety net.
                available_at = CASE WHEN (%(waits)s::text[])[t.i] IS NULL
@@ -610,23 +654,10 @@ class Statements(schema.Templates):
                               END,
                flow_wait = (%(waits)s::text[])[t.i],
                flow_reserved_at = CASE WHEN (%(reserved)s::float8[])[t.i] IS NULL THEN o.flow_reserved_at
-                                       ELSE to_timestamp((%(reserved)s::float8[])[t.i]) END
-          FROM target t
-         WHERE o.id = t.id
-     RETURNING o.id
-    ), lost AS (
-        INSERT INTO {schema}.job_attempts AS a (outbox_id, attempt, worker_id, started_at, finished_at, outcome)
-        SELECT id, attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost'
-          FROM target WHERE old_state = 'running'
-        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-         WHERE a.finished_at IS NULL
+                                       ELSE to_timestamp((%(reserved)s::float8[])[t.i]) END""",
+        )
+        + _RELEASED_OR_UNMARKED
     )
-    SELECT id, true FROM held
-    UNION ALL
-    SELECT id, false FROM {schema}.outbox
-     WHERE id = ANY(%(ids)s::int8[]) AND state IN ('pending', 'retrying') AND published_at IS NULL
-       AND available_at <= now()
-    """
 
     # --- outbox: flow control (worker/flow.py; docs/flow-control.md) ------------------------------
     # A claim of jobs under limits is one transaction: the keys' locks (LIMIT_LOCK_KEYS),
