@@ -25,8 +25,8 @@ from tempfile import TemporaryDirectory
 import httpx
 import psycopg
 
-from postbox import control
 from postbox.app.dashboard.search import TEXT_WINDOW
+from postbox.app.services.checks import encode_cursor
 from postbox.errors import SettingsError
 from postbox.settings import load_settings
 from postbox_bench.sandbox import Sandbox
@@ -94,7 +94,7 @@ def fill(url: str, rows: int, span_seconds: float, log: bool = True) -> dict[str
 
 def requests(ids: dict[str, int]) -> list[tuple[str, str]]:
     """(page, path) of every request the dashboard's pages make."""
-    cursor_below = control.encode_cursor(max(1, ids["newest"] + 1 - TEXT_WINDOW))
+    cursor_below = encode_cursor(max(1, ids["newest"] + 1 - TEXT_WINDOW))
     day_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 86_400))
     two_days_ago = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 2 * 86_400))
     return [

@@ -95,6 +95,16 @@ class InvalidOptionError(EnqueueError):
     code = "INVALID_OPTION"
 
 
+class QueueFullError(EnqueueError):
+    """The queue already holds ``max_queue_depth`` waiting jobs: retry after ``retry_after`` seconds."""
+
+    code = "QUEUE_FULL"
+
+    def __init__(self, message: str, *, retry_after: int, details: dict[str, Any] | None = None):
+        super().__init__(message, details=details)
+        self.retry_after = retry_after
+
+
 class DuplicateTaskError(PostboxError):
     """Two handlers registered under one task name."""
 

@@ -19,8 +19,9 @@ import orjson
 import psycopg
 
 from postbox import redis_conn
-from postbox.control import Actor, ControlError
-from postbox.errors import EnqueueError, PostboxError, SettingsError
+from postbox.app.services.audit import Actor
+from postbox.app.services.errors import InvalidInputError, ServiceError
+from postbox.errors import EnqueueError, PostboxError, QueueFullError, SettingsError
 from postbox.settings import Settings, load_settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -170,12 +171,15 @@ def run(prog: str, parser: Parser, argv: Sequence[str], commands: Mapping[str, C
     try:
         settings = load_settings()
         return asyncio.run(_with_session(settings, commands[args.command], args))
+    except QueueFullError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except (EnqueueError, UsageError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ControlError as exc:
+    except ServiceError as exc:  # bad input: 2; not found, conflict, confirmation required: 1
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE if exc.status in (400, 422) and exc.code != "CONFIRMATION_REQUIRED" else EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, InvalidInputError) else EXIT_FAILED
     except SettingsError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

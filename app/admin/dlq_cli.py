@@ -7,7 +7,6 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from postbox import control
 from postbox.app.admin.common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -21,6 +20,9 @@ from postbox.app.admin.common import (
     show_page,
     to_json,
 )
+from postbox.app.services import dlq
+from postbox.app.services.errors import ConfirmationRequiredError
+from postbox.app.services.results import as_dict
 
 LIST_COLUMNS = ("id", "task", "queue", "attempts", "finished_at", "discarded", "last_error_class", "last_error")
 
@@ -53,27 +55,27 @@ def parser() -> Parser:
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    page = await control.list_dead(
+    page = await dlq.list_dead(
         s.conn, queue=a.queue, task=a.task, discarded=a.discarded, limit=a.limit, cursor=a.cursor
     )
-    show_page(page.items, page.next_cursor, LIST_COLUMNS, a.json, sys.stdout)
+    show_page([as_dict(j) for j in page.items], page.next_cursor, LIST_COLUMNS, a.json, sys.stdout)
     return EXIT_OK
 
 
 async def cmd_show(s: Session, a: argparse.Namespace) -> int:
-    job = await control.get_dead(s.conn, a.id)
-    show_job(job, a.json, sys.stdout)
+    job = await dlq.get_dead(s.conn, a.id)
+    show_job(as_dict(job), a.json, sys.stdout)
     return EXIT_OK
 
 
 async def cmd_requeue(s: Session, a: argparse.Namespace) -> int:
-    outcome = await control.requeue_dead(s.conn, a.id, cli_actor())
+    outcome = as_dict(await dlq.requeue_dead(s.conn, a.id, cli_actor()))
     print(to_json(outcome) if a.json else f"job {a.id} requeued (state pending, attempts reset)")
     return EXIT_OK
 
 
 async def cmd_discard(s: Session, a: argparse.Namespace) -> int:
-    outcome = await control.discard_dead(s.conn, a.id, cli_actor())
+    outcome = as_dict(await dlq.discard_dead(s.conn, a.id, cli_actor()))
     print(to_json(outcome) if a.json else f"job {a.id} discarded (kept until purged)")
     return EXIT_OK
 
@@ -83,10 +85,10 @@ async def cmd_purge(s: Session, a: argparse.Namespace) -> int:
     if not a.yes:
         count = 0
         try:
-            await control.purge_dead(
+            await dlq.purge_dead(
                 s.conn, a.queue, older_than=a.older_than, confirm=False, actor=actor, discarded_only=a.discarded_only
             )
-        except control.ConfirmationRequiredError as exc:
+        except ConfirmationRequiredError as exc:
             count = int(exc.details.get("would_purge", 0))
         if count == 0:
             print(to_json({"queue": a.queue, "purged": 0}) if a.json else "nothing to purge")
@@ -102,8 +104,10 @@ async def cmd_purge(s: Session, a: argparse.Namespace) -> int:
         if answer.strip().lower() not in ("y", "yes"):
             print("aborted; nothing deleted", file=sys.stderr)
             return EXIT_FAILED
-    outcome = await control.purge_dead(
-        s.conn, a.queue, older_than=a.older_than, confirm=True, actor=actor, discarded_only=a.discarded_only
+    outcome = as_dict(
+        await dlq.purge_dead(
+            s.conn, a.queue, older_than=a.older_than, confirm=True, actor=actor, discarded_only=a.discarded_only
+        )
     )
     print(to_json(outcome) if a.json else f"purged {outcome['purged']} dead letters of queue {a.queue}")
     return EXIT_OK

@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 
-from postbox import control
 from postbox.app.admin.common import (
     EXIT_OK,
     Parser,
@@ -23,6 +22,9 @@ from postbox.app.admin.common import (
     show_page,
     to_json,
 )
+from postbox.app.services import jobs as job_service
+from postbox.app.services.events import publish_event
+from postbox.app.services.results import as_dict
 from postbox.errors import TaskModuleError
 from postbox.producer import prepare
 from postbox.registry import default_registry, load_task_modules
@@ -60,26 +62,28 @@ def parser() -> Parser:
 
 
 async def cmd_get(s: Session, a: argparse.Namespace) -> int:
-    job = await control.get_job(s.conn, a.id)
-    show_job(job, a.json, sys.stdout)
+    job = await job_service.get_job(s.conn, a.id)
+    show_job(as_dict(job), a.json, sys.stdout)
     return EXIT_OK
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    page = await control.list_jobs(s.conn, queue=a.queue, task=a.task, state=a.state, limit=a.limit, cursor=a.cursor)
-    show_page(page.items, page.next_cursor, LIST_COLUMNS, a.json, sys.stdout)
+    page = await job_service.list_jobs(
+        s.conn, queue=a.queue, task=a.task, state=a.state, limit=a.limit, cursor=a.cursor
+    )
+    show_page([as_dict(j) for j in page.items], page.next_cursor, LIST_COLUMNS, a.json, sys.stdout)
     return EXIT_OK
 
 
 async def cmd_cancel(s: Session, a: argparse.Namespace) -> int:
-    outcome = await control.cancel_job(s.conn, a.id, cli_actor())
-    if not outcome["cancel_requested"]:
-        await control.publish_event(
-            s.redis, s.settings.redis_prefix, "cancelled", job_id=a.id, queue=outcome["queue"], task=outcome["task"]
+    outcome = await job_service.cancel_job(s.conn, a.id, cli_actor())
+    if not outcome.cancel_requested:
+        await publish_event(
+            s.redis, s.settings.redis_prefix, "cancelled", job_id=a.id, queue=outcome.queue, task=outcome.task
         )
     if a.json:
-        print(to_json(outcome))
-    elif outcome["cancel_requested"]:
+        print(to_json(as_dict(outcome)))
+    elif outcome.cancel_requested:
         print(f"job {a.id} is running: cancel requested (its worker stops it)")
     else:
         print(f"job {a.id} cancelled")
@@ -114,11 +118,9 @@ async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
         keep_result=a.keep_result,
         registry=default_registry,
     )
-    job_id, created = await control.enqueue_job(s.conn, row)
+    job_id, created = await job_service.enqueue_job(s.conn, row)
     if created:
-        await control.publish_event(
-            s.redis, s.settings.redis_prefix, "enqueued", job_id=job_id, queue=row.queue, task=row.task
-        )
+        await publish_event(s.redis, s.settings.redis_prefix, "enqueued", job_id=job_id, queue=row.queue, task=row.task)
     if a.json:
         print(to_json({"id": job_id, "duplicate": not created, "queue": row.queue, "task": row.task}))
     else:

@@ -9,8 +9,10 @@ from typing import Any
 
 import orjson
 
-from postbox import flow, limit_control
+from postbox import flow
 from postbox.app.admin.common import EXIT_OK, Parser, Session, cli_actor, details, run, table, to_json
+from postbox.app.services import limits as limit_service
+from postbox.app.services.results import as_dict
 
 COLUMNS = ("scope", "name", "queue", "declared", "override", "effective", "in_use", "held")
 NONE = "none"
@@ -109,7 +111,7 @@ def _print(item: dict[str, Any], as_json: bool) -> None:
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    found = await limit_control.list_limits(s.conn)
+    found = [as_dict(item) for item in await limit_service.list_limits(s.conn)]
     if a.json:
         print(to_json(found))
     else:
@@ -118,13 +120,13 @@ async def cmd_list(s: Session, a: argparse.Namespace) -> int:
 
 
 async def cmd_show(s: Session, a: argparse.Namespace) -> int:
-    _print(await limit_control.get_limit(s.conn, a.scope, a.name), a.json)
+    _print(as_dict(await limit_service.get_limit(s.conn, a.scope, a.name)), a.json)
     return EXIT_OK
 
 
 async def cmd_set(s: Session, a: argparse.Namespace) -> int:
     values = {name: getattr(a, name) for name in flow.OVERRIDABLE if getattr(a, name) is not UNSET}
-    item = await limit_control.set_override(s.conn, a.scope, a.name, values, cli_actor())
+    item = as_dict(await limit_service.set_override(s.conn, a.scope, a.name, values, cli_actor()))
     if a.json:
         print(to_json(item))
     else:
@@ -133,7 +135,7 @@ async def cmd_set(s: Session, a: argparse.Namespace) -> int:
 
 
 async def cmd_clear(s: Session, a: argparse.Namespace) -> int:
-    item = await limit_control.clear_override(s.conn, a.scope, a.name, cli_actor(), field=a.field)
+    item = as_dict(await limit_service.clear_override(s.conn, a.scope, a.name, cli_actor(), field=a.field))
     if a.json:
         print(to_json(item))
     else:

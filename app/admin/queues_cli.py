@@ -6,8 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from postbox import control
 from postbox.app.admin.common import EXIT_OK, Parser, Session, cli_actor, run, table, to_json
+from postbox.app.services import queues as queue_service
+from postbox.app.services.results import as_dict
 
 COLUMNS = (
     "queue",
@@ -39,7 +40,7 @@ def parser() -> Parser:
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    stats = await control.queue_stats(s.conn, s.redis, s.settings.redis_prefix)
+    stats = [as_dict(q) for q in await queue_service.queue_stats(s.conn, s.redis, s.settings.redis_prefix)]
     if a.json:
         print(to_json(stats))
         return EXIT_OK
@@ -51,7 +52,7 @@ async def cmd_list(s: Session, a: argparse.Namespace) -> int:
 
 
 async def _set(s: Session, a: argparse.Namespace, paused: bool) -> int:
-    outcome = await control.set_paused(s.conn, a.queue, paused, cli_actor())
+    outcome = as_dict(await queue_service.set_paused(s.conn, a.queue, paused, cli_actor()))
     print(to_json(outcome) if a.json else f"queue {a.queue} {'paused' if paused else 'resumed'}")
     return EXIT_OK
 

@@ -6,8 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from postbox import schedule_control
 from postbox.app.admin.common import EXIT_OK, Parser, Session, cli_actor, run, table, to_json
+from postbox.app.services import schedules as schedule_service
+from postbox.app.services.results import as_dict
 
 COLUMNS = (
     "name",
@@ -39,7 +40,7 @@ def parser() -> Parser:
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    found = await schedule_control.list_schedules(s.conn)
+    found = [as_dict(item) for item in await schedule_service.list_schedules(s.conn)]
     if a.json:
         print(to_json(found))
     else:
@@ -48,7 +49,7 @@ async def cmd_list(s: Session, a: argparse.Namespace) -> int:
 
 
 async def _set(s: Session, a: argparse.Namespace, paused: bool) -> int:
-    outcome = await schedule_control.set_paused(s.conn, a.name, paused, cli_actor())
+    outcome = as_dict(await schedule_service.set_paused(s.conn, a.name, paused, cli_actor()))
     print(to_json(outcome) if a.json else f"schedule {a.name} {'paused' if paused else 'resumed'}")
     return EXIT_OK
 
@@ -62,7 +63,9 @@ async def cmd_resume(s: Session, a: argparse.Namespace) -> int:
 
 
 async def cmd_trigger(s: Session, a: argparse.Namespace) -> int:
-    fired = await schedule_control.trigger(s.conn, a.name, cli_actor(), redis=s.redis, prefix=s.settings.redis_prefix)
+    fired = as_dict(
+        await schedule_service.trigger(s.conn, a.name, cli_actor(), redis=s.redis, prefix=s.settings.redis_prefix)
+    )
     print(to_json(fired) if a.json else f"schedule {a.name}: job {fired['job_id']} enqueued")
     return EXIT_OK
 

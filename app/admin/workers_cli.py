@@ -6,8 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from postbox import control
 from postbox.app.admin.common import EXIT_OK, Parser, Session, run, table, to_json
+from postbox.app.services import workers as worker_service
+from postbox.app.services.results import as_dict
 
 COLUMNS = (
     "id",
@@ -33,7 +34,8 @@ def parser() -> Parser:
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    found = await control.list_workers(s.conn, heartbeat_interval=s.settings.heartbeat_interval)
+    listed = await worker_service.list_workers(s.conn, heartbeat_interval=s.settings.heartbeat_interval)
+    found = [as_dict(w) for w in listed]
     if a.json:
         print(to_json(found))
     else:

@@ -14,8 +14,15 @@ from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from postbox.app.api.schemas import ErrorResponse
-from postbox.control import ControlError, QueueFullError
-from postbox.errors import EnqueueError, PayloadTooLargeError, UnknownTaskError
+from postbox.app.services.errors import (
+    ConfirmationRequiredError,
+    ConflictError,
+    InvalidInputError,
+    InvalidLimitError,
+    NotFoundError,
+    ServiceError,
+)
+from postbox.errors import EnqueueError, PayloadTooLargeError, QueueFullError, UnknownTaskError
 
 log = logging.getLogger("postbox.api")
 POOL_RETRY_AFTER = 1
@@ -112,13 +119,29 @@ async def _api(request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
 
 
-async def _control(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ControlError)
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFullError) else {}
-    return error_response(exc.status, exc.code, str(exc), exc.details, headers)
+# The status of each service refusal (postbox.app.services.errors): the most specific class first.
+SERVICE_STATUS: tuple[tuple[type[ServiceError], int], ...] = (
+    (InvalidLimitError, 422),
+    (InvalidInputError, 400),
+    (NotFoundError, 404),
+    (ConflictError, 409),
+    (ConfirmationRequiredError, 400),
+    (ServiceError, 400),
+)
+
+
+def service_status(exc: ServiceError) -> int:
+    return next(status for cls, status in SERVICE_STATUS if isinstance(exc, cls))
+
+
+async def _service(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)
+    return error_response(service_status(exc), exc.code, str(exc), exc.details)
 
 
 def enqueue_status(exc: EnqueueError) -> int:
+    if isinstance(exc, QueueFullError):
+        return 429
     if isinstance(exc, PayloadTooLargeError):
         return 413
     if isinstance(exc, UnknownTaskError):
@@ -131,7 +154,8 @@ async def _enqueue(request: Request, exc: Exception) -> JSONResponse:
     details = dict(exc.details)
     if exc.field:
         details.setdefault("field", exc.field)
-    return error_response(enqueue_status(exc), exc.code, str(exc), details)
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, QueueFullError) else {}
+    return error_response(enqueue_status(exc), exc.code, str(exc), details, headers)
 
 
 async def _data(request: Request, exc: Exception) -> JSONResponse:
@@ -160,7 +184,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(ApiError, _api)
-    app.add_exception_handler(ControlError, _control)
+    app.add_exception_handler(ServiceError, _service)
     app.add_exception_handler(EnqueueError, _enqueue)
     app.add_exception_handler(psycopg.DataError, _data)
     app.add_exception_handler(PoolTimeout, _pool_timeout)

@@ -59,7 +59,7 @@ class QueueCollector(Collector):
 class LimitCollector(Collector):
     """Flow-control gauges per queue and task with a limit row (set just before each scrape).
 
-    ``limits`` is ``limit_control.gauges()``: (scope, name, values). A limit not in
+    ``limits`` is ``postbox.app.services.limits.gauges()``: (scope, name, values). A limit not in
     force (no concurrency, no rate) has no sample in that gauge.
     """
 

@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from postbox.control import NotFoundError
+from postbox.app.services.errors import NotFoundError
 from postbox.results import JobResult, get_result_async
 from postbox.results import wait_result as wait_finished
 

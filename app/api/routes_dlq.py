@@ -7,13 +7,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query
 from psycopg import AsyncConnection
 
-from postbox import control
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, TaskFilter
 from postbox.app.api.schemas import QUEUE_PATTERN, DeadLetter, DeadPage, DiscardResult, PurgeResult, RequeueResult
 from postbox.app.api.state import Contents, Destructive, db, read_access, redacted
-from postbox.control import Actor
+from postbox.app.services import dlq
+from postbox.app.services.audit import Actor
+from postbox.app.services.results import as_dict
 
 router = APIRouter(
     prefix="/dlq", tags=["dead letters"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute
@@ -29,8 +30,8 @@ async def list_dead(
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> dict[str, Any]:
-    page = await control.list_dead(conn, queue=queue, task=task, discarded=discarded, limit=limit, cursor=cursor)
-    return {"items": page.items, "next_cursor": page.next_cursor}
+    page = await dlq.list_dead(conn, queue=queue, task=task, discarded=discarded, limit=limit, cursor=cursor)
+    return as_dict(page)
 
 
 @router.post(
@@ -49,16 +50,17 @@ async def purge(
     confirm: Annotated[bool, Query(description="Must be true: purged rows are gone for good.")] = False,
     actor: Actor = Destructive,
 ) -> dict[str, Any]:
-    return await control.purge_dead(
+    purged = await dlq.purge_dead(
         conn, queue, older_than=older_than, confirm=confirm, actor=actor, discarded_only=discarded_only
     )
+    return as_dict(purged)
 
 
 @router.get("/{job_id}", response_model=DeadLetter, summary="One dead letter", responses=responses(401, 404, 422))
 async def show(
     job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], contents: bool = Contents
 ) -> dict[str, Any]:
-    return redacted(await control.get_dead(conn, job_id), contents)
+    return redacted(as_dict(await dlq.get_dead(conn, job_id)), contents)
 
 
 @router.post(
@@ -70,7 +72,7 @@ async def show(
 async def requeue(
     job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
-    return await control.requeue_dead(conn, job_id, actor)
+    return as_dict(await dlq.requeue_dead(conn, job_id, actor))
 
 
 @router.post(
@@ -82,4 +84,4 @@ async def requeue(
 async def discard(
     job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
-    return await control.discard_dead(conn, job_id, actor)
+    return as_dict(await dlq.discard_dead(conn, job_id, actor))

@@ -8,15 +8,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from psycopg import AsyncConnection
 
-from postbox import control
 from postbox.app.api import results
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
 from postbox.app.api.state import Contents, Destructive, api_state, db, read_access, redacted
-from postbox.control import Actor
-from postbox.errors import InvalidArgsError, InvalidOptionError
+from postbox.app.services import jobs as job_service
+from postbox.app.services.audit import Actor
+from postbox.app.services.results import as_dict
+from postbox.errors import InvalidArgsError, InvalidOptionError, QueueFullError
 from postbox.producer import Limits, claim_unique_async, prepare
 
 log = logging.getLogger("postbox.api")
@@ -85,7 +86,7 @@ async def enqueue(
     async with st.pool.connection() as conn:
         try:
             if row.unique_rule is None:
-                job, job_id = await control.enqueue_and_read(
+                job, job_id = await job_service.enqueue_and_read(
                     conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
                 )
             else:
@@ -96,22 +97,21 @@ async def enqueue(
                     if holder is not None:
                         job, job_id = None, int(holder)
                     else:
-                        job, job_id = await control.enqueue_and_read(
+                        job, job_id = await job_service.enqueue_and_read(
                             conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
                         )
-        except control.QueueFullError:
+        except QueueFullError:
             st.metrics.enqueued.labels(row.queue, "queue_full").inc()
             raise
         created = job is not None
         if job is None:
-            job = await control.get_job(conn, job_id)
+            job = await job_service.get_job(conn, job_id)
     st.metrics.enqueued.labels(row.queue, "created" if created else "duplicate").inc()
     if created:
         log.info("enqueued", extra={"outbox_id": job_id, "task": row.task, "queue": row.queue})
     else:
         response.status_code = 200
-    job["duplicate"] = not created
-    return job
+    return {**as_dict(job), "duplicate": not created}
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first", responses=responses(400, 401, 422))
@@ -123,8 +123,8 @@ async def list_jobs(
     limit: Limit = 50,
     cursor: Cursor = None,
 ) -> dict[str, Any]:
-    page = await control.list_jobs(conn, queue=queue, task=task, state=state, limit=limit, cursor=cursor)
-    return {"items": page.items, "next_cursor": page.next_cursor}
+    page = await job_service.list_jobs(conn, queue=queue, task=task, state=state, limit=limit, cursor=cursor)
+    return as_dict(page)
 
 
 @router.get(
@@ -133,7 +133,7 @@ async def list_jobs(
 async def get_job(
     job_id: JobId, conn: Annotated[AsyncConnection[Any], Depends(db)], contents: bool = Contents
 ) -> dict[str, Any]:
-    return redacted(await control.get_job(conn, job_id), contents)
+    return redacted(as_dict(await job_service.get_job(conn, job_id)), contents)
 
 
 @router.get(
@@ -166,9 +166,9 @@ async def cancel(
     actor: Actor = Destructive,
 ) -> dict[str, Any]:
     st = api_state(request)
-    outcome = await control.cancel_job(conn, job_id, actor)
-    if not outcome["cancel_requested"]:
+    outcome = await job_service.cancel_job(conn, job_id, actor)
+    if not outcome.cancel_requested:
         await st.events.publish(
-            "cancelled", job_id=job_id, queue=outcome["queue"], task=outcome["task"], attempt=outcome["attempts"]
+            "cancelled", job_id=job_id, queue=outcome.queue, task=outcome.task, attempt=outcome.attempts
         )
-    return outcome
+    return as_dict(outcome)

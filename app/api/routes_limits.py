@@ -7,12 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query
 from psycopg import AsyncConnection
 
-from postbox import limit_control
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import Limit, LimitOverride
 from postbox.app.api.state import Destructive, db, read_access
-from postbox.control import Actor
+from postbox.app.services import limits as limit_service
+from postbox.app.services.audit import Actor
+from postbox.app.services.results import as_dict
 
 router = APIRouter(prefix="/limits", tags=["limits"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
 
@@ -23,7 +24,7 @@ Name = Annotated[str, Path(description="The queue's or the task's name.")]
 
 @router.get("", response_model=list[Limit], summary="Every flow-control limit", responses=responses(401))
 async def list_limits(conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
-    return await limit_control.list_limits(conn)
+    return [as_dict(item) for item in await limit_service.list_limits(conn)]
 
 
 @router.get(
@@ -33,7 +34,7 @@ async def list_limits(conn: Annotated[AsyncConnection[Any], Depends(db)]) -> lis
     responses=responses(401, 404, 422),
 )
 async def get_limit(scope: Scope, name: Name, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> dict[str, Any]:
-    return await limit_control.get_limit(conn, scope, name)
+    return as_dict(await limit_service.get_limit(conn, scope, name))
 
 
 @router.put(
@@ -50,7 +51,7 @@ async def set_override(
     actor: Actor = Destructive,
 ) -> dict[str, Any]:
     values = body.model_dump(exclude_unset=True)
-    return await limit_control.set_override(conn, scope, name, values, actor)
+    return as_dict(await limit_service.set_override(conn, scope, name, values, actor))
 
 
 @router.delete(
@@ -66,4 +67,4 @@ async def clear_override(
     field: Annotated[str | None, Query(description="concurrency or rate: lift only that field.")] = None,
     actor: Actor = Destructive,
 ) -> dict[str, Any]:
-    return await limit_control.clear_override(conn, scope, name, actor, field=field)
+    return as_dict(await limit_service.clear_override(conn, scope, name, actor, field=field))

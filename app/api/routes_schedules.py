@@ -15,10 +15,11 @@ from fastapi import APIRouter, Depends, Path, Request
 from psycopg import AsyncConnection
 from pydantic import BaseModel
 
-from postbox import schedule_control
 from postbox.app.api.errors import responses
 from postbox.app.api.state import Destructive, api_state, db, read_access
-from postbox.control import Actor
+from postbox.app.services import schedules as schedule_service
+from postbox.app.services.audit import Actor
+from postbox.app.services.results import as_dict
 
 router = APIRouter(prefix="/schedules", tags=["schedules"], dependencies=[Depends(read_access)])
 
@@ -62,19 +63,19 @@ class Triggered(BaseModel):
     "", response_model=list[ScheduleOut], summary="Every schedule (removed ones flagged)", responses=responses(401)
 )
 async def list_schedules(conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
-    return await schedule_control.list_schedules(conn)
+    return [as_dict(item) for item in await schedule_service.list_schedules(conn)]
 
 
 @router.get("/{name}", response_model=ScheduleOut, summary="One schedule", responses=responses(401, 404, 422))
 async def get_schedule(name: ScheduleName, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> dict[str, Any]:
-    return await schedule_control.get_schedule(conn, name)
+    return as_dict(await schedule_service.get_schedule(conn, name))
 
 
 @router.post("/{name}/pause", response_model=ScheduleOut, summary="Pause a schedule", responses=responses(401, 404))
 async def pause(
     name: ScheduleName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
-    return await schedule_control.set_paused(conn, name, True, actor)
+    return as_dict(await schedule_service.set_paused(conn, name, True, actor))
 
 
 @router.post(
@@ -86,7 +87,7 @@ async def pause(
 async def resume(
     name: ScheduleName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
-    return await schedule_control.set_paused(conn, name, False, actor)
+    return as_dict(await schedule_service.set_paused(conn, name, False, actor))
 
 
 @router.post(
@@ -103,4 +104,5 @@ async def trigger(
     actor: Actor = Destructive,
 ) -> dict[str, Any]:
     st = api_state(request)
-    return await schedule_control.trigger(conn, name, actor, redis=st.redis, prefix=st.settings.redis_prefix)
+    fired = await schedule_service.trigger(conn, name, actor, redis=st.redis, prefix=st.settings.redis_prefix)
+    return as_dict(fired)

@@ -10,12 +10,16 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from postbox import control, limit_control, sql
+from postbox import sql
 from postbox.app.api.errors import error_response, responses
 from postbox.app.api.events_hub import ClientBuffer
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import Health, Ready
 from postbox.app.api.state import ApiState, api_state, auth_failed, key_matches
+from postbox.app.services import limits as limit_service
+from postbox.app.services import queues as queue_service
+from postbox.app.services import workers as worker_service
+from postbox.app.services.results import as_dict
 
 log = logging.getLogger("postbox.api")
 router = APIRouter(tags=["system"], route_class=StrictJsonRoute)
@@ -81,20 +85,21 @@ async def metrics(request: Request) -> Response:
     collector = st.metrics.queues
     try:
         async with asyncio.timeout(CHECK_TIMEOUT * 2), st.pool.connection(timeout=CHECK_TIMEOUT) as conn:
-            collector.queues = await control.queue_stats(
+            stats = await queue_service.queue_stats(
                 conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues()
             )
-            found = await control.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
+            collector.queues = [as_dict(q) for q in stats]
+            found = await worker_service.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
             try:  # the flow-control gauges (GET /api/v1/limits); their failure leaves the queue gauges
-                st.metrics.limits.limits = limit_control.gauges(await limit_control.list_limits(conn))
+                st.metrics.limits.limits = limit_service.gauges(await limit_service.list_limits(conn))
             except Exception as exc:
                 log.warning("limit gauges unavailable: %s", type(exc).__name__)
                 st.metrics.limits.limits = ()
                 await conn.rollback()
         collector.workers = {
-            "live": sum(1 for w in found if not w["stale"] and not w["stopped"]),
-            "stale": sum(1 for w in found if w["stale"]),
-            "stopped": sum(1 for w in found if w["stopped"]),
+            "live": sum(1 for w in found if not w.stale and not w.stopped),
+            "stale": sum(1 for w in found if w.stale),
+            "stopped": sum(1 for w in found if w.stopped),
         }
     except Exception as exc:  # serve the request counters even when a store is down
         log.warning("queue gauges unavailable: %s", type(exc).__name__)

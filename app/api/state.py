@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from postbox.app.api.errors import ApiError
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
-from postbox.control import Actor
+from postbox.app.services.audit import Actor
 from postbox.registry import Registry
 from postbox.settings import Settings
 

@@ -18,13 +18,16 @@ from fastapi import APIRouter, Depends, Request
 from psycopg import AsyncConnection
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from postbox import control
 from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.state import Contents, Destructive, api_state, db, read_access
 from postbox.app.dashboard import queries
 from postbox.app.dashboard.search import BULK_MAX, TEXT_MAX, JobFilter
 from postbox.app.dashboard.views import match_params, text_window
-from postbox.control import Actor
+from postbox.app.services import dlq
+from postbox.app.services import jobs as job_service
+from postbox.app.services.audit import Actor
+from postbox.app.services.checks import MAX_BIGINT
+from postbox.app.services.errors import ServiceError
 
 router = APIRouter(prefix="/bulk", tags=["bulk"], dependencies=[Depends(read_access)])
 Action = Literal["cancel", "requeue", "discard"]
@@ -45,7 +48,7 @@ class BulkRequest(BaseModel):
     """Exactly one of ``ids`` (the selected rows) and ``filter`` (every job matching it)."""
 
     model_config = ConfigDict(extra="forbid")
-    ids: list[Annotated[int, Field(ge=1, le=control.MAX_BIGINT)]] | None = Field(default=None, max_length=BULK_MAX)
+    ids: list[Annotated[int, Field(ge=1, le=MAX_BIGINT)]] | None = Field(default=None, max_length=BULK_MAX)
     filter: FilterBody | None = None
 
     @model_validator(mode="after")
@@ -96,20 +99,20 @@ async def bulk(
     for job_id in ids:
         try:
             if action == "cancel":
-                outcome = await control.cancel_job(conn, job_id, actor)
-                if not outcome["cancel_requested"]:
+                outcome = await job_service.cancel_job(conn, job_id, actor)
+                if not outcome.cancel_requested:
                     await st.events.publish(
                         "cancelled",
                         job_id=job_id,
-                        queue=outcome["queue"],
-                        task=outcome["task"],
-                        attempt=outcome["attempts"],
+                        queue=outcome.queue,
+                        task=outcome.task,
+                        attempt=outcome.attempts,
                     )
             elif action == "requeue":
-                await control.requeue_dead(conn, job_id, actor)
+                await dlq.requeue_dead(conn, job_id, actor)
             else:
-                await control.discard_dead(conn, job_id, actor)
-        except control.ControlError as exc:
+                await dlq.discard_dead(conn, job_id, actor)
+        except ServiceError as exc:
             skipped[exc.code] += 1
             continue
         done.append(job_id)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from postbox import control
+from postbox.app.services.checks import check_queue_name, check_state, check_text
+from postbox.app.services.errors import InvalidInputError
 
 BULK_MAX = 10_000  # rows one bulk action touches at most (and where "select all matching" stops counting)
 TEXT_MAX = 200
@@ -40,19 +41,19 @@ class JobFilter:
 
     def __post_init__(self) -> None:
         if self.queue is not None:
-            control.check_queue_name(self.queue)
+            check_queue_name(self.queue)
         if self.task is not None:
-            control.check_text(self.task, "task")
+            check_text(self.task, "task")
         if self.state is not None:
-            control.check_state(self.state)
+            check_state(self.state)
         if self.text is not None:
-            control.check_text(self.text, "text", TEXT_MAX)
+            check_text(self.text, "text", TEXT_MAX)
         for name in ("since", "until"):
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
-                raise control.ControlError(f"{name} must carry a time zone", field=name)
+                raise InvalidInputError(f"{name} must carry a time zone", field=name)
         if self.since is not None and self.until is not None and self.since >= self.until:
-            raise control.ControlError("since must be before until", field="since")
+            raise InvalidInputError("since must be before until", field="since")
 
     def params(self) -> dict[str, Any]:
         return {

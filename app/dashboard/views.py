@@ -16,12 +16,17 @@ from fastapi import APIRouter, Depends, Query, Request
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
-from postbox import control, limit_control
 from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.state import Contents, api_state, db, read_access, redacted
 from postbox.app.dashboard import queries
 from postbox.app.dashboard.search import BULK_MAX, CREATION_SLACK, TEXT_MAX, TEXT_WINDOW, JobFilter
+from postbox.app.services import jobs as job_service
+from postbox.app.services import limits as limit_service
+from postbox.app.services import queues as queue_service
+from postbox.app.services import workers as worker_service
+from postbox.app.services.checks import decode_cursor, encode_cursor
+from postbox.app.services.results import as_dict
 from postbox.settings import QUEUE_NAME_RE
 
 router = APIRouter(prefix="/dashboard", tags=["dashboard"], dependencies=[Depends(read_access)])
@@ -109,7 +114,7 @@ async def text_window(cur: Any, found: JobFilter, params: dict[str, Any]) -> int
 async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = None) -> dict[str, Any]:
     """A page of matches. With a text match, at most ``TEXT_WINDOW`` ids below the cursor are read:
     ``searched_down_to`` is the lowest id looked at, and ``next_cursor`` goes on below it."""
-    before = control.decode_cursor(cursor)
+    before = decode_cursor(cursor)
     floor = None
     async with conn.cursor(row_factory=dict_row) as cur:
         params = await match_params(cur, found)
@@ -120,11 +125,11 @@ async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = 
             floor = window_floor(top, params)
         await cur.execute(queries.active().SEARCH, {**params, "before": before, "floor": floor, "limit": limit + 1})
         rows = await cur.fetchall()
-    items = [control.job_summary(r) for r in rows[:limit]]
+    items = [as_dict(job_service.job_summary(r)) for r in rows[:limit]]
     if len(rows) > limit:
-        next_cursor: str | None = control.encode_cursor(int(items[-1]["id"]))
+        next_cursor: str | None = encode_cursor(int(items[-1]["id"]))
     elif floor is not None:
-        next_cursor = control.encode_cursor(floor)  # nothing more in this window: go on below it
+        next_cursor = encode_cursor(floor)  # nothing more in this window: go on below it
     else:
         next_cursor = None
     searched = floor if floor is not None and len(rows) <= limit else None
@@ -150,7 +155,7 @@ async def count(conn: Conn, found: Filter) -> dict[str, Any]:
 
 @router.get("/jobs/{job_id}", summary="A job with its headers and history", responses=responses(401, 404, 422))
 async def job(job_id: JobId, conn: Conn, contents: bool = Contents) -> dict[str, Any]:
-    item = await control.get_job(conn, job_id)
+    item = as_dict(await job_service.get_job(conn, job_id))
     async with conn.cursor() as cur:
         await cur.execute(queries.active().HEADERS, {"id": job_id})
         row = await cur.fetchone()
@@ -172,7 +177,7 @@ async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict
         await cur.execute(q.QUEUE_ROWS)
         paused = {r["name"]: bool(r["paused"]) for r in await cur.fetchall()}
     names = sorted(set(counts) | set(paused) | {n for n in st.registry.queues() if QUEUE_NAME_RE.match(n)})
-    streams, redis_error = await control.stream_counts(st.redis, st.settings.redis_prefix, names)
+    streams, redis_error = await queue_service.stream_counts(st.redis, st.settings.redis_prefix, names)
     out = []
     for name in names:
         row = counts.get(name, {})
@@ -188,9 +193,9 @@ async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict
                 "redis_error": redis_error,
             }
         )
-    limits = await limit_control.queue_limits(conn)  # as GET /api/v1/queues: its flow-control limits
+    limits = await limit_service.queue_limits(conn)  # as GET /api/v1/queues: its flow-control limits
     for item in out:
-        item["limits"] = limits.get(str(item["queue"]), [])
+        item["limits"] = [as_dict(x) for x in limits.get(str(item["queue"]), [])]
     return out
 
 
@@ -213,7 +218,7 @@ async def overview(request: Request, conn: Conn) -> dict[str, Any]:
         relays = await cur.fetchall()
         await cur.execute(q.RELAY_LAG)
         lag = await cur.fetchone()
-    workers = await control.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
+    workers = await worker_service.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
     return {
         "queues": queues,
         "last_hour": [
@@ -230,8 +235,8 @@ async def overview(request: Request, conn: Conn) -> dict[str, Any]:
         "unpublished_due": int(lag["unpublished"]) if lag else 0,
         "unpublished_more": bool(lag and int(lag["unpublished"]) > 10_000),
         "workers": {
-            "live": sum(1 for w in workers if not w["stale"] and not w["stopped"]),
-            "stale": sum(1 for w in workers if w["stale"]),
-            "stopped": sum(1 for w in workers if w["stopped"]),
+            "live": sum(1 for w in workers if not w.stale and not w.stopped),
+            "stale": sum(1 for w in workers if w.stale),
+            "stopped": sum(1 for w in workers if w.stopped),
         },
     }

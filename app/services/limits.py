@@ -12,12 +12,15 @@ task's partitions summed) and the jobs of its queue or task held back (waiting
 for a slot, or for a rate reservation still ahead).
 
 Writes run in one transaction with their audit row. Bad input raises
-:class:`InvalidLimitError` (422) with the offending field; nothing is written.
+:class:`~postbox.app.services.errors.InvalidLimitError` with the offending
+field; nothing is written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -26,7 +29,8 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from postbox import flow, sql
-from postbox.control import Actor, ControlError, NotFoundError, record_audit
+from postbox.app.services.audit import Actor, record_audit
+from postbox.app.services.errors import InvalidLimitError, NotFoundError
 from postbox.errors import InvalidOptionError
 from postbox.flow import FlowLimit
 from postbox.settings import QUEUE_NAME_RE
@@ -35,11 +39,30 @@ SCOPES = ("queue", "task")
 MAX_NAME = 200
 
 
-class InvalidLimitError(ControlError):
-    """A limit operation refused for its input (scope, name, values): nothing was written."""
+@dataclass(frozen=True)
+class Limit:
+    """One queue's or task's limits: declared in code, overridden by an operator, in force, and in use.
 
-    code = "INVALID_LIMIT"
-    status = 422
+    ``declared``, ``override`` and ``effective`` are the JSON forms
+    ``{concurrency, rate: {limit, period}}`` of ``postbox.flow``.
+    """
+
+    scope: str
+    name: str
+    queue: str | None
+    declared: dict[str, Any] | None
+    declared_by: str | None
+    declared_at: datetime | None
+    override: dict[str, Any] | None
+    override_by: str | None
+    override_at: datetime | None
+    effective: dict[str, Any]
+    effective_text: str
+    in_use: int
+    partitions_in_use: int
+    held: int
+    held_for_slot: int
+    held_for_rate: int
 
 
 # --- validation ----------------------------------------------------------------------
@@ -96,7 +119,7 @@ def _declared(row: Mapping[str, Any]) -> FlowLimit | None:
         return None
 
 
-def view(row: Mapping[str, Any]) -> dict[str, Any]:
+def view(row: Mapping[str, Any]) -> Limit:
     """One limit row as the API and the CLI show it."""
     declared = _declared(row)
     override = row.get("override")
@@ -104,24 +127,24 @@ def view(row: Mapping[str, Any]) -> dict[str, Any]:
         effective = flow.effective(declared, override)
     except Exception:  # an unreadable override: the worker ignores the row, so show the declaration
         effective = declared or FlowLimit()
-    return {
-        "scope": row["scope"],
-        "name": row["name"],
-        "queue": row.get("queue"),
-        "declared": None if declared is None else flow.describe(declared),
-        "declared_by": row.get("declared_by"),
-        "declared_at": row.get("declared_at"),
-        "override": override,
-        "override_by": row.get("override_by"),
-        "override_at": row.get("override_at"),
-        "effective": flow.describe(effective),
-        "effective_text": flow.describe_text(effective),
-        "in_use": int(row.get("in_use") or 0),
-        "partitions_in_use": int(row.get("partitions_in_use") or 0),
-        "held": int(row.get("held") or 0),
-        "held_for_slot": int(row.get("held_for_slot") or 0),
-        "held_for_rate": int(row.get("held_for_rate") or 0),
-    }
+    return Limit(
+        scope=row["scope"],
+        name=row["name"],
+        queue=row.get("queue"),
+        declared=None if declared is None else flow.describe(declared),
+        declared_by=row.get("declared_by"),
+        declared_at=row.get("declared_at"),
+        override=override,
+        override_by=row.get("override_by"),
+        override_at=row.get("override_at"),
+        effective=flow.describe(effective),
+        effective_text=flow.describe_text(effective),
+        in_use=int(row.get("in_use") or 0),
+        partitions_in_use=int(row.get("partitions_in_use") or 0),
+        held=int(row.get("held") or 0),
+        held_for_slot=int(row.get("held_for_slot") or 0),
+        held_for_rate=int(row.get("held_for_rate") or 0),
+    )
 
 
 async def _end_read(conn: AsyncConnection[Any]) -> None:
@@ -129,21 +152,21 @@ async def _end_read(conn: AsyncConnection[Any]) -> None:
         await conn.commit()
 
 
-async def _select(conn: AsyncConnection[Any], scope: str | None, name: str | None) -> list[dict[str, Any]]:
+async def _select(conn: AsyncConnection[Any], scope: str | None, name: str | None) -> list[Limit]:
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql.active().LIMIT_LIST, {"scope": scope, "name": name})
         rows = await cur.fetchall()
     return [view(row) for row in rows]
 
 
-async def list_limits(conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
+async def list_limits(conn: AsyncConnection[Any]) -> list[Limit]:
     """Every queue and task with a limit row (declared or overridden), queues first."""
     found = await _select(conn, None, None)
     await _end_read(conn)
     return found
 
 
-async def get_limit(conn: AsyncConnection[Any], scope: str, name: str) -> dict[str, Any]:
+async def get_limit(conn: AsyncConnection[Any], scope: str, name: str) -> Limit:
     scope = check_scope(scope)
     name = check_name(scope, name)
     found = await _select(conn, scope, name)
@@ -153,16 +176,16 @@ async def get_limit(conn: AsyncConnection[Any], scope: str, name: str) -> dict[s
     return found[0]
 
 
-def by_queue(limits: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def by_queue(limits: Sequence[Limit]) -> dict[str, list[Limit]]:
     """Limits grouped by queue: a queue's own, then those of its tasks (a task's queue from ``postbox.tasks``)."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Limit]] = {}
     for item in limits:
-        if item["queue"] is not None:
-            out.setdefault(item["queue"], []).append(dict(item))
+        if item.queue is not None:
+            out.setdefault(item.queue, []).append(item)
     return out
 
 
-async def queue_limits(conn: AsyncConnection[Any]) -> dict[str, list[dict[str, Any]]]:
+async def queue_limits(conn: AsyncConnection[Any]) -> dict[str, list[Limit]]:
     """``{queue: [limit, ...]}`` for the queue stats (``GET /api/v1/queues``); the caller's transaction stays open."""
     return by_queue(await _select(conn, None, None))
 
@@ -172,7 +195,7 @@ async def queue_limits(conn: AsyncConnection[Any]) -> dict[str, list[dict[str, A
 
 async def set_override(
     conn: AsyncConnection[Any], scope: str, name: str, values: Mapping[str, Any], actor: Actor
-) -> dict[str, Any]:
+) -> Limit:
     """Merge ``values`` (``concurrency``, ``rate``; ``None`` lifts one) into the override; audited.
 
     Creates the row when the queue or task has none yet (its declaration, if any,
@@ -204,7 +227,7 @@ async def set_override(
 
 async def clear_override(
     conn: AsyncConnection[Any], scope: str, name: str, actor: Actor, *, field: str | None = None
-) -> dict[str, Any]:
+) -> Limit:
     """Lift the override (or one of its fields): the declaration is in force again; audited."""
     scope = check_scope(scope)
     name = check_name(scope, name)
@@ -234,16 +257,16 @@ async def clear_override(
 # --- metrics -------------------------------------------------------------------------
 
 
-def gauges(limits: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, dict[str, float]]]:
+def gauges(limits: Sequence[Limit]) -> list[tuple[str, str, dict[str, float]]]:
     """(scope, name, {concurrency?, rate_per_second?, in_use, held}) of each limit, for the exposition."""
     out = []
     for item in limits:
-        values: dict[str, float] = {"in_use": float(item["in_use"]), "held": float(item["held"])}
-        effective = item["effective"]
+        values: dict[str, float] = {"in_use": float(item.in_use), "held": float(item.held)}
+        effective = item.effective
         if effective["concurrency"] is not None:
             values["concurrency"] = float(effective["concurrency"])
         rate = effective["rate"]
         if rate is not None:
             values["rate_per_second"] = rate["limit"] / rate["period"]
-        out.append((item["scope"], item["name"], values))
+        out.append((item.scope, item.name, values))
     return out

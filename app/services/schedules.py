@@ -11,6 +11,8 @@ planned.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -18,54 +20,87 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from postbox import sql
-from postbox.control import (
-    Actor,
-    ConflictError,
-    ControlError,
-    NotFoundError,
-    check_text,
-    publish_event,
-    record_audit,
-)
+from postbox.app.services.audit import Actor, record_audit
+from postbox.app.services.checks import check_text
+from postbox.app.services.errors import ConflictError, InvalidInputError, NotFoundError
+from postbox.app.services.events import publish_event
 from postbox.periodic import SCHEDULE_NAME_RE
 
 
 def check_schedule_name(name: str) -> str:
     check_text(name, "name")
     if not SCHEDULE_NAME_RE.match(name):
-        raise ControlError(f"invalid schedule name {name!r}", field="name")
+        raise InvalidInputError(f"invalid schedule name {name!r}", field="name")
     return name
 
 
-def summary(row: dict[str, Any]) -> dict[str, Any]:
-    """A schedule as the API and the CLI show it."""
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule as the API and the CLI show it (``expression``: its cron, or ``every Ns``)."""
+
+    name: str
+    task: str
+    queue: str
+    priority: int
+    expression: str
+    cron: str | None
+    every_seconds: float | None
+    tz: str
+    args: dict[str, Any]
+    catch_up: str
+    max_catch_up: int
+    grace_seconds: float
+    paused: bool
+    removed: bool
+    removed_at: datetime | None
+    next_run_at: datetime | None
+    last_run_at: datetime | None
+    last_job_id: int | None
+    last_job_state: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class TriggerResult:
+    """The job a manual trigger enqueued, and the moment recorded as its occurrence."""
+
+    schedule: str
+    job_id: int
+    queue: str
+    task: str
+    occurrence: datetime
+
+
+def summary(row: dict[str, Any]) -> Schedule:
+    """A schedule row as the API and the CLI show it."""
     expression = row["cron"] if row["cron"] is not None else f"every {row['every_seconds']:g}s"
-    return {
-        "name": row["name"],
-        "task": row["task"],
-        "queue": row["queue"],
-        "priority": row["priority"],
-        "expression": expression,
-        "cron": row["cron"],
-        "every_seconds": row["every_seconds"],
-        "tz": row["tz"],
-        "args": row["args"],
-        "catch_up": row["catch_up"],
-        "max_catch_up": row["max_catch_up"],
-        "grace_seconds": row["grace_seconds"],
-        "paused": row["paused"],
-        "removed": row["removed_at"] is not None,
-        "removed_at": row["removed_at"],
-        "next_run_at": None if row["removed_at"] is not None else row["next_run_at"],
-        "last_run_at": row["last_run_at"],
-        "last_job_id": row["last_job_id"],
-        "last_job_state": row["last_job_state"],
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-    }
+    return Schedule(
+        name=row["name"],
+        task=row["task"],
+        queue=row["queue"],
+        priority=row["priority"],
+        expression=expression,
+        cron=row["cron"],
+        every_seconds=row["every_seconds"],
+        tz=row["tz"],
+        args=row["args"],
+        catch_up=row["catch_up"],
+        max_catch_up=row["max_catch_up"],
+        grace_seconds=row["grace_seconds"],
+        paused=row["paused"],
+        removed=row["removed_at"] is not None,
+        removed_at=row["removed_at"],
+        next_run_at=None if row["removed_at"] is not None else row["next_run_at"],
+        last_run_at=row["last_run_at"],
+        last_job_id=row["last_job_id"],
+        last_job_state=row["last_job_state"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
 
 
-async def list_schedules(conn: AsyncConnection[Any], name: str | None = None) -> list[dict[str, Any]]:
+async def list_schedules(conn: AsyncConnection[Any], name: str | None = None) -> list[Schedule]:
     """Every schedule (removed ones too, flagged), by name."""
     if name is not None:
         check_schedule_name(name)
@@ -76,7 +111,7 @@ async def list_schedules(conn: AsyncConnection[Any], name: str | None = None) ->
     return [summary(row) for row in rows]
 
 
-async def get_schedule(conn: AsyncConnection[Any], name: str) -> dict[str, Any]:
+async def get_schedule(conn: AsyncConnection[Any], name: str) -> Schedule:
     found = await list_schedules(conn, name)
     if not found:
         raise NotFoundError(f"schedule {name!r} not found", details={"name": name})
@@ -97,7 +132,7 @@ async def _lock(conn: AsyncConnection[Any], name: str) -> dict[str, Any]:
     return row
 
 
-async def set_paused(conn: AsyncConnection[Any], name: str, paused: bool, actor: Actor) -> dict[str, Any]:
+async def set_paused(conn: AsyncConnection[Any], name: str, paused: bool, actor: Actor) -> Schedule:
     """Pause or resume a schedule; audited. Pausing a paused one (or resuming an active one) changes nothing."""
     check_schedule_name(name)
     async with conn.transaction():
@@ -109,7 +144,7 @@ async def set_paused(conn: AsyncConnection[Any], name: str, paused: bool, actor:
 
 async def trigger(
     conn: AsyncConnection[Any], name: str, actor: Actor, *, redis: Any = None, prefix: str = "postbox"
-) -> dict[str, Any]:
+) -> TriggerResult:
     """Enqueue one run of the schedule now (a removed schedule is refused); audited. Returns the job."""
     check_schedule_name(name)
     statements = sql.active()
@@ -139,4 +174,4 @@ async def trigger(
         await conn.execute(statements.SCHEDULE_SET_LAST, {"name": name, "at": now, "job": job_id})
         await record_audit(conn, actor, "schedule.trigger", f"schedule:{name}", {"job_id": job_id})
     await publish_event(redis, prefix, "enqueued", job_id=job_id, queue=row["queue"], task=row["task"])
-    return {"schedule": name, "job_id": job_id, "queue": row["queue"], "task": row["task"], "occurrence": now}
+    return TriggerResult(schedule=name, job_id=job_id, queue=row["queue"], task=row["task"], occurrence=now)

@@ -10,16 +10,9 @@ import pytest
 from postbox.app.admin.common import parse_duration, positive_id
 from postbox.app.api.events_hub import ClientBuffer, EventPublisher
 from postbox.app.api.state import key_matches
-from postbox.control import (
-    ARCHIVE_STRIDE,
-    ControlError,
-    check_limit,
-    check_queue_name,
-    decode_cursor,
-    encode_cursor,
-    history_entries,
-    split_attempt,
-)
+from postbox.app.services.checks import check_limit, check_queue_name, decode_cursor, encode_cursor
+from postbox.app.services.errors import InvalidInputError
+from postbox.app.services.jobs import ARCHIVE_STRIDE, history_entries, split_attempt
 from postbox.events import decode
 
 
@@ -28,7 +21,7 @@ def test_cursor_round_trip_and_refusals() -> None:
     assert decode_cursor(encode_cursor(2**63 - 1)) == 2**63 - 1
     assert decode_cursor(None) is None and decode_cursor("") is None
     for bad in ("garbage", "djE6MA", "djI6NQ", "!!!", encode_cursor(5) + "x", "djE6LTE"):
-        with pytest.raises(ControlError) as info:
+        with pytest.raises(InvalidInputError) as info:
             decode_cursor(bad)
         assert info.value.details == {"field": "cursor"}
 
@@ -36,10 +29,10 @@ def test_cursor_round_trip_and_refusals() -> None:
 def test_limits_and_queue_names() -> None:
     assert check_limit(1) == 1 and check_limit(500) == 500
     for bad in (0, 501, True):
-        with pytest.raises(ControlError):
+        with pytest.raises(InvalidInputError):
             check_limit(bad)
     assert check_queue_name("mail-1") == "mail-1"
-    with pytest.raises(ControlError) as info:
+    with pytest.raises(InvalidInputError) as info:
         check_queue_name("Mail")
     assert info.value.field == "queue"
 
@@ -71,9 +64,9 @@ def test_history_orders_lives_and_numbers_the_current_one() -> None:
         _row(1 - ARCHIVE_STRIDE, "retry"),
         _row(1 - 2 * ARCHIVE_STRIDE, "dead"),
     ]
-    got = [(e["life"], e["attempt"], e["outcome"]) for e in history_entries(rows)]
+    got = [(e.life, e.attempt, e.outcome) for e in history_entries(rows)]
     assert got == [(1, 1, "retry"), (1, 2, "dead"), (2, 1, "dead"), (3, 1, None)]
-    assert [(e["life"], e["attempt"]) for e in history_entries([_row(1, "x"), _row(2, None)])] == [(1, 1), (1, 2)]
+    assert [(e.life, e.attempt) for e in history_entries([_row(1, "x"), _row(2, None)])] == [(1, 1), (1, 2)]
 
 
 def _evt(n: int, type_: str = "started", job: int = 1) -> dict[str, Any]:
