@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 from psycopg import AsyncConnection
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection as SAConnection
+    from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
+    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.orm import Session
+
+    from postbox.fence import JobFence
+
+_S = TypeVar("_S", bound="Session | SAConnection")
+_A = TypeVar("_A", bound="AsyncSession | SAAsyncConnection")
 
 
 class JobContext(Protocol):
@@ -24,13 +35,44 @@ class JobContext(Protocol):
     worker_id: str
     deadline: float | None  # time.monotonic() value past which the run times out
     log: logging.LoggerAdapter[logging.Logger]
+    committed: bool  # the job's success committed inside its transaction (set by the transaction's owner)
 
-    def transaction(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]:
-        """Open the job's effect transaction.
+    @overload
+    def transaction(self) -> AbstractAsyncContextManager[AsyncConnection[Any]]: ...
+    @overload
+    def transaction(self, orm: _S) -> AbstractContextManager[_S]: ...
+    @overload
+    def transaction(self, orm: _A) -> AbstractAsyncContextManager[_A]: ...
+    def transaction(self, orm: Any = None) -> Any:
+        """Open the job's effect transaction: ``async with ctx.transaction() as conn``.
 
-        On entry the worker inserts ``processed_jobs(outbox_id)``; if the id was
-        already there, :class:`jobs.errors.AlreadyProcessed` is raised and the
-        body does not run.  The job's success commits in this same transaction.
+        On entry the processed row ``processed_jobs(outbox_id)`` is inserted; if
+        the id was already there, :class:`postbox.errors.AlreadyProcessed` is
+        raised and the body does not run. The job's success commits in this same
+        transaction, fenced: a run whose attempt is no longer current rolls back
+        (:class:`postbox.fence.StaleAttempt`).
+
+        Without ``orm`` it runs on a psycopg ``AsyncConnection`` of the worker's.
+        With a SQLAlchemy object it runs on that object's connection
+        (:mod:`postbox.sqlalchemy`): ``with ctx.transaction(session)`` for a sync
+        ``Session`` / ``Connection`` in a sync handler, ``async with`` for an
+        ``AsyncSession`` / ``AsyncConnection``.
+        """
+        ...
+
+    def atomic(self, using: str | None = None) -> AbstractContextManager[None]:
+        """The job's transaction on Django's connection ``using``: ``with ctx.atomic():`` (:mod:`postbox.django.job`).
+
+        ``transaction.atomic()`` with the processed row and the fenced success in
+        it; must be the outermost atomic block; sync handlers only.
+        """
+        ...
+
+    def job_fence(self) -> JobFence:
+        """The run's :class:`postbox.fence.JobFence`, for an adapter running the job's transaction itself.
+
+        Counts as entering the job's transaction (once per run); the adapter sets
+        ``committed`` once its commit succeeded.
         """
         ...
 

@@ -13,21 +13,14 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import sql
-from postbox.errors import AlreadyProcessed
+from postbox.fence import JobFence, StaleAttempt
 from postbox.producer import enqueue_async
 from postbox.registry import Registry
 from postbox.worker.delivery import Job
 
 logger = logging.getLogger("postbox.job")
 
-
-class StaleAttempt(BaseException):
-    """This run's attempt is no longer the job's current one (the fence refused its outcome).
-
-    Raised on leaving ``ctx.transaction()``: the transaction rolls back, so a
-    stale run's effects never commit; the newer attempt does the work.
-    """
+__all__ = ["StaleAttempt", "WorkerJobContext"]  # StaleAttempt lives in postbox.fence (the ORM adapters raise it too)
 
 
 class WorkerJobContext:
@@ -79,12 +72,22 @@ class WorkerJobContext:
     def cancelled(self) -> bool:
         return self._job.cancel_requested
 
+    def job_fence(self) -> JobFence:
+        """The run's fence, for a job's transaction on a connection other than the worker's.
+
+        Counts as entering the job's transaction: one per run, whichever form
+        (``transaction()``, ``transaction(orm)``, ``atomic()``). The caller runs
+        the fence's two statements around the body and sets ``committed``.
+        """
+        if self._entered:
+            raise RuntimeError("the job's transaction (ctx.transaction() / ctx.atomic()) may be entered once per run")
+        self._entered = True
+        return JobFence(self.job_id, self.worker_id, self.attempt)
+
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
-        if self._entered:
-            raise RuntimeError("ctx.transaction() may be entered once per run")
-        self._entered = True
-        statements = sql.active()
+        fence = self.job_fence()
+        statements = fence.statements
         async with self._pool.connection() as conn:
             # Two round trips besides the body's own statements, each one simple query
             # of two statements (client-side parameters: one send, one wait):
@@ -93,16 +96,13 @@ class WorkerJobContext:
             #    committed (AlreadyProcessed) or rolled back (and insert it itself).
             cur = AsyncClientCursor(conn)
             try:
-                await cur.execute(statements.PROCESSED_BEGIN_TRANSACTION, {"id": self.job_id}, prepare=False)
+                await cur.execute(statements.PROCESSED_BEGIN_TRANSACTION, fence.begin_params, prepare=False)
                 cur.nextset()  # past BEGIN's
                 row = await cur.fetchone()
-                fresh = row is not None and row[0] is not None
+                fence.check_fresh(row[0] if row is not None else None)
             except BaseException:
                 await _roll_back(conn)
                 raise
-            if not fresh:
-                await _roll_back(conn)
-                raise AlreadyProcessed(f"job {self.job_id} already committed its effects")
             self._conn = conn
             try:
                 yield conn
@@ -121,18 +121,31 @@ class WorkerJobContext:
             # 2. The success outcome (fenced) + COMMIT. A refused fence raises in the
             #    outcome statement: PostgreSQL skips the COMMIT behind it, and the
             #    body's effects roll back with the processed row.
-            params = {"id": self.job_id, "worker": self.worker_id, "attempt": self.attempt}
             try:
-                await cur.execute(statements.JOB_RECORD_SUCCESS_AND_COMMIT, params, prepare=False)
+                await cur.execute(statements.JOB_RECORD_SUCCESS_AND_COMMIT, fence.success_params, prepare=False)
             except BaseException as exc:
                 await _roll_back(conn)
-                if isinstance(exc, psycopg.Error) and exc.sqlstate == sql.STALE_ATTEMPT_SQLSTATE:
-                    raise StaleAttempt(f"job {self.job_id}: attempt {self.attempt} is no longer current") from None
+                if isinstance(exc, psycopg.Error) and fence.refused(exc):
+                    raise fence.stale() from None
                 raise
         self.committed = True
 
-    def transaction(self) -> Any:
-        return self._transaction()
+    def transaction(self, orm: Any = None) -> Any:
+        """The job's transaction: on the worker's connection, or on ``orm``'s (a SQLAlchemy session/connection).
+
+        See :meth:`postbox.context.JobContext.transaction`.
+        """
+        if orm is None:
+            return self._transaction()
+        from postbox.sqlalchemy import JobTransaction
+
+        return JobTransaction(self, orm)
+
+    def atomic(self, using: str | None = None) -> Any:
+        """The job's transaction on Django's connection ``using`` (:func:`postbox.django.job.atomic`)."""
+        from postbox.django.job import atomic
+
+        return atomic(self, using=using)
 
     async def enqueue(
         self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Any
