@@ -10,8 +10,11 @@ pasted as text.
 The schema is a property of the process: a producer's ``enqueue()`` on a
 user's connection, the relay, the workers and the API all use
 :func:`active`. It is read from ``POSTBOX_SCHEMA`` when first needed (nothing
-happens at import), and :func:`use` sets it explicitly (the processes call it
-with their settings; tests call it for a schema of their own).
+happens at import). Loading the settings (``postbox.settings.load_settings``)
+makes their schema the process's through :func:`follow_settings`; :func:`use`
+chooses one explicitly, and that choice holds for the rest of the process
+(a test run's schema of its own), whatever settings are loaded after it,
+until :func:`reset`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ DEFAULT_SCHEMA = "postbox"
 SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 _active: str | None = None
+_chosen = False  # use() was called: settings loaded later do not move the schema
 
 
 def validate(name: str) -> str:
@@ -49,15 +53,27 @@ def active() -> str:
 
 
 def use(name: str) -> None:
-    """Make ``name`` this process's schema (validated)."""
-    global _active
+    """Make ``name`` this process's schema (validated), until :func:`reset`.
+
+    Settings loaded afterwards (``enqueue()`` reads them) do not change it.
+    """
+    global _active, _chosen
     _active = validate(name)
+    _chosen = True
+
+
+def follow_settings(name: str) -> None:
+    """The settings' schema becomes this process's, unless :func:`use` chose one."""
+    global _active
+    if not _chosen:
+        _active = validate(name)
 
 
 def reset() -> None:
     """Forget the explicit choice: the next :func:`active` reads the environment again (tests)."""
-    global _active
+    global _active, _chosen
     _active = None
+    _chosen = False
 
 
 def render(template: LiteralString, schema_name: str) -> LiteralString:

@@ -317,11 +317,11 @@ def libpq_url(url: str) -> str:
 def load_settings(**overrides: Any) -> Settings:
     """Read settings from the environment; raise :class:`SettingsError` naming each bad setting.
 
-    The settings' schema becomes this process's schema (:func:`postbox.schema.use`).
+    The settings' schema becomes this process's schema, unless :func:`postbox.schema.use` chose one.
     """
     try:
         settings = Settings(**overrides)
-        schema.use(settings.schema_name)
+        schema.follow_settings(settings.schema_name)
         return settings
     except ValidationError as exc:
         problems = []

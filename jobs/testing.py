@@ -1,20 +1,35 @@
 """Helpers for an application's own test suite: what did my code enqueue, and what do those jobs do?
 
-Plain functions on the test's own connection, so they see the jobs of the
-transaction the test has open (nothing needs to commit), plus a pytest plugin
+Plain functions on the test's own connection, plus a pytest plugin
 (``pytest_plugins = ["postbox.testing"]``) with a ``postbox_conn`` fixture:
 
-- :func:`enqueued` / :func:`enqueued_async` list the jobs in ``postbox.outbox``,
-  filtered by task, queue, args (a subset), priority or state;
+- :func:`enqueued` / :func:`enqueued_async` list the jobs the connection's open
+  transaction wrote, filtered by task, queue, args (a subset), priority or state;
 - :func:`assert_enqueued` / :func:`assert_not_enqueued` (and async twins) fail
   with the list of what *was* enqueued;
-- :func:`run_enqueued` runs the due jobs inline, in this process, on this
-  connection: no relay, no Redis, no worker. Each run is claimed and recorded
-  with the worker's own SQL, and the handler gets a real ``ctx``:
-  ``ctx.transaction()`` (a savepoint in the test's transaction, with the
-  ``processed_jobs`` guarantee), ``ctx.enqueue()`` follow-ups (run in a later
-  round), ``RetryLater``, ``PermanentError`` and retries (run again at once,
-  until they succeed or run out of attempts). It returns every run's outcome.
+- :func:`run_enqueued` (async) and :func:`run_enqueued_sync` run those jobs
+  inline, in this process, on this connection: no relay, no Redis, no worker.
+  Each run is claimed and recorded with the worker's own SQL, and the handler
+  gets a real ``ctx``: ``ctx.transaction()`` (a savepoint in the test's
+  transaction, with the ``processed_jobs`` guarantee), ``ctx.transaction(orm)``
+  and ``ctx.atomic()`` (the ORM forms, on the test's session or Django's
+  connection), ``ctx.enqueue()`` follow-ups (run in a later round),
+  ``RetryLater``, ``PermanentError`` and retries (run again at once, until
+  they succeed or run out of attempts). They return every run's outcome.
+
+Every helper takes what ``enqueue()`` takes (:mod:`postbox.connections`): a
+psycopg 3 connection, a SQLAlchemy ``Session`` / ``Connection`` (the async
+ones for the ``_async`` functions and :func:`run_enqueued`), or Django's
+connection. The listing works on any driver; running needs psycopg 3
+underneath (the handler's ``ctx.transaction()`` is a psycopg connection).
+
+Scope: the jobs of the connection's open transaction only — rows it inserted
+(or a savepoint of it did: Django's ``TestCase`` blocks, ``atomic()``), never
+jobs another transaction committed, so a shared development database with
+thousands of old jobs changes nothing (``postbox.sql`` ``JOB_OF_TRANSACTION_FROM``
+says how). A test that commits (Django's ``TransactionTestCase``, an
+autocommit connection) has no transaction of its own to look in: the
+helpers see nothing there.
 
 Isolation: everything happens in the transaction the test holds on its
 connection; roll it back at the end (the ``postbox_conn`` fixture does) and the
@@ -29,14 +44,23 @@ import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString
 
 import orjson
 from psycopg import AsyncConnection, Connection
 
-from postbox import pgarray, sql
-from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled, PermanentError, RetryLater
-from postbox.registry import Registry, UnknownTaskError, default_registry
+from postbox import connections, pgarray, sql
+from postbox.connections import AsyncTarget, SyncTarget
+from postbox.errors import (
+    AlreadyProcessed,
+    InvalidArgsError,
+    JobCancelled,
+    PermanentError,
+    RetryLater,
+    UnsupportedConnectionError,
+)
+from postbox.fence import JobFence
+from postbox.registry import Registry, TaskSpec, UnknownTaskError, default_registry
 from postbox.text import traceback_text
 
 INLINE_WORKER = "worker-inline0"
@@ -72,6 +96,76 @@ class JobRun:
     traceback: str | None = None  # a failed run's, bounded (as the attempt history keeps it)
 
 
+# --- the test's connection ------------------------------------------------------------
+
+
+def _json(value: Any) -> Any:
+    """A jsonb value as a client delivered it: parsed already, or text (Django's loader, asyncpg)."""
+    return orjson.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _refuse_async(conn: object, helper: str, twin: str) -> None:
+    if isinstance(conn, AsyncConnection) or type(conn).__module__.startswith("sqlalchemy.ext.asyncio"):
+        raise UnsupportedConnectionError(f"{helper}() needs a sync connection: use {twin}() on {type(conn).__name__}")
+
+
+def _rows(conn: object, statement: LiteralString, helper: str) -> list[tuple[Any, ...]]:
+    """The rows of a statement without parameters, on whatever ``enqueue()`` accepts (sync)."""
+    _refuse_async(conn, helper, helper + "_async")
+    target = connections.resolve(conn)
+    if isinstance(target, Connection):
+        return target.execute(statement).fetchall()
+    sa_conn = connections._sqlalchemy_connection(conn)  # another driver under SQLAlchemy
+    if sa_conn is not None:
+        from sqlalchemy import text
+
+        return [tuple(r) for r in sa_conn.execute(text(statement)).fetchall()]
+    with connections._django_wrapper(conn).cursor() as cur:  # Django on psycopg2
+        cur.execute(statement)
+        return [tuple(r) for r in cur.fetchall()]
+
+
+async def _rows_async(conn: object, statement: LiteralString, helper: str) -> list[tuple[Any, ...]]:
+    """The async twin of :func:`_rows`."""
+    if isinstance(conn, Connection) or connections._sqlalchemy_connection(conn) or connections._django_wrapper(conn):
+        name = helper.removesuffix("_async")
+        raise UnsupportedConnectionError(f"{helper}() needs an async connection: use {name}() on {type(conn).__name__}")
+    target = await connections.resolve_async(conn)
+    if isinstance(target, AsyncConnection):
+        cur = await target.execute(statement)
+        return await cur.fetchall()
+    from sqlalchemy import text
+
+    sa_conn = await connections._sqlalchemy_async_connection(conn)
+    return [tuple(r) for r in (await sa_conn.execute(text(statement))).fetchall()]
+
+
+def _psycopg(conn: object, helper: str) -> Connection[Any]:
+    """The psycopg 3 connection under ``conn``, which an inline run needs for the handler's ``ctx``."""
+    _refuse_async(conn, helper, "run_enqueued")
+    target = connections.resolve(conn)
+    if not isinstance(target, Connection):
+        raise UnsupportedConnectionError(
+            f"{helper}() runs jobs on psycopg 3; {type(conn).__name__} is on another driver"
+            " (enqueued() and the assertions work there)"
+        )
+    return target
+
+
+async def _psycopg_async(conn: object, helper: str) -> AsyncConnection[Any]:
+    if isinstance(conn, Connection) or connections._sqlalchemy_connection(conn) or connections._django_wrapper(conn):
+        raise UnsupportedConnectionError(
+            f"{helper}() needs an async connection: use {helper}_sync() on {type(conn).__name__}"
+        )
+    target = await connections.resolve_async(conn)
+    if not isinstance(target, AsyncConnection):
+        raise UnsupportedConnectionError(
+            f"{helper}() runs jobs on psycopg 3; {type(conn).__name__} is on another driver"
+            " (enqueued_async() and the assertions work there)"
+        )
+    return target
+
+
 # --- what was enqueued ----------------------------------------------------------------
 
 
@@ -93,11 +187,12 @@ def _task_name(task: Any) -> str:
 
 
 def _row(row: tuple[Any, ...]) -> EnqueuedJob:
-    return EnqueuedJob(*row)
+    job_id, task, queue, priority, args, headers, state, attempts, dedup_key = row
+    return EnqueuedJob(job_id, task, queue, priority, _json(args), _json(headers), state, attempts, dedup_key)
 
 
 def enqueued(
-    conn: Connection[Any],
+    conn: SyncTarget,
     task: Any = None,
     *,
     queue: str | None = None,
@@ -105,14 +200,13 @@ def enqueued(
     priority: int | None = None,
     state: str | None = None,
 ) -> list[EnqueuedJob]:
-    """The jobs visible to ``conn`` (its open transaction included), oldest first, filtered."""
-    rows = conn.execute(sql.active().JOB_LIST_ALL).fetchall()
-    jobs = [_row(r) for r in rows]
+    """The jobs ``conn``'s open transaction wrote, oldest first, filtered."""
+    jobs = [_row(r) for r in _rows(conn, sql.active().JOB_LIST_OF_TRANSACTION, "enqueued")]
     return [j for j in jobs if _matches(j, task, queue, args, priority=priority, state=state)]
 
 
 async def enqueued_async(
-    conn: AsyncConnection[Any],
+    conn: AsyncTarget,
     task: Any = None,
     *,
     queue: str | None = None,
@@ -121,8 +215,8 @@ async def enqueued_async(
     state: str | None = None,
 ) -> list[EnqueuedJob]:
     """The async twin of :func:`enqueued`."""
-    cur = await conn.execute(sql.active().JOB_LIST_ALL)
-    jobs = [_row(r) for r in await cur.fetchall()]
+    rows = await _rows_async(conn, sql.active().JOB_LIST_OF_TRANSACTION, "enqueued_async")
+    jobs = [_row(r) for r in rows]
     return [j for j in jobs if _matches(j, task, queue, args, priority=priority, state=state)]
 
 
@@ -159,7 +253,7 @@ def _assert(
 
 
 def assert_enqueued(
-    conn: Connection[Any],
+    conn: SyncTarget,
     task: Any = None,
     *,
     queue: str | None = None,
@@ -172,14 +266,14 @@ def assert_enqueued(
     return _assert(enqueued(conn), task, queue, args, priority, count)
 
 
-def assert_not_enqueued(conn: Connection[Any], task: Any = None, **filters: Any) -> None:
+def assert_not_enqueued(conn: SyncTarget, task: Any = None, **filters: Any) -> None:
     """Fail if a job matching the filters was enqueued."""
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     assert_enqueued(conn, task, count=0, **filters)
 
 
 async def assert_enqueued_async(
-    conn: AsyncConnection[Any],
+    conn: AsyncTarget,
     task: Any = None,
     *,
     queue: str | None = None,
@@ -192,7 +286,7 @@ async def assert_enqueued_async(
     return _assert(await enqueued_async(conn), task, queue, args, priority, count)
 
 
-async def assert_not_enqueued_async(conn: AsyncConnection[Any], task: Any = None, **filters: Any) -> None:
+async def assert_not_enqueued_async(conn: AsyncTarget, task: Any = None, **filters: Any) -> None:
     """The async twin of :func:`assert_not_enqueued`."""
     __tracebackhide__ = True  # pytest shows the caller's line, not this helper's
     await assert_enqueued_async(conn, task, count=0, **filters)
@@ -202,14 +296,20 @@ async def assert_not_enqueued_async(conn: AsyncConnection[Any], task: Any = None
 
 
 class InlineContext:
-    """The ``ctx`` of an inline run: the same contract as the worker's (:class:`postbox.JobContext`)."""
+    """The ``ctx`` of an inline run: the same contract as the worker's (:class:`postbox.JobContext`).
 
-    def __init__(self, conn: AsyncConnection[Any], job_id: int, task: str, queue: str, attempt: int,
+    ``conn`` is the test's async psycopg connection (:func:`run_enqueued`), or
+    None (:func:`run_enqueued_sync`: the handler's transaction is then one of
+    the ORM forms, on the test's own session or Django connection).
+    """
+
+    def __init__(self, conn: AsyncConnection[Any] | None, job_id: int, task: str, queue: str, attempt: int,
                  max_attempts: int, headers: dict[str, Any], registry: Registry) -> None:  # fmt: skip
         self._conn = conn
         self._registry = registry
         self._open: AsyncConnection[Any] | None = None
         self._entered = False
+        self.fenced = False  # the success was recorded by the fence (ORM forms), with the body's writes
         self.committed = False
         self.job_id = job_id
         self.task = task
@@ -222,24 +322,47 @@ class InlineContext:
         self.cancelled = False
         self.log = logging.LoggerAdapter(log, {"outbox_id": job_id, "task": task, "attempt": attempt})
 
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
+    def _enter(self) -> None:
         if self._entered:
-            raise RuntimeError("ctx.transaction() may be entered once per run")
+            raise RuntimeError("the job's transaction (ctx.transaction() / ctx.atomic()) may be entered once per run")
         self._entered = True
-        async with self._conn.transaction():  # a savepoint in the test's transaction
-            cur = await self._conn.execute(sql.active().PROCESSED_INSERT, {"id": self.job_id})
+
+    def job_fence(self) -> JobFence:
+        """The run's fence, for the ORM forms (:mod:`postbox.sqlalchemy`, :mod:`postbox.django.job`)."""
+        self._enter()
+        self.fenced = True
+        return JobFence(self.job_id, self.worker_id, self.attempt)
+
+    @asynccontextmanager
+    async def _transaction(self, conn: AsyncConnection[Any]) -> AsyncIterator[AsyncConnection[Any]]:
+        self._enter()
+        async with conn.transaction():  # a savepoint in the test's transaction
+            cur = await conn.execute(sql.active().PROCESSED_INSERT, {"id": self.job_id})
             if await cur.fetchone() is None:
                 raise AlreadyProcessed(f"job {self.job_id} already committed its effects")
-            self._open = self._conn
+            self._open = conn
             try:
-                yield self._conn
+                yield conn
             finally:
                 self._open = None
         self.committed = True
 
-    def transaction(self) -> Any:
-        return self._transaction()
+    def transaction(self, orm: Any = None) -> Any:
+        if orm is not None:
+            from postbox.sqlalchemy import JobTransaction
+
+            return JobTransaction(self, orm)
+        if self._conn is None:
+            raise RuntimeError(
+                "ctx.transaction() on the worker's connection runs under run_enqueued() (async, on an async"
+                " connection); under run_enqueued_sync() use ctx.transaction(session) or ctx.atomic()"
+            )
+        return self._transaction(self._conn)
+
+    def atomic(self, using: str | None = None) -> Any:
+        from postbox.django.job import atomic
+
+        return atomic(self, using=using)
 
     async def enqueue(
         self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Any
@@ -252,8 +375,21 @@ class InlineContext:
         return await enqueue_async(self._open, task, args, **options)
 
 
+def _due(rows: list[tuple[Any, ...]], task: Any, queue: str | None, runs: list[JobRun], retries: bool) -> list[int]:
+    due = [job_id for job_id, name, q in rows if (task is None or name == _task_name(task)) and queue in (None, q)]
+    if not retries:
+        done = {run.job_id for run in runs}
+        due = [d for d in due if d not in done]
+    return due
+
+
+def _too_many(runs: list[JobRun], max_runs: int) -> None:
+    if len(runs) >= max_runs:
+        raise RuntimeError(f"run_enqueued: more than {max_runs} runs; a job that enqueues itself?")
+
+
 async def run_enqueued(
-    conn: AsyncConnection[Any],
+    conn: AsyncTarget,
     task: Any = None,
     *,
     queue: str | None = None,
@@ -261,88 +397,176 @@ async def run_enqueued(
     retries: bool = True,
     max_runs: int = 1000,
 ) -> list[JobRun]:
-    """Run every due job visible to ``conn`` (filtered by task or queue) inline; return each run's outcome.
+    """Run the due jobs ``conn``'s open transaction wrote (filtered by task or queue) inline; return each run.
 
     Rounds go on while jobs are due: follow-ups enqueued by handlers run in a
     later round, and (with ``retries``) a retried job runs again at once,
     whatever its backoff, until it succeeds or runs out of attempts. Jobs with a
-    future run time are left alone. ``max_runs`` stops a job that enqueues
-    itself forever (``RuntimeError``).
+    future run time are left alone, and so is every job another transaction
+    committed. ``max_runs`` stops a job that enqueues itself forever
+    (``RuntimeError``). Sync handlers run on a thread, as the worker runs them.
     """
+    pg = await _psycopg_async(conn, "run_enqueued")
     reg = registry or default_registry
     runs: list[JobRun] = []
     while True:
-        cur = await conn.execute(sql.active().JOB_GET_DUE)
-        due = [(job_id, name, q) for job_id, name, q in await cur.fetchall()]
-        due = [d for d in due if (task is None or d[1] == _task_name(task)) and (queue is None or d[2] == queue)]
-        if not retries:
-            done = {run.job_id for run in runs}
-            due = [d for d in due if d[0] not in done]
+        cur = await pg.execute(sql.active().JOB_GET_DUE_OF_TRANSACTION)
+        due = _due(await cur.fetchall(), task, queue, runs, retries)
         if not due:
             return runs
-        for job_id, _, _ in due:
-            if len(runs) >= max_runs:
-                raise RuntimeError(f"run_enqueued: more than {max_runs} runs; a job that enqueues itself?")
-            run = await _run_one(conn, job_id, reg)
+        for job_id in due:
+            _too_many(runs, max_runs)
+            run = await _run_one(pg, job_id, reg)
             if run is not None:
                 runs.append(run)
 
 
+def run_enqueued_sync(
+    conn: SyncTarget,
+    task: Any = None,
+    *,
+    queue: str | None = None,
+    registry: Registry | None = None,
+    retries: bool = True,
+    max_runs: int = 1000,
+) -> list[JobRun]:
+    """The sync twin of :func:`run_enqueued`, for sync tests (Django, a SQLAlchemy ``Session``).
+
+    Sync handlers run in the calling thread, so Django's connection (one per
+    thread) is the test's. An async handler runs to completion on an event
+    loop of its own; its ``ctx.transaction()`` needs :func:`run_enqueued`.
+    Refused inside a running event loop: ``await run_enqueued()`` there.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError("run_enqueued_sync() inside a running event loop: use `await run_enqueued()`")
+    pg = _psycopg(conn, "run_enqueued_sync")
+    reg = registry or default_registry
+    runs: list[JobRun] = []
+    while True:
+        due = _due(pg.execute(sql.active().JOB_GET_DUE_OF_TRANSACTION).fetchall(), task, queue, runs, retries)
+        if not due:
+            return runs
+        for job_id in due:
+            _too_many(runs, max_runs)
+            run = _run_one_sync(pg, job_id, reg)
+            if run is not None:
+                runs.append(run)
+
+
+def _claim_params(job_id: int) -> dict[str, Any]:
+    return {"ids": pgarray.ints([job_id]), "worker": INLINE_WORKER, "lease": LEASE_SECONDS}
+
+
 async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) -> JobRun | None:
-    cur = await conn.execute(
-        sql.active().JOB_CLAIM_ATTEMPTS,
-        {"ids": pgarray.ints([job_id]), "worker": INLINE_WORKER, "lease": LEASE_SECONDS},
-    )
+    cur = await conn.execute(sql.active().JOB_CLAIM_ATTEMPTS, _claim_params(job_id))
     claimed = await cur.fetchone()
     if claimed is None or claimed[1] != "running":
         return None
     _, _, attempt, max_attempts, _, keep_result = claimed[:6]
     cur = await conn.execute(sql.active().JOB_GET_PAYLOAD, {"id": job_id})
     name, queue, args, headers = await cur.fetchone()  # type: ignore[misc]
-    ctx = InlineContext(conn, job_id, name, queue, attempt, max_attempts, headers or {}, registry)
-    state, kind, result, cls, message, trace = "succeeded", "succeeded", None, None, None, None
+    ctx = InlineContext(conn, job_id, name, queue, attempt, max_attempts, _json(headers) or {}, registry)
     try:
         spec = registry.get(name)
-        call_args = spec.call_args(args)
+        call_args = spec.call_args(_json(args))
         if spec.is_async:
             value = await spec.fn(ctx, **call_args)
         else:
             value = await asyncio.to_thread(spec.fn, ctx, **call_args)
-        result = value if keep_result else None
-    except AlreadyProcessed:
-        kind = "duplicate"
-    except JobCancelled:
-        state, kind = "cancelled", "cancelled"
-    except Exception as exc:
-        cls, message = type(exc).__name__, str(exc) or type(exc).__name__
+        outcome = _Outcome.of(value if keep_result else None, None, attempt, max_attempts)
+    except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
+        outcome = _Outcome.of(None, exc, attempt, max_attempts)
+    statement, params = outcome.record(ctx)
+    if statement is not None:
+        await conn.execute(statement, params)
+    return outcome.run(job_id, name, attempt)
+
+
+def _run_one_sync(conn: Connection[Any], job_id: int, registry: Registry) -> JobRun | None:
+    claimed = conn.execute(sql.active().JOB_CLAIM_ATTEMPTS, _claim_params(job_id)).fetchone()
+    if claimed is None or claimed[1] != "running":
+        return None
+    _, _, attempt, max_attempts, _, keep_result = claimed[:6]
+    name, queue, args, headers = conn.execute(sql.active().JOB_GET_PAYLOAD, {"id": job_id}).fetchone()  # type: ignore[misc]
+    ctx = InlineContext(None, job_id, name, queue, attempt, max_attempts, _json(headers) or {}, registry)
+    try:
+        spec: TaskSpec = registry.get(name)
+        call_args = spec.call_args(_json(args))
+        if spec.is_async:
+            value = asyncio.run(spec.fn(ctx, **call_args))
+        else:
+            value = spec.fn(ctx, **call_args)  # this thread: Django's connection is the test's
+        outcome = _Outcome.of(value if keep_result else None, None, attempt, max_attempts)
+    except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
+        outcome = _Outcome.of(None, exc, attempt, max_attempts)
+    statement, params = outcome.record(ctx)
+    if statement is not None:
+        conn.execute(statement, params)
+    return outcome.run(job_id, name, attempt)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What one inline run came to, and the worker's statement that records it."""
+
+    state: str
+    kind: str
+    result: Any = None
+    cls: str | None = None
+    message: str | None = None
+    trace: str | None = None
+
+    @classmethod
+    def of(cls, result: Any, exc: BaseException | None, attempt: int, max_attempts: int) -> _Outcome:
+        """The outcome of a run that returned ``result`` or raised ``exc``: as the worker classifies it."""
+        if exc is None:
+            return cls("succeeded", "succeeded", result)
+        if isinstance(exc, AlreadyProcessed):
+            return cls("succeeded", "duplicate")
+        if isinstance(exc, JobCancelled):
+            return cls("cancelled", "cancelled")
+        name, message = type(exc).__name__, str(exc) or type(exc).__name__
         trace = None if isinstance(exc, RetryLater) else traceback_text(exc)
         permanent = isinstance(exc, PermanentError | InvalidArgsError | UnknownTaskError)
         if permanent or attempt >= max_attempts:
-            state, kind = "dead", "dead"
-        else:
-            state, kind = "retrying", "retry"
-    encoded = None
-    if state == "succeeded" and result is not None:
-        encoded = orjson.dumps(result).decode()
-    elif state == "dead":
-        encoded = orjson.dumps({"error": {"class": cls, "message": message}}).decode()
-    params = {
-        "worker": INLINE_WORKER,
-        "ids": pgarray.ints([job_id]),
-        "attempts": pgarray.ints([attempt]),
-        "states": pgarray.words([state]),
-        "delays": pgarray.floats([0.0]),
-        "results": pgarray.texts_or_null([encoded]),
-        "result_ttls": pgarray.floats([RESULT_TTL]),
-        "error_classes": pgarray.texts_or_null([cls]),
-        "errors": pgarray.texts_or_null([message]),
-        "tracebacks": pgarray.texts_or_null([trace]),
-        "outcomes": pgarray.words([kind]),
-        "notify": False,
-        "also_notify": None,
-    }
-    await conn.execute(sql.active().JOB_RECORD_OUTCOMES, params)
-    return JobRun(job_id, name, attempt, state, result, cls, message, trace)
+            return cls("dead", "dead", None, name, message, trace)
+        return cls("retrying", "retry", None, name, message, trace)
+
+    def record(self, ctx: InlineContext) -> tuple[LiteralString | None, dict[str, Any]]:
+        """The statement and parameters that record this outcome (None: nothing left to record)."""
+        if self.kind == "succeeded" and ctx.fenced and ctx.committed:
+            # The ORM forms recorded the success with the body's writes (the fence).
+            if self.result is None:
+                return None, {}
+            late = orjson.dumps(self.result).decode()
+            return sql.active().JOB_SET_RESULT, {"result": late, "ttl": RESULT_TTL, "id": ctx.job_id}
+        encoded = None
+        if self.state == "succeeded" and self.result is not None:
+            encoded = orjson.dumps(self.result).decode()
+        elif self.state == "dead":
+            encoded = orjson.dumps({"error": {"class": self.cls, "message": self.message}}).decode()
+        return sql.active().JOB_RECORD_OUTCOMES, {
+            "worker": INLINE_WORKER,
+            "ids": pgarray.ints([ctx.job_id]),
+            "attempts": pgarray.ints([ctx.attempt]),
+            "states": pgarray.words([self.state]),
+            "delays": pgarray.floats([0.0]),
+            "results": pgarray.texts_or_null([encoded]),
+            "result_ttls": pgarray.floats([RESULT_TTL]),
+            "error_classes": pgarray.texts_or_null([self.cls]),
+            "errors": pgarray.texts_or_null([self.message]),
+            "tracebacks": pgarray.texts_or_null([self.trace]),
+            "outcomes": pgarray.words([self.kind]),
+            "notify": False,
+            "also_notify": None,
+        }
+
+    def run(self, job_id: int, task: str, attempt: int) -> JobRun:
+        return JobRun(job_id, task, attempt, self.state, self.result, self.cls, self.message, self.trace)
 
 
 # --- the pytest plugin ----------------------------------------------------------------
