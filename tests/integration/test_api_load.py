@@ -21,7 +21,7 @@ from postbox.errors import QueueFullError
 from postbox.producer import Limits, prepare
 from postbox.registry import default_registry
 from postbox.settings import Settings
-from tests.harness.api import wait_until
+from tests.harness.wait import wait_until, wait_until_async
 
 
 def _holding_router(entered: threading.Event, release: threading.Event) -> APIRouter:
@@ -143,10 +143,7 @@ async def test_max_queue_depth_is_exact_under_concurrent_enqueues(
 
         async def before_commit(job_id: int) -> None:  # A holds its place, uncommitted, while B tries
             outcome["b_task"] = asyncio.create_task(enqueue_b())
-            deadline = time.monotonic() + 20
-            while not b_done_or_waiting():
-                assert time.monotonic() < deadline, "B neither finished nor waited"
-                await asyncio.sleep(0.02)
+            await wait_until_async(b_done_or_waiting, 30, message="B finished or waiting on A's advisory lock")
 
         job, _ = await job_service.enqueue_and_read(a, limit_row, max_queue_depth=limit, before_commit=before_commit)
         assert job is not None

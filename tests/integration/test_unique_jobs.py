@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from postbox.errors import InvalidOptionError
 from postbox.registry import Registry, task
 from postbox.settings import Settings
 from postbox.unique import Unique
+from tests.harness.wait import wait_until
 
 REG = Registry()
 WHILE_UNFINISHED = ("pending", "queued", "running", "retrying")
@@ -148,12 +148,15 @@ def test_concurrent_enqueuers_of_one_key_make_one_job(conn: psycopg.Connection[A
 
             thread = threading.Thread(target=second)
             thread.start()
-            deadline = time.monotonic() + 20
-            while watch.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone() != (
-                "Lock",
-            ):
-                assert time.monotonic() < deadline, "the second enqueuer never waited on the key's lock"
-                time.sleep(0.02)
+            wait_until(
+                lambda: (
+                    watch.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+                    == ("Lock",)
+                ),
+                30,
+                interval=0.02,
+                message="the second enqueuer waiting on the key's lock",
+            )
             assert result == []
         thread.join(timeout=20)
         assert not thread.is_alive()

@@ -20,6 +20,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.harness.wait import wait_until
+
 pytestmark = pytest.mark.system
 
 ORDERS = 25
@@ -106,14 +108,13 @@ def test_demo_runs_end_to_end_then_stops_cleanly_on_sigterm(tmp_path: Path) -> N
         assert process.wait(timeout=60) == 0
         output.wait_for(r"^stopping embedded servers", timeout=5)
 
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
+        def left_behind() -> list[int]:
             left = [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-            left += [p.pid for p in processes_using(state_dir) if p.is_running() and p.status() != "zombie"]
-            if not left:
-                break
-            time.sleep(0.2)  # polling a condition with a deadline
-        assert left == [], f"processes left behind: {left}"
+            return left + [p.pid for p in processes_using(state_dir) if p.is_running() and p.status() != "zombie"]
+
+        wait_until(
+            lambda: not left_behind(), 30, interval=0.2, message=lambda: f"no process left behind: {left_behind()}"
+        )
     finally:
         if process.poll() is None:
             process.kill()

@@ -26,6 +26,7 @@ import postbox
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
 from tests.harness.tasks import hardening as h
 from tests.harness.tasks import worker as t
+from tests.harness.wait import wait_until
 from tests.system.test_worker_processes import VISIBILITY, one, worker_id_of
 from tests.system.test_worker_takeover import TAKEOVER_BOUND, HardeningFleet
 
@@ -55,14 +56,13 @@ class Supervised:
                 self.workers[i] = self.fleet.worker(concurrency=4)
 
     def wait(self, predicate: Callable[[], Any], within: float, what: str) -> None:
-        deadline = time.monotonic() + within
-        while True:
+        """Until ``predicate`` holds, replacing crashed workers between looks."""
+
+        def tended() -> Any:
             self.tend()
-            if predicate():
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {within}s waiting for {what}\n{self.fleet.logs()}")
-            time.sleep(0.05)
+            return predicate()
+
+        wait_until(tended, within, message=lambda: f"{what}\n{self.fleet.logs()}")
 
     def busy_worker(self, exclude: subprocess.Popen[bytes] | None = None) -> subprocess.Popen[bytes]:
         """A registered worker running at least two jobs now."""
