@@ -8,21 +8,22 @@ raises a typed :class:`~jobs.errors.EnqueueError` before anything is written.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, NamedTuple, get_args
+from typing import Any, NamedTuple, ParamSpec, TypeVar, get_args
 
 import orjson
 from psycopg import AsyncConnection, Connection
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from postbox import connections, sql, tracing
+from postbox import connections, revision, sql, tracing
 from postbox.connections import AsyncTarget, SyncTarget
 from postbox.errors import (
     ArgsOutOfRangeError,
@@ -37,6 +38,8 @@ from postbox.ids import take_async as take_id_async
 from postbox.registry import Registry, TaskSpec, check_max_attempts, check_priority, check_queue, default_registry
 
 TaskRef = str | Callable[..., Any]
+P = ParamSpec("P")
+R = TypeVar("R")
 MAX_HEADERS_BYTES = 8192
 MAX_DEDUP_KEY = 512
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -207,6 +210,40 @@ def _template(
     )
 
 
+def _unmigrated(func: Callable[P, R]) -> Callable[P, R]:
+    """``func`` raising :class:`~postbox.errors.SchemaOutdatedError` (run ``postbox migrate``) where PostgreSQL
+    answers that one of postbox's tables or functions does not exist."""
+
+    @functools.wraps(func)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except Exception as exc:
+            outdated = revision.missing_schema(getattr(exc, "orig", None) or exc)  # SQLAlchemy wraps the driver's
+            if outdated is None:
+                raise
+            raise outdated from exc
+
+    return call
+
+
+def _unmigrated_async(func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """The async twin of :func:`_unmigrated`."""
+
+    @functools.wraps(func)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await func(*args, **kwargs)
+        except Exception as exc:
+            outdated = revision.missing_schema(getattr(exc, "orig", None) or exc)
+            if outdated is None:
+                raise
+            raise outdated from exc
+
+    return call
+
+
+@_unmigrated
 def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> JobId:
     """Insert one job in ``conn``'s current transaction; return its outbox id (a :class:`JobId`).
 
@@ -299,6 +336,7 @@ def _claim_params(row: JobRow) -> dict[str, Any]:
     return {"task": row.task, "args": row.args, "unique_rule": row.unique_rule}
 
 
+@_unmigrated_async
 async def enqueue_async(
     conn: AsyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any
 ) -> JobId:
@@ -490,6 +528,7 @@ def _copy_rows(rows: Sequence[JobRow], ids: list[tuple[int, datetime]]) -> Itera
         )  # fmt: skip
 
 
+@_unmigrated
 def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
     """Insert many jobs in one statement in ``conn``'s transaction; ids in input order.
 
@@ -527,6 +566,7 @@ def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common:
     return _assign_ids(rows, inserted, existing)
 
 
+@_unmigrated_async
 async def enqueue_many_async(conn: AsyncTarget, items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
     """The async twin of :func:`enqueue_many`."""
     rows = prepare_many(items, **common)

@@ -49,6 +49,16 @@ class Settings(BaseSettings):
             "API refuse to start on a cluster node without it (see docs/operations.md, Redis Cluster)."
         ),
     )
+    start_timeout: float = Field(
+        default=15.0,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds a process (relay, worker, api, migrate, the admin commands) waits at start for PostgreSQL and "
+            "Redis to answer before it gives up with one line naming the URL (exit 2; the admin commands exit 1). "
+            "A refusal (a missing database, a wrong password) ends the wait at once."
+        ),
+    )
     schema_name: str = Field(
         default="postbox",
         validation_alias=AliasChoices("POSTBOX_SCHEMA", "schema_name"),

@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 import postbox
 from postbox import migrate
 from tests.harness.tasks import worker as t
+from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
@@ -95,21 +95,21 @@ def test_worker_process_serves_metrics_and_stops_on_sigint(child_env: dict[str, 
     )
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
-            deadline = time.monotonic() + 20
-            row: Any = None
-            while row is None and time.monotonic() < deadline:
-                row = conn.execute("SELECT id FROM postbox.workers WHERE pid = %s", (proc.pid,)).fetchone()
-                time.sleep(0.05)
-            assert row is not None, "worker did not register"
+            row: Any = wait_until(
+                lambda: conn.execute("SELECT id FROM postbox.workers WHERE pid = %s", (proc.pid,)).fetchone(),
+                30,
+                message="the worker registered",
+            )
             assert row[0].startswith("worker-") and len(row[0]) == 15
             postbox.enqueue(conn, t.w_noop)
 
             relay = subprocess.Popen([sys.executable, "-m", "postbox.relay", "run"], env=env, stderr=subprocess.DEVNULL)
             try:
-                while time.monotonic() < deadline + 20:
-                    if conn.execute("SELECT state FROM postbox.outbox").fetchone() == ("succeeded",):
-                        break
-                    time.sleep(0.05)
+                wait_until(
+                    lambda: conn.execute("SELECT state FROM postbox.outbox").fetchone() == ("succeeded",),
+                    30,
+                    message="the job succeeded",
+                )
             finally:
                 relay.kill()
                 relay.wait(10)
@@ -145,11 +145,12 @@ def test_task_modules_import_from_the_current_directory(child_env: dict[str, str
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "imported").exists():
+
+        def imported() -> bool:
             assert worker.poll() is None, worker.communicate()[0]
-            assert time.monotonic() < deadline, "the task module was never imported"
-            time.sleep(0.05)
+            return (tmp_path / "imported").exists()
+
+        wait_until(imported, 60, message="the task module imported")
         assert (tmp_path / "imported").read_text() == "shop.tasks"
     finally:
         worker.terminate()
