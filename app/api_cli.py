@@ -1,4 +1,11 @@
-"""``postbox api run``: serve the REST API with uvicorn."""
+"""``postbox api run``: serve the REST API with uvicorn.
+
+Like the relay and the worker, it refuses to start (one line, exit 2) on bad
+settings, PostgreSQL or Redis not answering within ``POSTBOX_START_TIMEOUT``, or
+a postbox schema missing or older than this code (run ``postbox migrate``). A
+schema that goes missing under a running API makes ``/ready`` answer 503 and
+the routes answer ``503 SCHEMA_OUTDATED`` (docs/api.md).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +17,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from postbox.errors import SettingsError, TaskModuleError
+from postbox import revision
+from postbox.errors import SchemaOutdatedError, SettingsError, TaskModuleError
 from postbox.settings import Settings
-from postbox.startup import process_settings
+from postbox.startup import process_settings, run_loop
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,6 +57,11 @@ def serve_parsed(args: argparse.Namespace, prog: str, factory: Callable[[Setting
     """Serve the app ``factory(settings)`` with the parsed ``--host``/``--port``/``--tasks``."""
     settings = process_settings("api", api_host=args.host or None, api_port=args.port, tasks=args.tasks)
     if settings is None:
+        return 2
+    try:
+        run_loop(revision.require_at(settings.require_database_url()))
+    except SchemaOutdatedError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
 
     import uvicorn

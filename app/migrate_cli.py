@@ -3,6 +3,9 @@
 Creates nothing outside that schema (``POSTBOX_SCHEMA``, default ``postbox``),
 where postbox keeps its own alembic version table. ``--sql`` prints the DDL
 instead of running it, for teams that apply migrations with their own tool.
+
+A PostgreSQL that does not answer within ``POSTBOX_START_TIMEOUT``, or refuses
+the connection (a missing database), is one line naming the URL, exit 2.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 from postbox import migrate
 from postbox.errors import SettingsError
 from postbox.settings import load_settings
+from postbox.startup import wait_for_postgres
 
 
 def main(argv: Sequence[str]) -> int:
@@ -36,6 +40,10 @@ def main(argv: Sequence[str]) -> int:
             return 2
         sys.stdout.write(migrate.upgrade_sql(url, args.revision))
         return 0
+    failure = wait_for_postgres(url, settings.start_timeout)
+    if failure is not None:
+        print(f"postbox migrate: {failure}", file=sys.stderr)
+        return 2
     if args.downgrade:
         migrate.downgrade(url, args.revision if args.revision != "head" else "base")
     else:

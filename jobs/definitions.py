@@ -50,3 +50,12 @@ async def publish(conn: AsyncConnection[Any], registry: Registry, by: str) -> in
         return 0
     cur = await conn.execute(sql.active().TASK_UPSERT_MANY, params)
     return cur.rowcount
+
+
+async def known_queues(conn: AsyncConnection[Any], registry: Registry | None = None) -> list[str]:
+    """The queues of every published task definition, and of ``registry``'s tasks: the queues that exist
+    before their first job. ``postbox queues list``, ``GET /api/v1/queues`` and the dashboard list these
+    (with the queues of the outbox's rows and of the queues table), so they agree."""
+    cur = await conn.execute(sql.active().TASK_LIST_QUEUES)
+    found = {str(row[0]) for row in await cur.fetchall()}
+    return sorted(found | set(registry.queues() if registry is not None else ()))

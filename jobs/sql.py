@@ -1078,6 +1078,11 @@ class Statements(schema.Templates):
                              excluded.keep_result, excluded.retry, excluded.unique_rule)
     """
 
+    # The queues of the published task definitions: queues that exist before their first job.
+    TASK_LIST_QUEUES: LiteralString = """
+    SELECT DISTINCT queue FROM {schema}.tasks ORDER BY queue
+    """
+
     # --- relays and leadership (postbox.relay.leader) ---------------------------------------------
 
     LEADER_TRY_LOCK: LiteralString = "SELECT pg_try_advisory_lock(%(key)s)"
@@ -1096,6 +1101,20 @@ class Statements(schema.Templates):
            term = (SELECT coalesce(max(term), 0) + 1 FROM {schema}.relays)
      WHERE id = %(id)s
     RETURNING term
+    """
+
+    # Who holds the leader lock (what a standby waits on): the backend holding the advisory
+    # lock, and the relay registered as leader (a row, even a stale one, may name it).
+    LEADER_GET_HOLDER: LiteralString = """
+    SELECT l.pid, a.application_name, host(a.client_addr),
+           r.id, r.host, r.pid, r.term, extract(epoch FROM now() - r.last_seen)::float8
+      FROM pg_locks l
+      LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+      LEFT JOIN LATERAL (SELECT id, host, pid, term, last_seen FROM {schema}.relays
+                          WHERE role = 'leader' AND id <> %(id)s ORDER BY term DESC LIMIT 1) r ON true
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+       AND l.classid = ((%(key)s::bigint >> 32) & 4294967295)::oid AND l.objid = (%(key)s::bigint & 4294967295)::oid
+     LIMIT 1
     """
 
     RELAY_UPSERT: LiteralString = """

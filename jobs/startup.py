@@ -5,32 +5,69 @@ way on bad settings (one line naming the setting, exit 2) and starts the same wa
 A Redis Cluster node without ``POSTBOX_REDIS_CLUSTER`` is refused the same way
 (a plain client would fail with MOVED, queue by queue, mid-run), and so are the
 setting on a server that is not a cluster node.
+
+Before any work, each process (and ``postbox migrate`` and the admin CLI) waits
+for PostgreSQL and Redis to answer, for at most ``POSTBOX_START_TIMEOUT``
+seconds (:func:`wait_for_postgres`, :func:`wait_for_redis`). A server that
+answers with a refusal (a missing database, a wrong password) fails at once; one
+that does not answer is retried until the bound. Either way the process prints
+one line naming the URL (password hidden), what it tried and for how long, and
+exits 2 — never a traceback. Once started, a process rides out outages.
+
+A Django project's process (``DJANGO_SETTINGS_MODULE`` in the environment) is
+set up first (``django.setup()``, :mod:`postbox.django.bootstrap`), so its
+settings and task modules see a ready Django; Django is imported only then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import sys
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import redis
 
 from postbox import logs
 from postbox.errors import SettingsError
 from postbox.redis_conn import cluster_mode, seed_urls
-from postbox.settings import Settings, load_settings
+from postbox.settings import Settings, libpq_url, load_settings
 
 T = TypeVar("T")
+# What a PostgreSQL server says when it will soon accept connections: wait for it.
+PG_TRANSIENT = ("the database system is starting up", "the database system is shutting down", "too many clients")
+RETRY_PAUSE = 0.5
 
 
 def process_settings(command: str, **overrides: Any) -> Settings | None:
-    """Settings with both URLs required, logging set up; ``None`` after printing why not.
+    """Settings with both URLs required and both servers answering, logging set up; ``None`` after printing why not.
 
     Overrides that are ``None`` (a flag not given) leave the setting as configured.
     """
+    problem = setup_frameworks()
+    if problem is not None:
+        print(f"postbox {command}: {problem}", file=sys.stderr)
+        return None
     try:
         settings = load_settings(**{name: value for name, value in overrides.items() if value is not None})
-        settings.require_database_url()
-        refusal = cluster_refusal(settings.require_redis_url(), cluster=settings.redis_cluster)
+        database_url = settings.require_database_url()
+        redis_url = settings.require_redis_url()
+    except SettingsError as exc:
+        print(f"postbox {command}: {exc}", file=sys.stderr)
+        return None
+    failure = wait_for_postgres(database_url, settings.start_timeout) or wait_for_redis(
+        redis_url, settings.start_timeout
+    )
+    if failure is not None:
+        print(f"postbox {command}: {failure}", file=sys.stderr)
+        return None
+    try:
+        refusal = cluster_refusal(redis_url, cluster=settings.redis_cluster)
     except SettingsError as exc:
         print(f"postbox {command}: {exc}", file=sys.stderr)
         return None
@@ -39,6 +76,15 @@ def process_settings(command: str, **overrides: Any) -> Settings | None:
         return None
     logs.setup(json=settings.log_json, level=settings.log_level)
     return settings
+
+
+def setup_frameworks() -> str | None:
+    """Set up the web framework the process belongs to (Django, by ``DJANGO_SETTINGS_MODULE``); why not, or None."""
+    if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        return None
+    from postbox.django.bootstrap import setup
+
+    return setup()
 
 
 def cluster_refusal(redis_url: str, *, cluster: bool = False, timeout: float = 2.0) -> str | None:
@@ -58,6 +104,89 @@ def cluster_refusal(redis_url: str, *, cluster: bool = False, timeout: float = 2
             "to use the cluster (see docs/operations.md, Redis Cluster)"
         )
     return "POSTBOX_REDIS_CLUSTER is set but POSTBOX_REDIS_URL is not a Redis Cluster node (cluster_enabled:0)"
+
+
+def hide_password(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (URLs and libpq ``password=`` strings)."""
+    parts = urlsplit(url)
+    if parts.password is not None and parts.hostname is not None:
+        user = parts.username or ""
+        host = parts.netloc.rpartition("@")[2]
+        url = urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return re.sub(r"(password\s*=\s*)(\S+)", r"\1***", url)
+
+
+def wait_for_postgres(url: str, timeout: float, *, clock: Callable[[], float] = time.monotonic) -> str | None:
+    """``None`` once PostgreSQL at ``url`` accepts a connection; else, after ``timeout`` seconds, one line saying why.
+
+    A refusal (no such database, no such role, a wrong password) ends the wait at once.
+    """
+    started = clock()
+    attempts = 0
+    while True:
+        attempts += 1
+        left = timeout - (clock() - started)
+        try:
+            conn = psycopg.connect(
+                libpq_url(url),
+                autocommit=True,
+                connect_timeout=max(2, min(10, int(left) + 1)),
+                application_name="postbox-start",
+            )
+        except psycopg.OperationalError as exc:
+            reason = _one_line(str(exc))
+            if "FATAL:" in str(exc) and not any(text in str(exc) for text in PG_TRANSIENT):
+                return f"PostgreSQL at {hide_password(url)} refused the connection: {reason}"
+            if clock() - started >= timeout:
+                return _gave_up("PostgreSQL", url, reason, attempts, clock() - started)
+            time.sleep(max(0.0, min(RETRY_PAUSE, timeout - (clock() - started))))
+            continue
+        conn.close()
+        return None
+
+
+def wait_for_redis(url: str, timeout: float, *, clock: Callable[[], float] = time.monotonic) -> str | None:
+    """``None`` once Redis at ``url`` (or one of its comma-separated nodes) answers PING; else one line saying why.
+
+    A refusal (authentication, a database index the server does not have) ends the wait at once.
+    """
+    started = clock()
+    attempts = 0
+    while True:
+        attempts += 1
+        reason = ""
+        for seed in seed_urls(url):
+            client = redis.Redis.from_url(seed, socket_connect_timeout=2, socket_timeout=2)
+            try:
+                client.ping()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if isinstance(exc, redis.AuthenticationError):
+                    return f"Redis at {hide_password(url)} refused the connection: {_one_line(str(exc))}"
+                reason = _one_line(str(exc))
+                continue
+            except redis.RedisError as exc:
+                return f"Redis at {hide_password(url)} refused the connection: {_one_line(str(exc))}"
+            finally:
+                client.close()
+            return None
+        if clock() - started >= timeout:
+            return _gave_up("Redis", url, reason, attempts, clock() - started)
+        time.sleep(max(0.0, min(RETRY_PAUSE, timeout - (clock() - started))))
+
+
+def _gave_up(server: str, url: str, reason: str, attempts: int, elapsed: float) -> str:
+    tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+    return (
+        f"cannot reach {server} at {hide_password(url)}: {reason} "
+        f"({tries} in {elapsed:.1f} s; POSTBOX_START_TIMEOUT bounds the wait)"
+    )
+
+
+def _one_line(text: str) -> str:
+    """An error message on one line, without psycopg's ``connection failed:`` preamble."""
+    text = next((line.strip() for line in text.splitlines() if line.strip()), "no answer")
+    text = text.removeprefix("connection failed: ")
+    return re.sub(r"^connection to server (at|on) .*? failed: (FATAL:\s+)?", "", text)
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -3,6 +3,11 @@
 Settings come from the environment (``POSTBOX_*``); a few can be overridden on
 the command line. SIGTERM or SIGINT: finish the batch in hand, release the
 leader lock, exit 0.
+
+Exit 2 at start, with one line, on bad settings, a task module that does not
+import, PostgreSQL or Redis not answering within ``POSTBOX_START_TIMEOUT``, or a
+schema older than this code (run ``postbox migrate``); the same if the schema
+disappears under a running relay (:class:`~postbox.errors.SchemaOutdatedError`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from postbox import schedule_store
-from postbox.errors import TaskModuleError
+from postbox import revision, schedule_store
+from postbox.errors import SchemaOutdatedError, TaskModuleError
 from postbox.periodic import default_schedules
 from postbox.registry import default_registry, load_task_modules
 from postbox.settings import Settings
@@ -32,12 +37,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--poll-interval", type=float, help="seconds between polls (POSTBOX_POLL_INTERVAL)")
     run.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (POSTBOX_RELAY_METRICS_PORT)")
     run.add_argument("--relay-id", help="id of this relay in the relays table (default: random)")
+    run.add_argument(
+        "--tasks", help="comma-separated modules whose @task handlers and schedules are loaded (POSTBOX_TASKS)"
+    )
     return parser
 
 
 async def serve(settings: Settings, relay_id: str | None = None) -> int:
     from postbox.relay.service import Relay
 
+    # A schema older than this code: refuse before the schedules' sync writes anything.
+    await revision.require_at(settings.require_database_url())
     # Periodic jobs follow the code: the schedules of POSTBOX_TASKS' modules (docs/periodic-jobs.md).
     await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
     relay = Relay(settings, relay_id=relay_id)
@@ -55,6 +65,7 @@ def main(argv: Sequence[str]) -> int:
         relay_batch_size=args.batch_size,
         poll_interval=args.poll_interval,
         relay_metrics_port=args.metrics_port,
+        tasks=args.tasks,
     )
     if settings is None:
         return 2
@@ -63,4 +74,8 @@ def main(argv: Sequence[str]) -> int:
     except TaskModuleError as exc:
         print(f"{exc.details}\npostbox relay: {exc}", file=sys.stderr)
         return 2
-    return run_loop(serve(settings, args.relay_id))
+    try:
+        return run_loop(serve(settings, args.relay_id))
+    except SchemaOutdatedError as exc:
+        print(f"postbox relay: {exc}", file=sys.stderr)
+        return 2

@@ -17,6 +17,12 @@ and retries the advisory lock every ``lock_retry_interval`` while it stands by.
 The leader publishes on that same session; any error of that session means the
 lock may be gone, so the relay logs ``lost leadership``, drops the session and
 stands by again on a new one.
+
+A standby says what it waits on (:attr:`Relay.waiting_on`, logged as
+``standby`` when it enters standby, when that changes, and every
+``standby_report_interval``): the lock's holder (the relay registered as leader,
+or the PostgreSQL backend holding the lock), and Redis when it does not answer
+— a standby that took the lock could not publish either.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import psycopg
 from psycopg import AsyncConnection
 from redis.exceptions import RedisError
 
-from postbox import redis_conn, sql
+from postbox import redis_conn, revision, sql
 from postbox.relay.leader import LeaderSession, LeadershipLost
 from postbox.relay.metrics import RelayMetrics
 from postbox.relay.notifier import Notifier
@@ -43,6 +49,7 @@ from postbox.relay.reconciler import Reconciler
 from postbox.relay.scheduler import ScheduleDuty
 from postbox.retention import PruneDuty
 from postbox.settings import Settings
+from postbox.startup import hide_password
 
 log = logging.getLogger("postbox.relay")
 
@@ -97,6 +104,7 @@ class Relay:
         sweep_interval: float = 5.0,
         sweep_min_age: float = 5.0,
         emit_events: bool | None = None,
+        standby_report_interval: float = 60.0,
     ) -> None:
         self.settings = settings
         self.database_url = settings.require_database_url()
@@ -111,6 +119,8 @@ class Relay:
         self.sweep_interval = sweep_interval
         self.sweep_min_age = sweep_min_age
         self.emit_events = emit_events
+        self.standby_report_interval = standby_report_interval
+        self.waiting_on = ""  # what a standby waits on (see the module docstring); empty when leading
         self.role = "starting"
         self.term = 0
         self.published_total = 0
@@ -120,6 +130,8 @@ class Relay:
         self.reconciler: Reconciler | None = None
         self._stop = asyncio.Event()
         self._wake: asyncio.Event | None = None
+        self._next_standby_log = 0.0
+        self._standby_holder: tuple[Any, ...] = ()
 
     # --- control -------------------------------------------------------------------
 
@@ -171,15 +183,23 @@ class Relay:
             await session.register("standby")
             self._set_role("standby")
             next_beat = time.monotonic() + self.heartbeat_interval
+            next_report = 0.0
             while not self.stopping:
                 if await session.try_acquire():
+                    self.waiting_on = ""
                     await self._lead(session, redis)
                     return
+                if time.monotonic() >= next_report:
+                    await self._report_standby(session, redis)
+                    next_report = time.monotonic() + min(self.standby_report_interval, 5.0)
                 if time.monotonic() >= next_beat:
                     await session.heartbeat()
                     next_beat = time.monotonic() + self.heartbeat_interval
                 await self._sleep(self.lock_retry_interval)
         except (psycopg.Error, LeadershipLost) as exc:
+            outdated = revision.missing_schema(exc, self.settings.schema_name)
+            if outdated is not None:  # not an outage: waiting would log this forever
+                raise outdated from None
             if self.role == "leader":
                 log.warning(
                     "lost leadership",
@@ -199,6 +219,31 @@ class Relay:
                         await session.release()
                 with contextlib.suppress(psycopg.Error):
                     await session.close()
+
+    async def _report_standby(self, session: LeaderSession, redis: redis_conn.AnyRedis) -> None:
+        """Find out what this standby waits on; log it when it changed, or every ``standby_report_interval``."""
+        cur = await session.conn.execute(
+            sql.active().LEADER_GET_HOLDER, {"key": self.settings.relay_lock_key, "id": self.id}
+        )
+        row = await cur.fetchone()
+        waits = [standby_lock_text(row, self.settings.relay_lock_key)]
+        try:
+            async with asyncio.timeout(3):
+                await redis.ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            waits.append(f"Redis at {hide_password(self.redis_url)} does not answer ({reason})")
+        waiting_on = "; ".join(waits)
+        now = time.monotonic()
+        self.waiting_on = waiting_on
+        holder = (row[0], row[3], len(waits)) if row is not None else (None, None, len(waits))
+        if holder != self._standby_holder or now >= self._next_standby_log:
+            self._standby_holder = holder
+            self._next_standby_log = now + self.standby_report_interval
+            (log.warning if len(waits) > 1 else log.info)(
+                f"standby: waiting for {waiting_on}",
+                extra={"relay_id": self.id, "role": "standby", "waiting_on": waiting_on},
+            )
 
     async def _open_session(self) -> LeaderSession | None:
         """Connect the lock session; None if :meth:`stop` was called first (a stop never waits for a connect)."""
@@ -236,7 +281,8 @@ class Relay:
             _fire(self.signals.leader)
         else:
             self.metrics.is_leader.set(0)
-            log.info(role, extra=extra)
+            if role != "standby":  # a standby says what it waits on instead (_report_standby)
+                log.info(role, extra=extra)
             if role == "standby":
                 _fire(self.signals.standby)
 
@@ -370,6 +416,20 @@ class Relay:
         if row is not None:
             self.metrics.backlog.set(row[0])
             self.metrics.oldest_age.set(row[1])
+
+
+def standby_lock_text(row: Any, key: int) -> str:
+    """What a standby waits on, from :data:`LEADER_GET_HOLDER`'s row (``None``: the lock is free right now)."""
+    if row is None:
+        return f"the leader lock (key {key}), free: taking it next"
+    backend, application, client, relay, host, pid, term, silent = row
+    if relay is not None:
+        return (
+            f"the leader lock (key {key}), held by {relay} (host {host}, pid {pid}, term {term}, "
+            f"last seen {silent:.1f} s ago)"
+        )
+    who = f"{application or 'no application name'}" + (f" from {client}" if client else "")
+    return f"the leader lock (key {key}), held by PostgreSQL backend {backend} ({who}), not a registered relay"
 
 
 async def run_until_published(

@@ -18,11 +18,12 @@ from typing import Any, TextIO
 import orjson
 import psycopg
 
-from postbox import redis_conn
+from postbox import redis_conn, revision
 from postbox.app.services.audit import Actor
 from postbox.app.services.errors import InvalidInputError, ServiceError
 from postbox.errors import EnqueueError, PostboxError, QueueFullError, SettingsError
 from postbox.settings import Settings, load_settings
+from postbox.startup import wait_for_postgres
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
@@ -170,6 +171,10 @@ def run(prog: str, parser: Parser, argv: Sequence[str], commands: Mapping[str, C
         return int(exc.code or 0)
     try:
         settings = load_settings()
+        failure = wait_for_postgres(settings.require_database_url(), settings.start_timeout)
+        if failure is not None:
+            print(f"{prog}: error: {failure}", file=sys.stderr)
+            return EXIT_FAILED
         return asyncio.run(_with_session(settings, commands[args.command], args))
     except QueueFullError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
@@ -184,10 +189,12 @@ def run(prog: str, parser: Parser, argv: Sequence[str], commands: Mapping[str, C
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except psycopg.OperationalError as exc:
-        print(f"{prog}: error: cannot reach PostgreSQL: {str(exc).strip()}", file=sys.stderr)
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"{prog}: error: cannot reach PostgreSQL: {reason}", file=sys.stderr)
         return EXIT_FAILED
-    except psycopg.errors.UndefinedTable:
-        print(f"{prog}: error: the database has no postbox schema: run `postbox migrate`", file=sys.stderr)
+    except revision.MISSING_OBJECT as exc:
+        outdated = revision.missing_schema(exc)
+        print(f"{prog}: error: {outdated or str(exc).strip().splitlines()[0]}", file=sys.stderr)
         return EXIT_FAILED
     except psycopg.Error as exc:
         print(f"{prog}: error: database error: {str(exc).strip()}", file=sys.stderr)

@@ -25,7 +25,7 @@ from postbox.app.admin.common import (
 from postbox.app.services import jobs as job_service
 from postbox.app.services.events import publish_event
 from postbox.app.services.results import as_dict
-from postbox.errors import TaskModuleError
+from postbox.errors import TaskModuleError, UnknownTaskError
 from postbox.producer import prepare
 from postbox.registry import default_registry, load_task_modules
 
@@ -106,6 +106,13 @@ async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
         load_task_modules(modules)
     except TaskModuleError as exc:
         raise UsageError(f"{exc}\n\n{exc.details}") from None
+    if a.task not in default_registry:  # the CLI knows only the tasks of the modules it loaded
+        loaded = ", ".join(modules) if modules else "none"
+        raise UnknownTaskError(
+            f"unknown task {a.task!r}: name the module that defines it with --tasks or POSTBOX_TASKS"
+            f" (loaded: {loaded})",
+            field="task",
+        )
     row = prepare(
         a.task,
         _args(a.args),

@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from postbox import definitions
 from postbox.app.admin.common import EXIT_OK, Parser, Session, cli_actor, run, table, to_json
 from postbox.app.services import queues as queue_service
 from postbox.app.services.results import as_dict
@@ -40,7 +41,11 @@ def parser() -> Parser:
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    stats = [as_dict(q) for q in await queue_service.queue_stats(s.conn, s.redis, s.settings.redis_prefix)]
+    known = await definitions.known_queues(s.conn)
+    stats = [
+        as_dict(q)
+        for q in await queue_service.queue_stats(s.conn, s.redis, s.settings.redis_prefix, extra_queues=known)
+    ]
     if a.json:
         print(to_json(stats))
         return EXIT_OK

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from postbox import revision
 from postbox.app.api.schemas import ErrorResponse
 from postbox.app.services.errors import (
     ConfirmationRequiredError,
@@ -22,7 +23,7 @@ from postbox.app.services.errors import (
     NotFoundError,
     ServiceError,
 )
-from postbox.errors import EnqueueError, PayloadTooLargeError, QueueFullError, UnknownTaskError
+from postbox.errors import EnqueueError, PayloadTooLargeError, QueueFullError, SchemaOutdatedError, UnknownTaskError
 
 log = logging.getLogger("postbox.api")
 POOL_RETRY_AFTER = 1
@@ -175,6 +176,15 @@ async def _pool_timeout(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _schema(request: Request, exc: Exception) -> JSONResponse:
+    # No postbox schema, or one older than this code: not a bug of ours, and retrying will not help.
+    outdated = exc if isinstance(exc, SchemaOutdatedError) else revision.missing_schema(exc)
+    if outdated is None:
+        return await _unexpected(request, exc)
+    log.warning("%s %s: %s", request.method, request.url.path, outdated)
+    return error_response(503, "SCHEMA_OUTDATED", str(outdated))
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(500, "INTERNAL_ERROR", "internal error; see the server log")
@@ -188,4 +198,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(EnqueueError, _enqueue)
     app.add_exception_handler(psycopg.DataError, _data)
     app.add_exception_handler(PoolTimeout, _pool_timeout)
+    app.add_exception_handler(SchemaOutdatedError, _schema)
+    for missing in revision.MISSING_OBJECT:
+        app.add_exception_handler(missing, _schema)
     app.add_exception_handler(Exception, _unexpected)

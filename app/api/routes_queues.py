@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query, Request
 from psycopg import AsyncConnection
 
+from postbox import definitions
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
@@ -33,7 +34,8 @@ WorkerId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00]+
 @queues.get("", response_model=list[QueueStats], summary="Stats of every known queue", responses=responses(401))
 async def list_queues(request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
     st = api_state(request)
-    stats = await queue_service.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues())
+    known = await definitions.known_queues(conn, st.registry)
+    stats = await queue_service.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=known)
     return await _with_limits(conn, stats)
 
 
@@ -43,7 +45,11 @@ async def get_queue(
 ) -> dict[str, Any]:
     st = api_state(request)
     found = await queue_service.queue_stats(
-        conn, st.redis, st.settings.redis_prefix, queue=queue, extra_queues=st.registry.queues()
+        conn,
+        st.redis,
+        st.settings.redis_prefix,
+        queue=queue,
+        extra_queues=await definitions.known_queues(conn, st.registry),
     )
     return (await _with_limits(conn, found))[0]
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from postbox import sql
+from postbox import definitions, revision
 from postbox.app.api.errors import error_response, responses
 from postbox.app.api.events_hub import ClientBuffer
 from postbox.app.api.json_body import StrictJsonRoute
@@ -35,13 +35,22 @@ async def health() -> dict[str, str]:
 async def _check_postgres(st: ApiState) -> tuple[str, str]:
     try:
         async with asyncio.timeout(CHECK_TIMEOUT), st.pool.connection(timeout=CHECK_TIMEOUT) as conn:
-            cur = await conn.execute(sql.active().MIGRATION_VERSION)
-            row = await cur.fetchone()
+            version = await revision.current(conn)
     except Exception as exc:
         return f"unreachable: {type(exc).__name__}", "unknown"
-    version = row[0] if row else None
-    migrations = "ok" if version == st.head_revision else f"at {version}, head is {st.head_revision}"
-    return "ok", migrations
+    return "ok", migrations_check(version, st.head_revision)
+
+
+def migrations_check(version: str | None, head: str) -> str:
+    """``ok`` at ``head``, else what is wrong and, when migrating fixes it, that ``postbox migrate`` does."""
+    if version is None:
+        return "no postbox schema: run `postbox migrate`"
+    if version == head:
+        return "ok"
+    place, needed = revision.order(version), revision.order(head)
+    if place is not None and needed is not None and place < needed:
+        return f"at {version}, head is {head}: run `postbox migrate`"
+    return f"at {version}, head is {head}"
 
 
 async def _check_redis(st: ApiState) -> str:
@@ -86,7 +95,7 @@ async def metrics(request: Request) -> Response:
     try:
         async with asyncio.timeout(CHECK_TIMEOUT * 2), st.pool.connection(timeout=CHECK_TIMEOUT) as conn:
             stats = await queue_service.queue_stats(
-                conn, st.redis, st.settings.redis_prefix, extra_queues=st.registry.queues()
+                conn, st.redis, st.settings.redis_prefix, extra_queues=await definitions.known_queues(conn, st.registry)
             )
             collector.queues = [as_dict(q) for q in stats]
             found = await worker_service.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)

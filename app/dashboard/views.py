@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
+from postbox import definitions
 from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.state import Contents, api_state, db, read_access, redacted
@@ -166,7 +167,7 @@ async def job(job_id: JobId, conn: Conn, contents: bool = Contents) -> dict[str,
 async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict[str, Any]]:
     """What ``GET /api/v1/queues`` answers, every known queue, counted one queue at a time.
 
-    Queues known from their rows (any state), the queues table and the task registry.
+    Queues known from their rows (any state), the queues table, the published task definitions and the registry.
     """
     st = api_state(request)
     q = queries.active()
@@ -176,7 +177,8 @@ async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict
         counts = {r["queue"]: r for r in await cur.fetchall()}
         await cur.execute(q.QUEUE_ROWS)
         paused = {r["name"]: bool(r["paused"]) for r in await cur.fetchall()}
-    names = sorted(set(counts) | set(paused) | {n for n in st.registry.queues() if QUEUE_NAME_RE.match(n)})
+    known = await definitions.known_queues(conn, st.registry)
+    names = sorted(set(counts) | set(paused) | {n for n in known if QUEUE_NAME_RE.match(n)})
     streams, redis_error = await queue_service.stream_counts(st.redis, st.settings.redis_prefix, names)
     out = []
     for name in names:
