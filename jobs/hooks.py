@@ -18,6 +18,12 @@ The contract:
   it never changes the job's outcome, and the next hook still runs.
 - They see the job's id, task, queue, attempt and worker, never its args (a
   hook that needs them reads them in the handler instead).
+
+``in_handler_thread(fn)`` is the one hook that runs elsewhere: ``fn()`` is
+called on the thread that runs a *sync* handler, just before and just after
+each call, so it can act on that thread's own state (``postbox.django`` closes
+the thread's obsolete Django connections there, as Django does around each
+request). Its exception is logged and ignored too.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class Hooks:
     before: list[Hook] = field(default_factory=list)
     after: list[Hook] = field(default_factory=list)
     failure: list[Hook] = field(default_factory=list)
+    thread: list[Callable[[], object]] = field(default_factory=list)  # around sync handlers, on their thread
 
     def __bool__(self) -> bool:
         return bool(self.before or self.after or self.failure)
@@ -79,11 +86,43 @@ def on_failure(fn: H) -> H:
     return fn
 
 
+def in_handler_thread(fn: Callable[[], object]) -> Callable[[], object]:
+    """Register ``fn()``, called on a sync handler's thread before and after each call (once each)."""
+    if fn not in registered.thread:
+        registered.thread.append(fn)
+    return fn
+
+
 def clear() -> None:
     """Forget every hook (tests)."""
     registered.before.clear()
     registered.after.clear()
     registered.failure.clear()
+    registered.thread.clear()
+
+
+def on_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` wrapped in the :func:`in_handler_thread` hooks; ``fn`` itself when there are none."""
+    around = list(registered.thread)
+    if not around:
+        return fn
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        _call_sync(around)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _call_sync(around)
+
+    return wrapped
+
+
+def _call_sync(hooks: list[Callable[[], object]]) -> None:
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            log.exception("a postbox hook raised; ignored", extra={"hook": getattr(hook, "__qualname__", repr(hook))})
 
 
 async def call(hooks: list[Hook], *args: Any) -> None:

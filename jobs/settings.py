@@ -7,11 +7,13 @@ reads the environment at import time: call :func:`load_settings`.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from typing import Annotated, Any
 
 from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from postbox import schema
 from postbox.errors import SettingsError
@@ -241,6 +243,18 @@ class Settings(BaseSettings):
     log_json: bool = Field(default=False, description="Write logs as JSON lines.")
     log_level: str = Field(default="INFO", description="Log level: DEBUG, INFO, WARNING, ERROR.")
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then the environment, then a Django project's settings (:func:`framework_sources`)."""
+        return init_settings, env_settings, dotenv_settings, file_secret_settings, *framework_sources(settings_cls)
+
     @field_validator("tasks", "queues", mode="before")
     @classmethod
     def _split_csv(cls, value: Any) -> Any:
@@ -317,6 +331,20 @@ class Settings(BaseSettings):
         if not self.redis_url:
             raise SettingsError("POSTBOX_REDIS_URL (or REDIS_URL) is not set")
         return self.redis_url
+
+
+def framework_sources(settings_cls: type[BaseSettings]) -> tuple[PydanticBaseSettingsSource, ...]:
+    """Settings from a Django project with ``postbox.django`` installed, below the environment.
+
+    Only when the process is a Django one (``DJANGO_SETTINGS_MODULE`` set, or Django
+    already imported): a process without Django never imports it.
+    """
+    if not os.environ.get("DJANGO_SETTINGS_MODULE") and "django.conf" not in sys.modules:
+        return ()
+    from postbox.django.conf import settings_source
+
+    source = settings_source(settings_cls)
+    return () if source is None else (source,)
 
 
 def libpq_url(url: str) -> str:

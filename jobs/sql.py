@@ -1521,6 +1521,25 @@ class Statements(schema.Templates):
     $truncate$
     """
 
+    # Empty every table of the schema but the migration version (postbox.django's flush:
+    # a Django test database's flush empties postbox's tables with Django's). Identities
+    # are not restarted: a producer may hold ids drawn ahead (postbox.ids). No schema: nothing.
+    SCHEMA_TRUNCATE_ALL: LiteralString = """
+    DO $truncate$
+    DECLARE
+        tables text;
+    BEGIN
+        SELECT string_agg(c.oid::regclass::text, ', ') INTO tables
+          FROM pg_class c
+         WHERE c.relnamespace = to_regnamespace('{schema}') AND c.relkind IN ('r', 'p')
+           AND NOT c.relispartition AND c.relname <> 'alembic_version';
+        IF tables IS NOT NULL THEN
+            EXECUTE 'TRUNCATE ' || tables || ' CASCADE';
+        END IF;
+    END
+    $truncate$
+    """
+
     # --- no table: notifications, the clock, transaction settings ---------------------------------
 
     OUTBOX_LISTEN: LiteralString = "LISTEN postbox_outbox"

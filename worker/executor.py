@@ -147,7 +147,7 @@ class Executor:
                     if is_async:
                         value = await spec.fn(ctx, **kwargs)
                     else:
-                        value = await self._threads.run(spec.fn, ctx, **kwargs)
+                        value = await self._threads.run(hooks.on_thread(spec.fn), ctx, **kwargs)
         except AlreadyProcessed:
             ctx.log.info("effects already committed by an earlier run; recorded as a duplicate")
             return Outcome("succeeded", "duplicate")

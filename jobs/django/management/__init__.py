@@ -1,0 +1,1 @@
+"""``manage.py`` commands of ``postbox.django``: ``postbox`` and ``flush``."""
