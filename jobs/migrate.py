@@ -8,8 +8,10 @@ own tables with alembic keeps its own history, untouched.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -66,3 +68,29 @@ def current_revision(conn: object) -> str | None:
         return None
     row = conn.execute(sql.active().MIGRATION_VERSION).fetchone()  # type: ignore[attr-defined]
     return row[0] if row else None
+
+
+# --- an application's own alembic project ---------------------------------------------
+
+
+def include_name(name: str | None, type_: str, parent_names: Mapping[str, Any]) -> bool:
+    """``include_name`` for an application's alembic ``env.py``: skip postbox's schema.
+
+    With ``include_schemas=True`` alembic's autogenerate (and ``alembic check``)
+    reflects every schema, and would propose dropping postbox's tables, which
+    the application's metadata does not declare. postbox migrates its schema
+    itself (``postbox migrate``, :func:`upgrade`).
+    """
+    if type_ == "schema":
+        return name != schema.active()
+    return parent_names.get("schema_name") != schema.active()
+
+
+def include_object(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+    """``include_object`` for an application's alembic ``env.py``: skip every object in postbox's schema.
+
+    For alembic versions or set-ups where :func:`include_name` is not enough
+    (a table of postbox's schema named in the application's metadata).
+    """
+    table = obj if type_ == "table" else getattr(obj, "table", None)
+    return getattr(table, "schema", None) != schema.active()

@@ -425,3 +425,74 @@ def test_0003_flow_control_downgrades_to_0002_dropping_only_its_own_objects(empt
     assert not columns & {"flow_wait", "flow_reserved_at"}
     migrate.upgrade(empty_database_url, "0003_flow_control")
     assert objects(empty_database_url) == everything
+
+
+USER_ENV = '''
+import os
+
+from alembic import context
+from sqlalchemy import Column, Integer, MetaData, Table, Text, create_engine
+
+import postbox.migrate
+
+metadata = MetaData()
+Table("widgets", metadata, Column("id", Integer, primary_key=True), Column("name", Text, nullable=False))
+HOOKS = {}
+if os.environ.get("WITH_POSTBOX_HOOKS") == "1":
+    HOOKS = {"include_name": postbox.migrate.include_name, "include_object": postbox.migrate.include_object}
+
+engine = create_engine(os.environ["APP_DATABASE_URL"])
+with engine.connect() as connection:
+    context.configure(connection=connection, target_metadata=metadata, include_schemas=True, **HOOKS)
+    with context.begin_transaction():
+        context.run_migrations()
+'''
+
+USER_REVISION = '''
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0001_widgets"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade():
+    op.create_table("widgets", sa.Column("id", sa.Integer, primary_key=True), sa.Column("name", sa.Text, nullable=False))
+'''
+
+
+def test_an_applications_alembic_check_ignores_postboxs_schema(empty_database_url: str, tmp_path: Any) -> None:
+    """A user's alembic project beside postbox's schema: ``alembic check`` passes with the hooks, not without."""
+    database_url = empty_database_url
+    migrate.upgrade(database_url)
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "env.py").write_text(USER_ENV)
+    (tmp_path / "versions" / "0001_widgets.py").write_text(USER_REVISION)
+    (tmp_path / "alembic.ini").write_text("[alembic]\nscript_location = %(here)s\n")
+    env = {
+        "APP_DATABASE_URL": "postgresql+psycopg://" + database_url.split("://", 1)[1],
+        "PATH": "/usr/bin:/bin",
+        "WITH_POSTBOX_HOOKS": "1",
+    }
+
+    def alembic(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "alembic", "-c", str(tmp_path / "alembic.ini"), *args],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    upgraded = alembic("upgrade", "head")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert tables(database_url, "public") == {"widgets", "alembic_version"}
+    assert "outbox" in tables(database_url)  # postbox's schema is there beside it
+    checked = alembic("check")
+    assert checked.returncode == 0, checked.stderr
+    assert "No new upgrade operations detected" in checked.stdout
+    without = alembic("check", WITH_POSTBOX_HOOKS="0")
+    assert without.returncode != 0
+    assert "remove_table" in without.stderr + without.stdout and "outbox" in without.stderr + without.stdout
