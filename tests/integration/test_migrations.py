@@ -427,7 +427,7 @@ def test_0003_flow_control_downgrades_to_0002_dropping_only_its_own_objects(empt
     assert objects(empty_database_url) == everything
 
 
-USER_ENV = '''
+USER_ENV = """
 import os
 
 from alembic import context
@@ -446,9 +446,9 @@ with engine.connect() as connection:
     context.configure(connection=connection, target_metadata=metadata, include_schemas=True, **HOOKS)
     with context.begin_transaction():
         context.run_migrations()
-'''
+"""
 
-USER_REVISION = '''
+USER_REVISION = """
 import sqlalchemy as sa
 from alembic import op
 
@@ -459,8 +459,10 @@ depends_on = None
 
 
 def upgrade():
-    op.create_table("widgets", sa.Column("id", sa.Integer, primary_key=True), sa.Column("name", sa.Text, nullable=False))
-'''
+    op.create_table(
+        "widgets", sa.Column("id", sa.Integer, primary_key=True), sa.Column("name", sa.Text, nullable=False)
+    )
+"""
 
 
 def test_an_applications_alembic_check_ignores_postboxs_schema(empty_database_url: str, tmp_path: Any) -> None:
