@@ -539,7 +539,8 @@ class Statements(schema.Templates):
 
     # ctx.transaction(): the job's success inside the handler's own transaction, sent
     # together with COMMIT (JOB_RECORD_SUCCESS_AND_COMMIT, worker/context.py). The
-    # statements are in record_success() (migration 0006), where PostgreSQL keeps their
+    # statements are in record_success() (migration 0006; 0007 stamps finished_at with
+    # clock_timestamp(), the commit time, not now(), the transaction's start), where PostgreSQL keeps their
     # plans per connection: a simple query is planned every time it runs, and planning
     # the UPDATE with its history upsert cost more than running it. It writes what
     # JOB_RECORD_OUTCOMES writes for one 'succeeded' outcome without a result (notify

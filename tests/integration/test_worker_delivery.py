@@ -195,10 +195,11 @@ async def test_a_fence_refusing_at_commit_rolls_the_body_back_and_raises_stale_a
         assert not ctx.committed
         assert await fetchval(aconn, "SELECT value FROM worker_counter") == 0
         assert await fetchval(aconn, "SELECT count(*) FROM postbox.processed_jobs") == 0
-        # Taken over from a run among others, so not charged: same attempt number, B's claim.
-        assert current.attempt == stale.attempt == 1
+        # Taken over from a run among others: A's run recorded lost (Interrupted, not
+        # charged), B runs the next attempt under its own claim.
+        assert (stale.attempt, current.attempt) == (1, 2)
         assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM postbox.outbox") == [
-            ("running", 1, "worker-bbbbbbbb")
+            ("running", 2, "worker-bbbbbbbb")
         ]
         # The connection went back to the pool idle (rolled back), and serves the current attempt.
         async with pool.connection() as conn:
@@ -208,9 +209,10 @@ async def test_a_fence_refusing_at_commit_rolls_the_body_back_and_raises_stale_a
             await conn.execute("UPDATE worker_counter SET value = value + 1")
         assert ctx.committed
     assert await fetchval(aconn, "SELECT value FROM worker_counter") == 1
-    assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM postbox.outbox") == [("succeeded", 1, None)]
-    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM postbox.job_attempts") == [
-        (1, "worker-bbbbbbbb", "succeeded")
+    assert await fetch(aconn, "SELECT state, attempts, claimed_by FROM postbox.outbox") == [("succeeded", 2, None)]
+    assert await fetch(aconn, "SELECT attempt, worker_id, outcome FROM postbox.job_attempts ORDER BY attempt") == [
+        (1, "worker-aaaaaaaa", "lost"),
+        (2, "worker-bbbbbbbb", "succeeded"),
     ]
 
 
