@@ -29,6 +29,9 @@ from tests.harness import alone, databases
 from tests.harness.redis_server import private_redis  # noqa: F401 - a fixture for every suite
 from tests.harness.servers import Servers, acquire
 
+# The sample Django project has its own pytest-django suite, run by tests/system/test_django_project.py.
+collect_ignore = ["django_project"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The controlling process of an xdist run names the run, to remove its lock files after it."""
