@@ -42,6 +42,11 @@ prune`) reads its settings from the environment when it starts:
 - some commands take a flag for a few settings (`postbox relay run
   --batch-size`, `postbox worker run --concurrency`, ...); a flag wins over
   the environment;
+- in a Django project with `postbox.django` installed, a `POSTBOX = {...}` dict
+  in its settings gives settings below the environment (keys without the
+  prefix, `SCHEMA` for `POSTBOX_SCHEMA`), and the database URL comes from
+  `DATABASES["default"]` when no URL is set (docs/in-your-application.md,
+  Django);
 - an invalid value stops the process at start with a message that names the
   setting, e.g. `invalid settings: POSTBOX_CONCURRENCY: Input should be
   greater than or equal to 1`.
