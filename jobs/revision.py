@@ -54,8 +54,13 @@ def check(current: str | None, required: str = REQUIRED) -> None:
         )
 
 
-# What PostgreSQL answers when a statement names a table, column or function it does not have.
-MISSING_OBJECT = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction, psycopg.errors.UndefinedColumn)
+# What PostgreSQL answers when a statement names a schema, table, column or function it does not have.
+MISSING_OBJECT = (
+    psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedColumn,
+)
 
 
 def missing_schema(exc: BaseException, schema_name: str | None = None) -> SchemaOutdatedError | None:

@@ -125,21 +125,21 @@ def wait_for_postgres(url: str, timeout: float, *, clock: Callable[[], float] = 
     attempts = 0
     while True:
         attempts += 1
-        left = timeout - (clock() - started)
         try:
             conn = psycopg.connect(
                 libpq_url(url),
                 autocommit=True,
-                connect_timeout=max(2, min(10, int(left) + 1)),
+                connect_timeout=max(2, min(10, int(timeout) + 1)),
                 application_name="postbox-start",
             )
         except psycopg.OperationalError as exc:
             reason = _one_line(str(exc))
             if "FATAL:" in str(exc) and not any(text in str(exc) for text in PG_TRANSIENT):
                 return f"PostgreSQL at {hide_password(url)} refused the connection: {reason}"
-            if clock() - started >= timeout:
-                return _gave_up("PostgreSQL", url, reason, attempts, clock() - started)
-            time.sleep(max(0.0, min(RETRY_PAUSE, timeout - (clock() - started))))
+            elapsed = clock() - started
+            if elapsed >= timeout:
+                return _gave_up("PostgreSQL", url, reason, attempts, elapsed)
+            time.sleep(max(0.0, min(RETRY_PAUSE, timeout - elapsed)))
             continue
         conn.close()
         return None
@@ -169,9 +169,10 @@ def wait_for_redis(url: str, timeout: float, *, clock: Callable[[], float] = tim
             finally:
                 client.close()
             return None
-        if clock() - started >= timeout:
-            return _gave_up("Redis", url, reason, attempts, clock() - started)
-        time.sleep(max(0.0, min(RETRY_PAUSE, timeout - (clock() - started))))
+        elapsed = clock() - started
+        if elapsed >= timeout:
+            return _gave_up("Redis", url, reason, attempts, elapsed)
+        time.sleep(max(0.0, min(RETRY_PAUSE, timeout - elapsed)))
 
 
 def _gave_up(server: str, url: str, reason: str, attempts: int, elapsed: float) -> str:

@@ -211,8 +211,11 @@ def test_unreachable_database_is_a_clear_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("POSTBOX_DATABASE_URL", "postgresql://postgres@127.0.0.1:1/none")
+    monkeypatch.setenv("POSTBOX_START_TIMEOUT", "0")  # one attempt, no wait
     assert workers_cli.main(["list"]) == 1
-    assert capsys.readouterr().err.startswith("postbox workers: error: cannot reach PostgreSQL")
+    assert capsys.readouterr().err.startswith(
+        "postbox workers: error: cannot reach PostgreSQL at postgresql://postgres@127.0.0.1:1/none: Connection refused"
+    )
     monkeypatch.setenv("POSTBOX_DATABASE_URL", "mysql://nope")
     assert workers_cli.main(["list"]) == 2
     assert "POSTBOX_DATABASE_URL" in capsys.readouterr().err
