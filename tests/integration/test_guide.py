@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import subprocess
@@ -15,7 +16,10 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
+from postbox.relay import Relay
 from postbox.testing import assert_enqueued, run_enqueued
+from tests.harness.wait import wait_until, wait_until_async
+from tests.harness.worker import running_worker, worker_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "in-your-application.md"
@@ -132,3 +136,76 @@ def test_testing(database_url: str, tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
+
+
+async def test_sqlalchemy_handlers_commit_the_sessions_writes_with_the_job(
+    database_url: str, monkeypatch: pytest.MonkeyPatch, conn: Any, settings: Any
+) -> None:
+    conn.execute("CREATE TABLE accounts (id bigint PRIMARY KEY, balance int NOT NULL)")
+    conn.execute("INSERT INTO accounts VALUES (1, 100)")
+    conn.commit()
+    guide = load("sqlalchemy-handlers", monkeypatch, database_url)
+    guide.credit_account.enqueue(conn, account_id=1, amount=30)
+    guide.debit_account.enqueue(conn, account_id=1, amount=5)
+    conn.commit()
+    s = worker_settings(settings, queues=["billing"])
+    relay = Relay(s)
+    relay_task = asyncio.create_task(relay.run())
+    try:
+        async with running_worker(s):
+            await wait_until_async(
+                lambda: (
+                    conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'succeeded'").fetchone() == (2,)
+                ),
+                30,
+                message="both handlers succeeded",
+            )
+    finally:
+        relay.stop()
+        await asyncio.wait_for(relay_task, 10)
+    assert conn.execute("SELECT balance FROM accounts").fetchall() == [(125,)]
+    assert conn.execute("SELECT count(*) FROM postbox.processed_jobs").fetchone() == (2,)
+
+
+DJANGO_HANDLERS_PRELUDE = """
+import os
+import django
+from django.conf import settings
+from psycopg.conninfo import conninfo_to_dict
+
+info = conninfo_to_dict(os.environ["POSTBOX_DATABASE_URL"])
+settings.configure(DATABASES={"default": {"ENGINE": "django.db.backends.postgresql", "NAME": info["dbname"],
+    "USER": info.get("user", ""), "HOST": info.get("host", ""), "PORT": info.get("port", "")}}, USE_TZ=True)
+django.setup()
+"""
+
+
+def test_django_handlers_commit_the_orms_writes_with_the_job(
+    conn: Any, child_env: dict[str, str], tmp_path: Path
+) -> None:
+    conn.execute("CREATE TABLE billing_invoice (id bigint PRIMARY KEY, customer text, reminders int NOT NULL)")
+    conn.execute("INSERT INTO billing_invoice VALUES (7, 'ACME', 0)")
+    conn.commit()
+    (tmp_path / "guide_django_handlers.py").write_text(
+        textwrap.dedent(DJANGO_HANDLERS_PRELUDE) + block("django-handlers")
+    )
+    env = {**child_env, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    argv = ["--tasks", "guide_django_handlers", "--queues", "mail"]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "postbox.relay", "run"], env=env, cwd=ROOT),
+        subprocess.Popen([sys.executable, "-m", "postbox.worker", "run", *argv], env=env, cwd=ROOT),
+    ]
+    try:
+        conn.execute("SELECT postbox.enqueue('remind', '{\"invoice_id\": 7}', queue => 'mail')")
+        conn.commit()
+        wait_until(
+            lambda: conn.execute("SELECT state FROM postbox.outbox").fetchone() == ("succeeded",),
+            60,
+            message="remind succeeded",
+        )
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
+    assert conn.execute("SELECT reminders FROM billing_invoice").fetchall() == [(1,)]
+    assert conn.execute("SELECT count(*) FROM postbox.processed_jobs").fetchone() == (1,)
