@@ -254,9 +254,9 @@ def _seed(database_url: str) -> dict[str, Any]:
         conn.execute(
             """
             INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, started_at, finished_at, outcome,
-                                              error_class, error)
+                                              error_class, error, traceback)
             VALUES (%s, 1, 'worker-live0001', now() - interval '2 min', now() - interval '1 min', 'dead',
-                    'ValueError', %s)
+                    'ValueError', 'bad input', %s)
             """,
             (dead[0], 'Traceback (most recent call last):\n  File "tasks.py", line 7\nValueError: bad input'),
         )
@@ -328,7 +328,8 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         _open(job_page, f"{base}#/jobs/{seeded['dead'][0]}", "job")
         expect(job_page.locator("#job-state")).to_have_text("dead")
         expect(job_page.locator("#job-args")).to_contain_text("redacted")
-        expect(job_page.locator("pre.error")).to_contain_text("Traceback (most recent call last):")
+        expect(job_page.locator("pre.error")).to_have_text("ValueError: bad input")
+        expect(job_page.locator("pre.traceback")).to_contain_text("Traceback (most recent call last):")
         # created, due, attempt 1 started and ended, finished (never published: seeded by SQL)
         expect(job_page.locator("#timeline li")).to_have_count(5)
         expect(job_page.locator("#timeline")).to_contain_text("attempt 1 started on worker-live0001")
@@ -363,6 +364,7 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         expect(page.locator("#deep-link")).to_have_text(f"{base}#/jobs/{seeded['needle']}")
         _go(page, f"#/jobs/{seeded['dead'][0]}", "job")
         expect(page.locator("#job-args")).to_contain_text('"a": 1')
+        page.click("details.traceback summary")
         _shot(page, "job")
         _go(page, "#/jobs?text=needle", "jobs")
         expect(page.locator("tr[data-state]")).to_have_count(1)
