@@ -27,20 +27,12 @@ from postbox.errors import (
 )
 from postbox.flow import FlowLimit, Rate
 from postbox.handle import Task
+from postbox.outcomes import RetryPolicy  # the retry decision lives there, with the backoff
 from postbox.settings import QUEUE_NAME_RE
 from postbox.unique import Unique, rule_json
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Per-task override of the retry backoff; ``None`` fields fall back to settings."""
-
-    base_delay: float | None = None
-    max_delay: float | None = None
-    jitter: float | None = None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ Plain functions on the test's own connection, plus a pytest plugin
   with the list of what *was* enqueued;
 - :func:`run_enqueued` (async) and :func:`run_enqueued_sync` run those jobs
   inline, in this process, on this connection: no relay, no Redis, no worker.
-  Each run is claimed and recorded with the worker's own SQL, and the handler
+  Each run is claimed and recorded with the worker's own SQL, its outcome
+  decided by the worker's own code (:mod:`postbox.outcomes`), and the handler
   gets a real ``ctx``: ``ctx.transaction()`` (a savepoint in the test's
   transaction, with the ``processed_jobs`` guarantee), ``ctx.transaction(orm)``
   and ``ctx.atomic()`` (the ORM forms, on the test's session or Django's
@@ -49,19 +50,12 @@ from typing import Any, LiteralString
 import orjson
 from psycopg import AsyncConnection, Connection
 
-from postbox import connections, pgarray, sql
+from postbox import connections, outcomes, pgarray, sql
 from postbox.connections import AsyncTarget, SyncTarget
-from postbox.errors import (
-    AlreadyProcessed,
-    InvalidArgsError,
-    JobCancelled,
-    PermanentError,
-    RetryLater,
-    UnsupportedConnectionError,
-)
+from postbox.errors import AlreadyProcessed, JobCancelled, UnsupportedConnectionError
 from postbox.fence import JobFence
-from postbox.registry import Registry, TaskSpec, UnknownTaskError, default_registry
-from postbox.text import traceback_text
+from postbox.outcomes import Outcome
+from postbox.registry import Registry, TaskSpec, default_registry
 
 INLINE_WORKER = "worker-inline0"
 LEASE_SECONDS = 3600.0
@@ -477,13 +471,13 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
             value = await spec.fn(ctx, **call_args)
         else:
             value = await asyncio.to_thread(spec.fn, ctx, **call_args)
-        outcome = _Outcome.of(value if keep_result else None, None, attempt, max_attempts)
+        outcome = _outcome(value, None, attempt, max_attempts, keep_result)
     except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
-        outcome = _Outcome.of(None, exc, attempt, max_attempts)
-    statement, params = outcome.record(ctx)
+        value, outcome = None, _outcome(None, exc, attempt, max_attempts, keep_result)
+    statement, params = _record(ctx, outcome)
     if statement is not None:
         await conn.execute(statement, params)
-    return outcome.run(job_id, name, attempt)
+    return _job_run(job_id, name, attempt, value if keep_result else None, outcome)
 
 
 def _run_one_sync(conn: Connection[Any], job_id: int, registry: Registry) -> JobRun | None:
@@ -500,73 +494,54 @@ def _run_one_sync(conn: Connection[Any], job_id: int, registry: Registry) -> Job
             value = asyncio.run(spec.fn(ctx, **call_args))
         else:
             value = spec.fn(ctx, **call_args)  # this thread: Django's connection is the test's
-        outcome = _Outcome.of(value if keep_result else None, None, attempt, max_attempts)
+        outcome = _outcome(value, None, attempt, max_attempts, keep_result)
     except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
-        outcome = _Outcome.of(None, exc, attempt, max_attempts)
-    statement, params = outcome.record(ctx)
+        value, outcome = None, _outcome(None, exc, attempt, max_attempts, keep_result)
+    statement, params = _record(ctx, outcome)
     if statement is not None:
         conn.execute(statement, params)
-    return outcome.run(job_id, name, attempt)
+    return _job_run(job_id, name, attempt, value if keep_result else None, outcome)
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    """What one inline run came to, and the worker's statement that records it."""
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    id: int
+    attempt: int
 
-    state: str
-    kind: str
-    result: Any = None
-    cls: str | None = None
-    message: str | None = None
-    trace: str | None = None
 
-    @classmethod
-    def of(cls, result: Any, exc: BaseException | None, attempt: int, max_attempts: int) -> _Outcome:
-        """The outcome of a run that returned ``result`` or raised ``exc``: as the worker classifies it."""
-        if exc is None:
-            return cls("succeeded", "succeeded", result)
-        if isinstance(exc, AlreadyProcessed):
-            return cls("succeeded", "duplicate")
-        if isinstance(exc, JobCancelled):
-            return cls("cancelled", "cancelled")
-        name, message = type(exc).__name__, str(exc) or type(exc).__name__
-        trace = None if isinstance(exc, RetryLater) else traceback_text(exc)
-        permanent = isinstance(exc, PermanentError | InvalidArgsError | UnknownTaskError)
-        if permanent or attempt >= max_attempts:
-            return cls("dead", "dead", None, name, message, trace)
-        return cls("retrying", "retry", None, name, message, trace)
+def _outcome(value: Any, exc: BaseException | None, attempt: int, max_attempts: int, keep_result: bool) -> Outcome:
+    """What a run that returned ``value`` or raised ``exc`` came to, decided as the worker decides it
+    (:mod:`postbox.outcomes`); a retry is due at once, whatever its backoff or ``RetryLater`` delay."""
+    if exc is None:
+        return outcomes.succeeded(value, keep_result=keep_result)
+    outcome = outcomes.raised(exc, attempt=attempt, max_attempts=max_attempts, backoff=outcomes.NO_BACKOFF, rand=_half)
+    outcome.delay = 0.0
+    return outcome
 
-    def record(self, ctx: InlineContext) -> tuple[LiteralString | None, dict[str, Any]]:
-        """The statement and parameters that record this outcome (None: nothing left to record)."""
-        if self.kind == "succeeded" and ctx.fenced and ctx.committed:
-            # The ORM forms recorded the success with the body's writes (the fence).
-            if self.result is None:
-                return None, {}
-            late = orjson.dumps(self.result).decode()
-            return sql.active().JOB_SET_RESULT, {"result": late, "ttl": RESULT_TTL, "id": ctx.job_id}
-        encoded = None
-        if self.state == "succeeded" and self.result is not None:
-            encoded = orjson.dumps(self.result).decode()
-        elif self.state == "dead":
-            encoded = orjson.dumps({"error": {"class": self.cls, "message": self.message}}).decode()
-        return sql.active().JOB_RECORD_OUTCOMES, {
-            "worker": INLINE_WORKER,
-            "ids": pgarray.ints([ctx.job_id]),
-            "attempts": pgarray.ints([ctx.attempt]),
-            "states": pgarray.words([self.state]),
-            "delays": pgarray.floats([0.0]),
-            "results": pgarray.texts_or_null([encoded]),
-            "result_ttls": pgarray.floats([RESULT_TTL]),
-            "error_classes": pgarray.texts_or_null([self.cls]),
-            "errors": pgarray.texts_or_null([self.message]),
-            "tracebacks": pgarray.texts_or_null([self.trace]),
-            "outcomes": pgarray.words([self.kind]),
-            "notify": False,
-            "also_notify": None,
-        }
 
-    def run(self, job_id: int, task: str, attempt: int) -> JobRun:
-        return JobRun(job_id, task, attempt, self.state, self.result, self.cls, self.message, self.trace)
+def _half() -> float:
+    return 0.5  # no jitter (and no backoff: NO_BACKOFF)
+
+
+def _record(ctx: InlineContext, outcome: Outcome) -> tuple[LiteralString | None, dict[str, Any]]:
+    """The worker's statement and parameters that record ``outcome`` (None: nothing left to record)."""
+    if outcome.kind == "succeeded" and ctx.fenced and ctx.committed:
+        # The ORM forms recorded the success with the body's writes (the fence).
+        if outcome.result is None:
+            return None, {}
+        return sql.active().JOB_SET_RESULT, {"result": outcome.result, "ttl": RESULT_TTL, "id": ctx.job_id}
+    attempt = _Attempt(ctx.job_id, ctx.attempt)
+    return sql.active().JOB_RECORD_OUTCOMES, outcomes.outcome_params(
+        INLINE_WORKER, [(attempt, outcome)], _result_ttl, notify=False
+    )
+
+
+def _result_ttl(_: _Attempt) -> float:
+    return RESULT_TTL
+
+
+def _job_run(job_id: int, task: str, attempt: int, value: Any, outcome: Outcome) -> JobRun:
+    return JobRun(job_id, task, attempt, outcome.state, value, outcome.error_class, outcome.error, outcome.traceback)
 
 
 # --- the pytest plugin ----------------------------------------------------------------

@@ -24,10 +24,10 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from postbox import events, pgarray, redis_conn, resp, sql
+from postbox import events, redis_conn, resp, sql
+from postbox.outcomes import Outcome, outcome_params, storable
 from postbox.streams import GROUP, events_channel
 from postbox.worker.delivery import Delivery, Job
-from postbox.worker.outcomes import Outcome, storable
 
 log = logging.getLogger("postbox.worker.completer")
 _GROUP = GROUP.encode()
@@ -44,37 +44,6 @@ class Finished:
     recorded: bool = False  # filled by the flush: outcome committed (so the entry was acknowledged)
 
 
-def outcome_params(
-    worker_id: str,
-    items: Sequence[tuple[Job, Outcome]],
-    result_ttl: Callable[[Job], float],
-    *,
-    notify: bool = True,
-    also_notify: Sequence[int] = (),
-) -> dict[str, Any]:
-    # Array literals (jobs/pgarray.py), and NULL for an array the batch does not use
-    # (delays without a retry, results and their TTLs without a result): dumping
-    # nine lists element by element was most of the cost of writing an outcome.
-    outcomes = [outcome for _, outcome in items]
-    results = pgarray.texts_or_null([outcome.result for outcome in outcomes])
-    retrying = any(outcome.state == "retrying" for outcome in outcomes)
-    return {
-        "worker": worker_id,
-        "ids": pgarray.ints(job.id for job, _ in items),
-        "attempts": pgarray.ints(job.attempt for job, _ in items),
-        "states": pgarray.words(outcome.state for outcome in outcomes),
-        "delays": pgarray.floats(outcome.delay for outcome in outcomes) if retrying else None,
-        "results": results,
-        "result_ttls": None if results is None else pgarray.floats(result_ttl(job) for job, _ in items),
-        "error_classes": pgarray.texts_or_null([outcome.error_class for outcome in outcomes]),
-        "errors": pgarray.texts_or_null([outcome.error for outcome in outcomes]),
-        "tracebacks": pgarray.texts_or_null([outcome.traceback for outcome in outcomes]),
-        "outcomes": pgarray.words(outcome.kind for outcome in outcomes),
-        "notify": notify,
-        "also_notify": ",".join(map(str, also_notify)) if (notify and also_notify) else None,
-    }
-
-
 async def record_outcomes(
     conn: AsyncConnection[Any],
     worker_id: str,
@@ -85,6 +54,8 @@ async def record_outcomes(
     also_notify: Sequence[int] = (),
 ) -> set[int]:
     """Write outcomes fenced by (worker, attempt, running); returns the ids recorded.
+
+    The statement's parameters are :func:`postbox.outcomes.outcome_params`.
 
     With ``notify`` the finished ids (and ``also_notify``: jobs whose success
     committed in their own ctx.transaction()) wake result waiters.

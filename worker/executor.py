@@ -1,10 +1,11 @@
 """Run one claimed attempt: resolve the handler, build ``ctx``, call it, decide the outcome.
 
 Async handlers are awaited on the event loop; sync ones run on handler threads
-(:mod:`worker.threads`). A per-job timeout (the job's, else the task's) turns
-into a retryable :class:`~worker.outcomes.JobTimeout`, for sync handlers too:
+(:mod:`postbox.worker.threads`). A per-job timeout (the job's, else the task's) turns
+into a retryable :class:`~postbox.outcomes.JobTimeout`, for sync handlers too:
 the worker stops waiting for a stuck thread and abandons it. Only registered handlers ever run: an
 unknown task or invalid args end the job in the dead letters without a call.
+What each end means for the job is decided by :mod:`postbox.outcomes`.
 """
 
 from __future__ import annotations
@@ -19,14 +20,13 @@ from typing import Any
 import orjson
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import hooks, tracing
+from postbox import hooks, outcomes, tracing
 from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
+from postbox.outcomes import JobTimeout, Outcome
 from postbox.registry import Registry, TaskSpec
 from postbox.settings import Settings
-from postbox.worker import outcomes
 from postbox.worker.context import StaleAttempt, WorkerJobContext
 from postbox.worker.delivery import Delivery, Job
-from postbox.worker.outcomes import JobTimeout, Outcome
 from postbox.worker.threads import HandlerThreads
 
 log = logging.getLogger("postbox.worker.executor")
@@ -150,7 +150,7 @@ class Executor:
                         value = await self._threads.run(hooks.on_thread(spec.fn), ctx, **kwargs)
         except AlreadyProcessed:
             ctx.log.info("effects already committed by an earlier run; recorded as a duplicate")
-            return Outcome("succeeded", "duplicate")
+            return outcomes.duplicate()
         except StaleAttempt:
             ctx.log.warning("attempt superseded by a newer one; its transaction rolled back")
             return Outcome("lost", "lost")
@@ -208,16 +208,9 @@ class Executor:
         return outcome
 
     def _failed(self, job: Job, spec: TaskSpec, exc: BaseException) -> Outcome:
-        s = self._settings
-        policy = spec.retry
+        backoff = outcomes.backoff(spec.retry, self._settings)
         return outcomes.failed(
-            exc,
-            attempt=job.attempt,
-            max_attempts=job.max_attempts,
-            base=policy.base_delay if policy.base_delay is not None else s.retry_base_delay,
-            cap=policy.max_delay if policy.max_delay is not None else s.retry_max_delay,
-            jitter=policy.jitter if policy.jitter is not None else s.retry_jitter,
-            rand=self._rand,
+            exc, attempt=job.attempt, max_attempts=job.max_attempts, backoff=backoff, rand=self._rand
         )
 
 

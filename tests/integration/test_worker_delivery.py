@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 import postbox
 from postbox.errors import AlreadyProcessed
+from postbox.outcomes import Outcome
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
 from postbox.worker import claims
@@ -22,7 +23,6 @@ from postbox.worker.completer import record_outcomes
 from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.context import StaleAttempt, WorkerJobContext
 from postbox.worker.delivery import Job
-from postbox.worker.outcomes import Outcome
 from tests.harness.publish import publish_due, xadd_again
 from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until_async

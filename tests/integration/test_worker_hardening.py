@@ -9,13 +9,13 @@ import psycopg
 import redis.asyncio as aioredis
 from psycopg_pool import AsyncConnectionPool
 
+from postbox.outcomes import Outcome
 from postbox.registry import Registry, task
 from postbox.settings import Settings
 from postbox.worker import claims
 from postbox.worker.completer import Completer, Finished
 from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.delivery import Delivery, Job
-from postbox.worker.outcomes import Outcome
 from tests.harness.publish import publish_due
 from tests.harness.tasks import hardening as h
 from tests.harness.wait import wait_until_async

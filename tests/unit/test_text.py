@@ -7,8 +7,8 @@ import logging
 import orjson
 
 from postbox.logs import JsonFormatter, TextFormatter
+from postbox.outcomes import Backoff, encode_result, failed
 from postbox.text import safe_text, safe_value
-from postbox.worker.outcomes import encode_result, failed
 
 BAD = b"report-\xff.pdf".decode("utf-8", "surrogateescape")
 
@@ -30,7 +30,7 @@ def test_results_are_always_jsonb_text() -> None:
 
 
 def test_a_failure_with_unencodable_text_becomes_a_safe_outcome() -> None:
-    out = failed(FileNotFoundError(BAD), attempt=3, max_attempts=3, base=1, cap=1, jitter=0, rand=lambda: 0.5)
+    out = failed(FileNotFoundError(BAD), attempt=3, max_attempts=3, backoff=Backoff(1, 1, 0), rand=lambda: 0.5)
     assert (out.state, out.error) == ("dead", "attempts exhausted (3/3): report-\\udcff.pdf")
     assert out.result is not None and "udcff" in out.result
 

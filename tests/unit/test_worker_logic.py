@@ -1,4 +1,7 @@
-"""The worker's pure decisions, without servers: backoff, outcomes, XAUTOCLAIM replies, capacity."""
+"""The worker's pure decisions, without servers: XAUTOCLAIM replies, deliveries, capacity.
+
+The outcome decisions (backoff, classification) are tested in tests/unit/test_outcomes.py.
+"""
 
 from __future__ import annotations
 
@@ -6,57 +9,11 @@ import asyncio
 
 import pytest
 
-from postbox.errors import InvalidArgsError, PermanentError, RetryLater, UnknownTaskError
 from postbox.results import JobResult, _from_row
 from postbox.worker.capacity import Capacity
 from postbox.worker.delivery import parse_delivery
-from postbox.worker.outcomes import MAX_ERROR_CHARS, JobTimeout, failed, next_delay, sanitize
 from postbox.worker.reclaimer import parse_autoclaim
 from postbox.worker.worker import new_worker_id
-
-
-def test_backoff_doubles_from_base_and_caps() -> None:
-    delays = [next_delay(a, 1.0, 300.0, 0.2, lambda: 0.5) for a in range(1, 12)]
-    assert delays == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]
-
-
-def test_backoff_jitter_is_plus_minus_the_fraction() -> None:
-    assert next_delay(3, 1.0, 300.0, 0.2, lambda: 0.0) == pytest.approx(3.2)
-    assert next_delay(3, 1.0, 300.0, 0.2, lambda: 1.0) == pytest.approx(4.8)
-    assert next_delay(1, 0.0, 300.0, 0.2, lambda: 0.0) == 0.0
-
-
-def test_sanitize_makes_one_short_line() -> None:
-    text = sanitize("a\nb\r\tc\x00d" + "x" * 1000)
-    assert text.startswith("a b c d") and len(text) == MAX_ERROR_CHARS and "\n" not in text
-
-
-def _fail(exc: BaseException, attempt: int = 1, max_attempts: int = 3) -> tuple[str, str, float, str | None]:
-    out = failed(exc, attempt=attempt, max_attempts=max_attempts, base=1.0, cap=10.0, jitter=0.0, rand=lambda: 0.5)
-    return out.state, out.kind, out.delay, out.error_class
-
-
-def test_failures_retry_with_backoff_until_attempts_run_out() -> None:
-    assert _fail(RuntimeError("x"), 1) == ("retrying", "retry", 1.0, "RuntimeError")
-    assert _fail(RuntimeError("x"), 2) == ("retrying", "retry", 2.0, "RuntimeError")
-    assert _fail(JobTimeout("slow"), 2) == ("retrying", "retry", 2.0, "JobTimeout")
-    assert _fail(RuntimeError("x"), 3) == ("dead", "dead", 0.0, "RuntimeError")
-
-
-def test_retry_later_uses_its_delay_and_counts_as_an_attempt() -> None:
-    assert _fail(RetryLater(7.5), 1) == ("retrying", "retry", 7.5, "RetryLater")
-    assert _fail(RetryLater(7.5), 3) == ("dead", "dead", 0.0, "RetryLater")
-
-
-@pytest.mark.parametrize("exc", [PermanentError("no"), InvalidArgsError("bad"), UnknownTaskError("who")])
-def test_permanent_errors_are_dead_at_once(exc: Exception) -> None:
-    state, kind, _, cls = _fail(exc, 1, 5)
-    assert (state, kind, cls) == ("dead", "dead", type(exc).__name__)
-
-
-def test_dead_outcome_records_the_failure_as_result() -> None:
-    out = failed(PermanentError("card declined"), attempt=1, max_attempts=5, base=1, cap=1, jitter=0, rand=lambda: 0)
-    assert out.result == '{"error":{"class":"PermanentError","message":"card declined"}}'
 
 
 def test_xautoclaim_replies_of_two_and_three_elements() -> None:
