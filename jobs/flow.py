@@ -33,11 +33,23 @@ import orjson
 from postbox.errors import InvalidOptionError
 
 PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
-_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d*\.?\d*)\s*([a-z]+)\s*$")
+# ``50/s``, ``5/10s``, ``3/1.5m``: a count, an optional multiple of the unit, the unit. Digits are
+# bounded here (a count past MAX_LIMIT is refused by Rate with a clear message; a huge digit
+# string would otherwise reach int()'s digit limit), and a multiple needs a digit ("." is none).
+_RATE_RE = re.compile(r"^\s*(\d{1,30})\s*/\s*(\d{1,12}(?:\.\d{0,12})?|\.\d{1,12})?\s*([a-z]{1,10})\s*$")
 MAX_LIMIT = 1_000_000
 MAX_PARTITION_VALUE = 200  # characters of a partition key kept in the slot key (longer ones are hashed)
 
 EARLY = 0.005  # a job may start this much before its time (clock rounding)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` for an error message, kept short (a 5,000-digit int cannot even be repr'd)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of {value.bit_length()} bits" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +63,13 @@ class Rate:
     def __post_init__(self) -> None:
         for name, value in (("limit", self.limit), ("burst", self.burst)):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-                raise InvalidOptionError(f"rate {name} must be an integer 1-{MAX_LIMIT}, got {value!r}", field="rate")
+                raise InvalidOptionError(
+                    f"rate {name} must be an integer 1-{MAX_LIMIT}, got {_shown(value)}", field="rate"
+                )
         if isinstance(self.period, bool) or not isinstance(self.period, int | float):
-            raise InvalidOptionError(f"rate period must be a number of seconds, got {self.period!r}", field="rate")
+            raise InvalidOptionError(
+                f"rate period must be a number of seconds, got {_shown(self.period)}", field="rate"
+            )
         if not math.isfinite(self.period) or not 0.001 <= self.period <= 86_400 * 31:
             raise InvalidOptionError(f"rate period must be 0.001 s to 31 days, got {self.period!r}", field="rate")
 
@@ -82,13 +98,13 @@ class Rate:
             if isinstance(period, int) and not isinstance(period, bool):
                 period = float(period)
             return cls(value["limit"], period, value.get("burst", 1))
-        if isinstance(value, str):
+        if isinstance(value, str) and len(value) <= 100:
             match = _RATE_RE.match(value.lower())
             if match and match.group(3) in PERIODS:
                 count, multiple, unit = match.groups()
                 return cls(int(count), float(multiple or 1) * PERIODS[unit])
         raise InvalidOptionError(
-            f"invalid rate {value!r}: write it as '50/s', '10/m', '100/h' or '5/10s'", field="rate"
+            f"invalid rate {_shown(value)}: write it as '50/s', '10/m', '100/h' or '5/10s'", field="rate"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -105,7 +121,9 @@ def check_concurrency(value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise InvalidOptionError(f"concurrency must be an integer 1-{MAX_LIMIT}, got {value!r}", field="concurrency")
+        raise InvalidOptionError(
+            f"concurrency must be an integer 1-{MAX_LIMIT}, got {_shown(value)}", field="concurrency"
+        )
     return value
 
 

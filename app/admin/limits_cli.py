@@ -13,6 +13,7 @@ from postbox import flow
 from postbox.app.admin.common import EXIT_OK, Parser, Session, cli_actor, details, run, table, to_json
 from postbox.app.services import limits as limit_service
 from postbox.app.services.results import as_dict
+from postbox.errors import InvalidOptionError
 
 COLUMNS = ("scope", "name", "queue", "declared", "override", "effective", "in_use", "held")
 NONE = "none"
@@ -60,21 +61,34 @@ def concurrency_arg(text: str) -> int | None:
     if text.strip().lower() == NONE:
         return None
     try:
-        return int(text)
+        if len(text) > 20:  # int() refuses past 4,300 digits; no limit has more than 7
+            raise ValueError(text)
+        number = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid concurrency {text!r}: a positive integer or 'none'") from None
+        raise argparse.ArgumentTypeError(
+            f"invalid concurrency {text[:40]!r}: an integer 1-{flow.MAX_LIMIT} or 'none'"
+        ) from None
+    try:
+        return flow.check_concurrency(number)
+    except InvalidOptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def rate_arg(text: str) -> Any:
     """``50/s``, ``10/m``, ``5/10s``, ``none``, or a JSON object ``{"limit": 5, "period": 1, "burst": 3}``."""
     if text.strip().lower() == NONE:
         return None
+    value: Any = text
     if text.lstrip().startswith("{"):
         try:
-            return orjson.loads(text)
+            value = orjson.loads(text)
         except orjson.JSONDecodeError:
-            raise argparse.ArgumentTypeError(f"invalid rate {text!r}: not valid JSON") from None
-    return text
+            raise argparse.ArgumentTypeError(f"invalid rate {text[:40]!r}: not valid JSON") from None
+    try:
+        flow.Rate.parse(value)  # the one parser the API and @task use: refused here, exit 2
+    except InvalidOptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def parser() -> Parser:

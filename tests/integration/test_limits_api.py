@@ -116,6 +116,10 @@ BAD_BODIES: tuple[tuple[Any, str], ...] = (
     ({"partition_by": "x"}, "partition_by"),
     ({}, "limits"),
     ([1], "body"),
+    # Issue 29 item 7: these reached float('.') and int()'s digit limit (500s).
+    ({"rate": "5/.s"}, "rate"),
+    ({"rate": "9" * 5000 + "/s"}, "rate"),
+    ({"rate": "5/" + "9" * 5000 + "s"}, "rate"),
 )
 
 
@@ -139,6 +143,10 @@ def test_bad_input_is_422_with_its_field_and_changes_nothing(client: TestClient,
         assert r.status_code == 422, (path, r.text)
         assert r.json()["error"]["code"] == "INVALID_LIMIT" and r.json()["error"]["details"]["field"] == field
     assert client.put("/api/v1/limits/queue/apiq", content=b"{not json").status_code == 422
+    huge = client.put("/api/v1/limits/queue/apiq", content=b'{"rate": {"limit": ' + b"9" * 5000 + b"}}")
+    assert huge.status_code == 422, huge.text
+    huge = client.put("/api/v1/limits/queue/apiq", content=b'{"concurrency": ' + b"9" * 5000 + b"}")
+    assert huge.status_code == 422, huge.text
     assert _limit_rows(conn) == before and len(audit_rows(conn)) == audits
 
     missing = client.get("/api/v1/limits/task/never_seen")

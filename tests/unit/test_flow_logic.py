@@ -22,6 +22,7 @@ from postbox.flow import (
     parse_override,
     partition_value,
 )
+from postbox.registry import Registry, limit_queue, task
 
 
 @pytest.mark.parametrize(
@@ -37,6 +38,31 @@ def test_rates_parse_from_text(text: str, limit: int, period: float) -> None:
 def test_bad_rates_are_refused_with_a_typed_error(bad: object) -> None:
     with pytest.raises(InvalidOptionError):
         Rate.parse(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad", ["5/.s", "5/./s", "9" * 5000 + "/s", "5/" + "9" * 5000 + "s", "5/1e9s", {"limit": 10**5000}, "x" * 10_000]
+)
+def test_rates_that_reached_int_and_float_are_refused_naming_the_field(bad: object) -> None:
+    """Issue 29 item 7: ``float('.')`` and ``int()``'s digit limit raised bare ValueErrors."""
+    with pytest.raises(InvalidOptionError) as info:
+        Rate.parse(bad)  # type: ignore[arg-type]
+    assert info.value.field == "rate" and len(str(info.value)) < 200
+
+
+def test_task_and_queue_declarations_refuse_a_bad_rate_naming_the_field() -> None:
+    with pytest.raises(InvalidOptionError) as info:
+
+        @task(name="rated", rate="5/.s", registry=Registry())
+        async def rated(ctx: object) -> None: ...
+
+    assert info.value.field == "rate"
+    with pytest.raises(InvalidOptionError) as info:
+        limit_queue("q1", rate="5/.s")
+    assert info.value.field == "rate"
+    with pytest.raises(InvalidOptionError) as info:
+        FlowLimit(concurrency=10**5000)
+    assert info.value.field == "concurrency" and "bits" in str(info.value)
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "3", 10_000_001])
