@@ -96,7 +96,8 @@ def spawn_owner(root: Path, *, watchdog: bool) -> tuple[subprocess.Popen[str], d
         env=env,
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()
+    with proc.stdout:  # one line, then the owner prints nothing more: our end of the pipe is closed
+        line = proc.stdout.readline()
     if not line:
         proc.kill()
         proc.wait()
