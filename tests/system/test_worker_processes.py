@@ -170,11 +170,12 @@ def test_sigstop_for_twice_the_visibility_timeout_then_sigcont_effect_happens_on
     )
     assert stalled.poll() is None
     assert one(db, "SELECT count(*) FROM worker_effects") == 1
-    # Not charged (see the SIGKILL test); the fence told the two runs of attempt 1 apart by worker.
-    assert db.execute("SELECT state, attempts, claimed_by FROM postbox.outbox").fetchall() == [("succeeded", 1, None)]
-    assert db.execute("SELECT attempt, worker_id, outcome FROM postbox.job_attempts ORDER BY attempt").fetchall() == [
-        (1, other_id, "succeeded"),
-    ]
+    # The stalled run: recorded lost once, by the takeover, and not charged (see the SIGKILL
+    # test); its late outcome was refused by the fence, which leaves that row as it was.
+    assert db.execute("SELECT state, attempts, claimed_by FROM postbox.outbox").fetchall() == [("succeeded", 2, None)]
+    assert db.execute(
+        "SELECT attempt, worker_id, outcome, error_class FROM postbox.job_attempts ORDER BY attempt"
+    ).fetchall() == [(1, stalled_id, "lost", "Interrupted"), (2, other_id, "succeeded", None)]
 
 
 def test_os_exit_poison_job_is_dead_after_max_attempts_while_other_jobs_flow(
@@ -265,8 +266,9 @@ def test_sigterm_past_the_drain_timeout_leaves_the_job_unacknowledged_for_anothe
         30,
         message=lambda: f"successor finishes it\n{fleet.logs()}",
     )
-    assert db.execute("SELECT attempt, outcome FROM postbox.job_attempts ORDER BY attempt").fetchall() == [
-        (1, "succeeded"),  # the abandoned run is not charged (issue 14, defect 8)
+    assert db.execute("SELECT attempt, outcome, error_class FROM postbox.job_attempts ORDER BY attempt").fetchall() == [
+        (1, "lost", "Interrupted"),  # the abandoned run: in the history, not charged (issue 14, defect 8)
+        (2, "succeeded", None),
     ]
     assert one(db, "SELECT worker_id FROM worker_effects") == worker_id_of(db, successor)
 
