@@ -11,10 +11,15 @@ claimed and sent to the dead letters with an ``UnknownTaskError`` (or the
 ``InvalidArgsError``) that says so.
 The first-seen times live in this worker's memory (bounded; a restarted worker
 starts counting again).
+
+:class:`Handback` is the step of a read's dispatch that does this, before the
+claim (:mod:`postbox.worker.worker` constructs it); :class:`UnknownTasks` keeps
+the first-seen times and :func:`hand_back` runs the statement.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,10 +27,18 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import pgarray, sql
+from postbox.registry import Registry
 from postbox.worker.delivery import Delivery
+
+log = logging.getLogger(__name__)
 
 MAX_HAND_BACK_DELAY = 5.0
 MAX_REMEMBERED = 100_000
+
+UNKNOWN_REASON = "task %s is not registered on {worker}; handed back for a worker that knows it"
+REFUSED_REASON = (
+    "the args of task %s are refused by its handler on {worker}; handed back for a worker that accepts them"
+)
 
 
 class UnknownTasks:
@@ -64,7 +77,7 @@ async def hand_back(
     worker_id: str,
     delay: float,
     error_class: str = "UnknownTaskError",
-    reason: str = "task %s is not registered on {worker}; handed back for a worker that knows it",
+    reason: str = UNKNOWN_REASON,
 ) -> tuple[set[int], set[int]]:
     """Make these jobs publishable again after ``delay``.
 
@@ -85,3 +98,88 @@ async def hand_back(
         )
         rows = await cur.fetchall()
     return {row[0] for row in rows if row[1]}, {row[0] for row in rows if not row[1]}
+
+
+class Handback:
+    """Screens a read's deliveries before their claim: those this worker cannot run are handed back.
+
+    ``arguments`` validates a delivery's args for its handler (the executor's),
+    returning the handler's keyword arguments or the exception refusing them;
+    ``on_skipped`` is told of every delivery whose stream entry may now be
+    acknowledged (handed back, or nothing left to hand back).
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: AsyncConnectionPool[Any],
+        registry: Registry,
+        arguments: Callable[[Delivery], dict[str, Any] | Exception],
+        worker_id: str,
+        grace: float,
+        on_skipped: Callable[[Delivery], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pool = pool
+        self._registry = registry
+        self._arguments = arguments
+        self._worker_id = worker_id
+        self._on_skipped = on_skipped
+        self.unknown = UnknownTasks(grace, clock=clock)
+
+    async def screen(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """The deliveries to claim; the others (unknown task, args its handler refuses) are handed back.
+
+        The handlers' arguments of those kept are validated here once
+        (``delivery.kwargs``). Past the grace period a job is kept anyway, and
+        the executor sends it to the dead letters.
+        """
+        unknown: list[Delivery] = []
+        refused: list[Delivery] = []
+        for delivery in deliveries:
+            if delivery.task not in self._registry:
+                unknown.append(delivery)
+                continue
+            found = self._arguments(delivery)
+            if isinstance(found, Exception):
+                refused.append(delivery)
+            else:
+                delivery.kwargs = found
+        if not unknown and not refused:
+            return deliveries
+        skipped: set[int] = set()
+        for group, error_class, reason in (
+            (unknown, "UnknownTaskError", UNKNOWN_REASON),
+            (refused, "InvalidArgsError", REFUSED_REASON),
+        ):
+            back, _past_grace = self.unknown.split(group)  # past the grace period: claimed, then dead
+            if back:
+                await self._send(back, error_class, reason)
+                skipped.update(id(d) for d in back)
+        return [d for d in deliveries if id(d) not in skipped]
+
+    async def _send(self, back: list[Delivery], error_class: str, reason: str) -> None:
+        handed, unmarked = await hand_back(
+            self._pool,
+            back,
+            worker_id=self._worker_id,
+            delay=self.unknown.delay,
+            error_class=error_class,
+            reason=reason,
+        )
+        for delivery in back:
+            # Acknowledged: handed back (the relay publishes it again), or nothing to hand
+            # back (finished...). Left pending, to be reclaimed and looked at again: a
+            # publish not marked yet, or a reclaimed entry of a job running elsewhere.
+            if delivery.job_id in handed or not (delivery.job_id in unmarked or delivery.reclaimed):
+                self._on_skipped(delivery)
+        if handed:
+            log.warning(
+                "jobs this worker cannot run handed back for a worker that can",
+                extra={
+                    "count": len(handed),
+                    "task": ",".join(sorted({d.task for d in back})),
+                    "worker_id": self._worker_id,
+                    "error_class": error_class,
+                },
+            )

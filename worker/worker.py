@@ -1,30 +1,34 @@
 """The worker: one asyncio object that wires consumer, claims, executor, completer,
 reclaimer, heartbeat and control together.
 
+The wiring only: each subsystem is a module of its own, constructed and connected
+here — the hand-back of jobs this worker cannot run (:mod:`postbox.worker.handback`),
+the limited claim (:mod:`postbox.worker.flow`), limited jobs waiting here for
+their reservation (:mod:`postbox.worker.flow_wait`), and the runs taken over from
+lost runs, each alone (:mod:`postbox.worker.isolation`).
+
 ``await Worker(settings).run()`` until :meth:`Worker.stop` (the CLI calls it on
 SIGTERM/SIGINT): reading stops, in-flight jobs get up to ``drain_timeout`` to
 finish and record their outcomes, and whatever is still unfinished is left
 unacknowledged for another worker. Tests and the bench use it in-process,
-with :class:`~worker.signals.WorkerSignals` to wait on events.
+with :class:`~postbox.worker.signals.WorkerSignals` to wait on events.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import logging
 import random
 import secrets
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import definitions, events, redis_conn, revision, sql
+from postbox import db, definitions, events, redis_conn, revision
 from postbox import flow as flow_limits
 from postbox.errors import SettingsError
 from postbox.registry import Registry, default_registry
@@ -37,25 +41,20 @@ from postbox.worker.completer import Completer, Finished
 from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.executor import Executor
-from postbox.worker.handback import UnknownTasks, hand_back
+from postbox.worker.flow_wait import FlowWaits
+from postbox.worker.handback import Handback
 from postbox.worker.heartbeat import Heartbeat
+from postbox.worker.isolation import Isolation
 from postbox.worker.metrics import WorkerMetrics
 from postbox.worker.reclaimer import Reclaimer
 from postbox.worker.signals import WorkerSignals, fire
 from postbox.worker.threads import HandlerThreads
 
-log = logging.getLogger("postbox.worker")
+log = logging.getLogger(__name__)
 
 MAX_READ = 1000  # most entries taken by one read, whatever the free capacity
 MAX_DISPATCHES = 2  # claims in flight at once (the next read overlaps the last claim)
 IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
-# Limited jobs waiting in the worker are claimed when due (up to WAIT_EARLY ahead, within the
-# claim's own tolerance, flow.EARLY); all those due by then go in one claim, so they batch up
-# by themselves while a claim is in flight.
-WAIT_EARLY = 0.004
-WAIT_RETRY = 0.01  # no capacity for a due one yet: look again this much later
-MAX_SHORT_WAIT = 30.0  # seconds: a rate reservation nearer than this waits in the worker
-MAX_WAITING = 20_000  # deliveries waiting in one worker at most (beyond: held back through the relay)
 UNMARKED_FIRST_LOOK = 0.01  # seconds before looking again at a limited job read before its publish's mark
 
 
@@ -98,25 +97,21 @@ class Worker:
         self.failed = 0
         self.ready = asyncio.Event()
         self._rand = rand
+        self._clock = clock
         self._stopping = asyncio.Event()
         self._abort = asyncio.Event()
         self._last_dispatch: asyncio.Future[None] | None = None
         self._lost_watch: dict[tuple[str, bytes], float] = {}  # vanished entries of running jobs
         self._lease = settings.visibility_timeout
+        self._claim_bounds = db.claim_bounds(settings.visibility_timeout)
         self._prefix = settings.redis_prefix
-        self._unknown = UnknownTasks(settings.unknown_task_grace, clock=clock)
-        self._isolated: deque[Job] = deque()  # taken over from lost runs: each runs alone
-        self._held: list[Job] = []  # claimed while isolated runs are pending
-        self._isolation: asyncio.Task[None] | None = None
-        self._nothing_executing = asyncio.Event()
-        self._nothing_executing.set()
         self.limits = flow_limits.Limits()  # in force (declared + overrides), refreshed with the control poll
+        self._limits_at = -float("inf")  # monotonic time of the last load (the claim reloads a stale copy)
+        self._limits_loaded = False
         self._releases: set[asyncio.Task[None]] = set()
-        self._waits: list[tuple[float, int, Delivery]] = []  # (due, seq, delivery): limited jobs waiting here
-        self._wait_seq = itertools.count()
-        self._waiter: asyncio.Task[None] | None = None
-        self._wake_waits = asyncio.Event()
-        self._next_wake = float("inf")
+        self.flow_waits = FlowWaits(
+            capacity=self.capacity, stopping=self._stopping, dispatch=self._dispatch_logged, lease=self._lease
+        )
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -130,7 +125,7 @@ class Worker:
             self._abort.set()
         self._stopping.set()
         self.capacity.wake()
-        self._wake_waits.set()  # jobs waiting here for their reservation stay pending for another worker
+        self.flow_waits.stop()  # jobs waiting here for their reservation stay pending for another worker
 
     async def wait_idle(self) -> None:
         """Return once every outcome and acknowledgement handed to the completer is done (tests)."""
@@ -148,6 +143,7 @@ class Worker:
             min_size=2,
             max_size=min(s.concurrency, 20) + 4,  # claims, outcomes, control + ctx.transaction()s
             kwargs={"autocommit": True, "application_name": f"postbox-{self.id}"},
+            configure=db.worker_bounds(s.visibility_timeout).configure,  # docs/operations.md#session-bounds
             open=False,
         )
         threads = HandlerThreads(self.id)
@@ -184,6 +180,24 @@ class Worker:
                 result_ttl=self._executor.result_ttl,
                 on_done=self._on_done,
             )
+            self._handback = Handback(
+                pool=pool,
+                registry=self.registry,
+                arguments=self._executor.arguments,
+                worker_id=self.id,
+                grace=s.unknown_task_grace,
+                on_skipped=self._skip,
+                clock=self._clock,
+            )
+            self._isolation = Isolation(
+                pool=pool,
+                capacity=self.capacity,
+                stopping=self._stopping,
+                running=self.running,
+                start=self._start_run,
+                worker_id=self.id,
+                alone_within=s.visibility_timeout,
+            )
             await self._heartbeat.beat(0, 0, 0)
             async with pool.connection() as conn:  # what postbox.enqueue() in SQL applies to these tasks
                 await definitions.publish(conn, self.registry, by=self.id)
@@ -212,13 +226,15 @@ class Worker:
             await asyncio.gather(*readers, return_exceptions=True)
             await self._drain()
             await self._completer.close()
+            await self.flow_waits.join()
             if self._releases:
                 await asyncio.gather(*self._releases, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self._heartbeat.stopped(self.processed, self.failed)
         finally:
-            if self._isolation is not None:
-                background.append(self._isolation)
+            isolation = getattr(self, "_isolation", None)
+            if isolation is not None and isolation.task is not None:
+                background.append(isolation.task)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -415,68 +431,10 @@ class Worker:
             log.error("dropping a stream entry that is not a postbox job", extra={"queue": stream})
             self._completer.add(Finished(Delivery(stream, entry_id, 0, "", "", "", "", 0, 0)))
 
-    async def _hand_back_unrunnable(self, deliveries: list[Delivery]) -> list[Delivery]:
-        """Hand back jobs this worker cannot run (unknown task, args its handler refuses).
-
-        Returns the deliveries to claim; their handlers' arguments are validated
-        here once (``delivery.kwargs``). Past the grace period a job is claimed
-        anyway, and the executor sends it to the dead letters.
-        """
-        unknown: list[Delivery] = []
-        refused: list[Delivery] = []
-        for delivery in deliveries:
-            if delivery.task not in self.registry:
-                unknown.append(delivery)
-                continue
-            found = self._executor.arguments(delivery)
-            if isinstance(found, Exception):
-                refused.append(delivery)
-            else:
-                delivery.kwargs = found
-        if not unknown and not refused:
-            return deliveries
-        skipped: set[int] = set()
-        for group, error_class, reason in (
-            (
-                unknown,
-                "UnknownTaskError",
-                "task %s is not registered on {worker}; handed back for a worker that knows it",
-            ),
-            (
-                refused,
-                "InvalidArgsError",
-                "the args of task %s are refused by its handler on {worker};"
-                " handed back for a worker that accepts them",
-            ),
-        ):
-            back, _past_grace = self._unknown.split(group)  # past the grace period: claimed, then dead
-            if back:
-                await self._hand_back(back, error_class, reason)
-                skipped.update(id(d) for d in back)
-        self.capacity.release(len(skipped))
-        return [d for d in deliveries if id(d) not in skipped]
-
-    async def _hand_back(self, back: list[Delivery], error_class: str, reason: str) -> None:
-        handed, unmarked = await hand_back(
-            self._pool, back, worker_id=self.id, delay=self._unknown.delay, error_class=error_class, reason=reason
-        )
-        for delivery in back:
-            # Acknowledged: handed back (the relay publishes it again), or nothing to hand
-            # back (finished...). Left pending, to be reclaimed and looked at again: a
-            # publish not marked yet, or a reclaimed entry of a job running elsewhere.
-            if delivery.job_id in handed or not (delivery.job_id in unmarked or delivery.reclaimed):
-                self._completer.add(Finished(delivery))
-                fire(self.signals.skipped, delivery.job_id)
-        if handed:
-            log.warning(
-                "jobs this worker cannot run handed back for a worker that can",
-                extra={
-                    "count": len(handed),
-                    "task": ",".join(sorted({d.task for d in back})),
-                    "worker_id": self.id,
-                    "error_class": error_class,
-                },
-            )
+    def _skip(self, delivery: Delivery) -> None:
+        """A delivery that does not run here: its entry is acknowledged with the next batch."""
+        self._completer.add(Finished(delivery))
+        fire(self.signals.skipped, delivery.job_id)
 
     async def _dispatch(self, deliveries: list[Delivery]) -> None:
         """Claim what was read (capacity for all of it is held) and start what may run.
@@ -487,7 +445,9 @@ class Worker:
         previous, self._last_dispatch = self._last_dispatch, mine
         try:
             try:
-                deliveries = await self._hand_back_unrunnable(deliveries)
+                kept = await self._handback.screen(deliveries)
+                self.capacity.release(len(deliveries) - len(kept))
+                deliveries = kept
                 batch = await self._claim(deliveries)
             except BaseException:
                 self.capacity.release(len(deliveries))
@@ -500,15 +460,24 @@ class Worker:
                 mine.set_result(None)
 
     async def _claim(self, deliveries: list[Delivery]) -> claims.ClaimBatch:
-        """Claim: jobs under no limit the plain way, the others under their limits (worker/flow.py)."""
+        """Claim: jobs under no limit the plain way, the others under their limits (worker/flow.py).
+
+        Which jobs are limited comes from this worker's copy of the limits, reloaded
+        first when it is older than two control polls (the worker was frozen, or its
+        reloads failed); what a limited job may do is decided on the limits read in
+        the claim's own transaction.
+        """
+        if time.monotonic() - self._limits_at > 2 * control.POLL_INTERVAL:
+            with contextlib.suppress(Exception):  # the claim itself reports a database failure
+                await self._reload_limits()
         limits = self.limits
         if not limits:
             return await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
         plain: list[Delivery] = []
-        limited: list[tuple[Delivery, flow_limits.JobKeys]] = []
+        limited: list[Delivery] = []
         for delivery in deliveries:
             if limits.limited(delivery.queue, delivery.task):
-                limited.append((delivery, limits.keys(delivery.queue, delivery.task, delivery.args)))
+                limited.append(delivery)
             else:
                 plain.append(delivery)
         if not limited:
@@ -520,8 +489,9 @@ class Worker:
             worker_id=self.id,
             lease=self._lease,
             recheck=self._flow_recheck(),
-            short_wait=self._flow_short_wait(),
+            short_wait=self.flow_waits.short_wait(),
             relay_poll=self.settings.poll_interval,
+            bounds=self._claim_bounds,
         )
         for delivery in got.held:
             self.metrics.count(delivery.queue, delivery.task, "held")
@@ -530,7 +500,7 @@ class Worker:
         for delivery, delay in got.waiting:
             self.metrics.count(delivery.queue, delivery.task, "held")
             fire(self.signals.held, delivery.job_id)
-            self._wait_in_place(delivery, delay)
+            self.flow_waits.add(delivery, delay)
         for delivery in got.unmarked:
             # Read before the relay's mark committed: look again shortly, backing off (a
             # big batch's mark can take a while on a loaded server), and past a quarter of
@@ -538,67 +508,12 @@ class Worker:
             delay = UNMARKED_FIRST_LOOK * 2**delivery.looks
             delivery.looks += 1
             if sum(UNMARKED_FIRST_LOOK * 2**n for n in range(delivery.looks)) <= self._lease / 4:
-                self._wait_in_place(delivery, min(delay, 1.0))
+                self.flow_waits.add(delivery, min(delay, 1.0))
         batch.run += got.batch.run
         batch.ended += got.batch.ended
         batch.skip += got.batch.skip
         batch.keep += got.batch.keep
         return batch
-
-    def _flow_short_wait(self) -> float:
-        """A rate reservation at most this far away waits in this worker, its entry pending.
-
-        The heartbeat keeps a waiting entry's idle time fresh (as for a running job's),
-        so no other worker reclaims it while this one lives; a dead worker's waiting
-        entries are reclaimed after the visibility timeout. Bounded in count: past
-        MAX_WAITING, reservations go back through the relay.
-        """
-        if len(self._waits) >= MAX_WAITING:
-            return 0.0
-        return min(MAX_SHORT_WAIT, 2 * self._lease)
-
-    def _wait_in_place(self, delivery: Delivery, delay: float) -> None:
-        """Claim ``delivery`` again in ``delay`` seconds (its reservation); its capacity is not held meanwhile.
-
-        One timer for all of them: the deliveries due by the time it runs are claimed
-        together, in one limited claim (at 200 starts/s, one claim per start would
-        serialize on the key's lock).
-        """
-        due = time.monotonic() + delay
-        heapq.heappush(self._waits, (due, next(self._wait_seq), delivery))
-        if self._waiter is None or self._waiter.done():
-            self._waiter = asyncio.create_task(self._run_waits(), name="flow-waits")
-            self._releases.add(self._waiter)
-            self._waiter.add_done_callback(self._releases.discard)
-        elif due < self._next_wake:
-            self._wake_waits.set()
-
-    async def _run_waits(self) -> None:
-        while self._waits and not self._stopping.is_set():
-            now = time.monotonic()
-            first = self._waits[0][0]
-            if first > now:
-                self._next_wake = first
-                self._wake_waits.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake_waits.wait(), first - now)
-                continue
-            batch: list[Delivery] = []
-            while self._waits and self._waits[0][0] <= now + WAIT_EARLY and len(batch) < MAX_READ:
-                batch.append(heapq.heappop(self._waits)[2])
-            taken = 0
-            while not self._stopping.is_set():
-                taken = self.capacity.take_over(len(batch))
-                if taken:
-                    break
-                await self.capacity.wait_free()  # twice the concurrency in use: wait for a slot
-            if self._stopping.is_set():
-                self.capacity.release(taken)
-                return  # left pending: another worker reclaims them
-            for delivery in batch[taken:]:  # no capacity for these yet: next tick
-                heapq.heappush(self._waits, (now + WAIT_RETRY, next(self._wait_seq), delivery))
-            await self._dispatch_logged(batch[:taken])
-        self._next_wake = float("inf")
 
     def _flow_recheck(self) -> float:
         """Seconds a job parked on a full key waits at most before it is looked at again."""
@@ -608,8 +523,7 @@ class Worker:
         self.capacity.release(read - len(batch.run))
         for delivery in batch.skip:
             self.metrics.count(delivery.queue, delivery.task, "skipped")
-            self._completer.add(Finished(delivery))
-            fire(self.signals.skipped, delivery.job_id)
+            self._skip(delivery)
         for delivery, state in batch.ended:
             self.metrics.count(delivery.queue, delivery.task, state)
             self._completer.add(Finished(delivery, ended_state=state))
@@ -617,75 +531,9 @@ class Worker:
             fire(self.signals.claimed, [job.id for job in batch.run])
         for job in batch.run:
             self.running[job.id] = job
-            if job.isolate:
-                self._isolated.append(job)
-            elif self._isolation is not None or self._isolated:
-                self._held.append(job)  # starts once the isolated runs are done
-            else:
-                job.task = asyncio.create_task(self._execute(job))
-        if self._isolated and self._isolation is None and not self._stopping.is_set():
-            self._isolation = asyncio.create_task(self._run_isolated(), name="isolation")
-
-    async def _run_isolated(self) -> None:
-        """Run jobs taken over from lost runs one at a time, each alone in this worker.
-
-        A worker that died while running several jobs cannot say which one killed
-        it; run alone, a job that crashes its worker again is the culprit, and the
-        crash is charged to it (JOB_CLAIM_ATTEMPTS). No new reads meanwhile; jobs claimed
-        in the meantime (takeovers do not wait) are held until the isolated runs are done.
-        """
-        self.capacity.block()
-        try:
-            while self._isolated and not self._stopping.is_set():
-                alone = await self._wait_alone()
-                if self._stopping.is_set():  # a stop came while waiting: start nothing new
-                    break
-                job = self._isolated.popleft()
-                if self.running.get(job.id) is not job:
-                    continue
-                log.warning(
-                    "running a job taken over from a lost run alone"
-                    if alone
-                    else "running a job taken over from a lost run beside others: they did not end in time",
-                    extra={
-                        "outbox_id": job.id,
-                        "task": job.delivery.task,
-                        "attempt": job.attempt,
-                        "worker_id": self.id,
-                    },
-                )
-                try:
-                    if alone:  # only a run alone is charged for a crash (JOB_CLAIM_ATTEMPTS)
-                        async with self._pool.connection() as conn:
-                            await conn.execute(
-                                sql.active().JOB_ATTEMPT_START_ISOLATED,
-                                {"id": job.id, "attempt": job.attempt, "worker": self.id},
-                            )
-                except Exception:
-                    log.exception("marking an isolated run failed; running it anyway", extra={"outbox_id": job.id})
-                job.task = asyncio.create_task(self._execute(job))
-                await asyncio.wait({job.task})
-        finally:
-            self._isolation = None
-            self.capacity.unblock()
-            held, self._held = self._held, []
-            for job in held:
-                if not self._stopping.is_set() and self.running.get(job.id) is job:
-                    job.task = asyncio.create_task(self._execute(job))
-            if self._isolated and not self._stopping.is_set():
-                self._isolation = asyncio.create_task(self._run_isolated(), name="isolation")
-
-    async def _wait_alone(self) -> bool:
-        """Wait until nothing else runs here; True if that came within the visibility timeout.
-
-        A long or hung handler must not freeze the worker: past the bound the
-        isolated job runs beside it (its crash, if any, then charges nobody).
-        """
-        try:
-            await asyncio.wait_for(self._nothing_executing.wait(), timeout=self.settings.visibility_timeout)
-        except TimeoutError:
-            return False
-        return True
+            if not self._isolation.place(job):  # a takeover runs alone; others wait for it
+                self._start_run(job)
+        self._isolation.begin()
 
     # --- running ---------------------------------------------------------------------
 
@@ -701,10 +549,13 @@ class Worker:
             )
         fire(self.signals.started, d.job_id)
 
+    def _start_run(self, job: Job) -> None:
+        job.task = asyncio.create_task(self._execute(job))
+
     async def _execute(self, job: Job) -> None:
         started = time.monotonic()
         self.executing += 1
-        self._nothing_executing.clear()
+        self._isolation.run_started()
         try:
             try:
                 outcome = await self._executor.run(job)
@@ -724,8 +575,7 @@ class Worker:
         finally:
             self.capacity.release(1)
             self.executing -= 1
-            if self.executing == 0:
-                self._nothing_executing.set()
+            self._isolation.run_ended(self.executing)
         d = job.delivery
         self.metrics.observe_duration(d.queue, d.task, time.monotonic() - started)
         self._completer.add(Finished(d, job, outcome))
@@ -798,18 +648,34 @@ class Worker:
 
     async def _tick_heartbeat(self) -> None:
         await self._heartbeat.renew(self.running.values())
-        if self._waits:
-            await self._heartbeat.touch([d for _, _, d in self._waits])
+        if self.flow_waits:
+            await self._heartbeat.touch(self.flow_waits.deliveries())
         await self._heartbeat.beat(len(self.running), self.processed, self.failed)
+
+    async def _reload_limits(self) -> None:
+        """Load the limits in force; a limit raised or lifted wakes the jobs parked on it."""
+        started = time.monotonic()
+        async with self._pool.connection() as conn:
+            limits = await flow_claims.load(conn, self.queues, self.registry.names())
+        self._limits_at = started
+        if limits == self.limits and self._limits_loaded:
+            return
+        before, first = self.limits, not self._limits_loaded
+        self.limits, self._limits_loaded = limits, True
+        if not first or limits:
+            log.info("limits in force: %s", _describe(limits), extra={"worker_id": self.id})
+        try:
+            woken = await flow_claims.wake_to_limit(self._pool, flow_claims.raised(before, limits))
+        except Exception:
+            log.exception("waking parked jobs after a limit change failed; they wait for their recheck")
+            return
+        if woken:
+            log.info("limit raised: woke %d parked jobs", woken, extra={"worker_id": self.id})
 
     async def _poll_control(self) -> None:
         running = [job_id for job_id, job in self.running.items() if job.task is not None and not job.task.done()]
         paused, cancel = await control.poll(self._pool, self.queues, running)
-        async with self._pool.connection() as conn:
-            limits = await flow_claims.load(conn, self.queues, self.registry.names())
-        if limits != self.limits:
-            log.info("limits in force: %s", _describe(limits), extra={"worker_id": self.id})
-            self.limits = limits
+        await self._reload_limits()
         if paused != self.paused:
             log.info("paused queues: %s", ",".join(sorted(paused)) or "none", extra={"worker_id": self.id})
         self.paused = paused

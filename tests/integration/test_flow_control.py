@@ -202,7 +202,7 @@ async def test_a_worker_stops_at_once_while_a_job_waits_in_it_for_its_reservatio
             await wait_until_async(
                 lambda: fetchval(aconn, "SELECT count(*) = 1 FROM flow_runs"), 30, message="the first start"
             )
-            await wait_until_async(lambda: len(worker._waits) == 1, 30, message="the second waiting in the worker")
+            await wait_until_async(lambda: len(worker.flow_waits) == 1, 30, message="the second waiting in the worker")
             stopping = time.monotonic()
         assert time.monotonic() - stopping < 2.0  # not the 4 s to its reservation
         async with running_worker(fsettings):  # the entry left pending is reclaimed, its token kept
