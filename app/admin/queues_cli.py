@@ -7,9 +7,11 @@ import sys
 from collections.abc import Sequence
 
 from postbox import definitions
-from postbox.app.admin.common import EXIT_OK, Parser, Session, cli_actor, run, table, to_json
+from postbox.app.admin.common import EXIT_OK, Parser, Session, UsageError, cli_actor, run, table, to_json
 from postbox.app.services import queues as queue_service
 from postbox.app.services.results import as_dict
+from postbox.errors import TaskModuleError
+from postbox.registry import default_registry, load_task_modules
 
 COLUMNS = (
     "queue",
@@ -35,13 +37,23 @@ def parser() -> Parser:
     pause.add_argument("queue")
     resume = sub.add_parser("resume", help="let workers start this queue's jobs again")
     resume.add_argument("queue")
+    lst.add_argument(
+        "--tasks", help="comma-separated task modules whose queues are listed before their first job (POSTBOX_TASKS)"
+    )
     for each in (lst, pause, resume):
         each.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
 async def cmd_list(s: Session, a: argparse.Namespace) -> int:
-    known = await definitions.known_queues(s.conn)
+    # The API's list: the queues of the database's rows and task definitions, and of the
+    # task modules it loads (POSTBOX_TASKS), so both list the same queues.
+    modules = [m.strip() for m in a.tasks.split(",") if m.strip()] if a.tasks else s.settings.tasks
+    try:
+        load_task_modules(modules)
+    except TaskModuleError as exc:
+        raise UsageError(f"{exc}\n\n{exc.details}") from None
+    known = await definitions.known_queues(s.conn, default_registry)
     stats = [
         as_dict(q)
         for q in await queue_service.queue_stats(s.conn, s.redis, s.settings.redis_prefix, extra_queues=known)

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import definitions, migrate, redis_conn
+from postbox import migrate, redis_conn
 from postbox.app.api import (
     errors,
     results,
@@ -41,17 +41,6 @@ from postbox.settings import Settings
 
 log = logging.getLogger("postbox.api")
 BODY_SLACK = 65_536  # JSON envelope allowed on top of the args limit: the body limit of every route
-
-
-async def publish_definitions(pool: AsyncConnectionPool[AsyncConnection[Any]], registry: Registry) -> None:
-    """Upsert ``registry``'s task definitions (:mod:`postbox.definitions`); a failure is logged, never fatal."""
-    if not len(registry):
-        return
-    try:
-        async with pool.connection(timeout=30) as conn:
-            await definitions.publish(conn, registry, by="api")
-    except Exception as exc:
-        log.warning("task definitions not published: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
 
 
 def create_app(settings: Settings, registry: Registry | None = None, routers: Sequence[APIRouter] = ()) -> FastAPI:
@@ -96,13 +85,9 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         for warning in start_warnings(settings):
             log.warning(warning)
         lag.start()
-        # Its tasks' definitions in PostgreSQL, as a worker publishes its own: their queues are
-        # listed before their first job, by this API and by `postbox queues list` alike.
-        publishing = asyncio.create_task(publish_definitions(pool, task_registry))
         try:
             yield
         finally:
-            publishing.cancel()
             await lag.stop()
             await hub.close()
             await client.aclose()

@@ -8,21 +8,23 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
+import sys
 from typing import Any
 
 import psycopg
 import pytest
 
 from postbox import migrate
-from postbox.app.admin import queues_cli
 from postbox.errors import SchemaOutdatedError
 from postbox.producer import enqueue, enqueue_async, enqueue_many
+from postbox.registry import default_registry
 from postbox.relay import Relay
 from postbox.settings import Settings
 from tests.harness.api import make_client
 from tests.harness.relay import running_relay
 from tests.harness.tasks import api as api_tasks
-from tests.harness.wait import wait_event, wait_until, wait_until_async
+from tests.harness.wait import wait_event, wait_until_async
 
 MIGRATE = "run `postbox migrate`"
 
@@ -121,20 +123,25 @@ async def test_a_standby_with_a_redis_that_does_not_answer_says_so(settings: Set
 # --- one list of queues ------------------------------------------------------------------------
 
 
-def test_queues_list_and_the_api_list_the_same_queues(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setenv("POSTBOX_DATABASE_URL", str(settings.database_url))
-    monkeypatch.setenv("POSTBOX_REDIS_URL", str(settings.redis_url))
-    monkeypatch.setenv("POSTBOX_REDIS_PREFIX", settings.redis_prefix)
-    monkeypatch.delenv("POSTBOX_TASKS", raising=False)  # the CLI loads no task module, as in the report
+def test_queues_list_and_the_api_list_the_same_queues(settings: Settings, child_env: dict[str, str]) -> None:
+    # The API lists the queues of the tasks it loaded; the CLI, given the same task modules
+    # (POSTBOX_TASKS, as every process reads them), lists the same ones — before: "(none)".
+    modules = sorted({default_registry.get(name).fn.__module__ for name in default_registry.names()})
 
-    def cli_queues() -> list[str]:
-        assert queues_cli.main(["list", "--json"]) == 0
-        return [q["queue"] for q in json.loads(capsys.readouterr().out)]
+    def cli_queues(env: dict[str, str]) -> list[str]:
+        argv = [sys.executable, "-m", "postbox.app", "queues", "list", "--json"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [q["queue"] for q in json.loads(done.stdout)]
 
-    with make_client(settings) as client:  # an API that loaded its tasks; no job enqueued yet
+    with make_client(settings) as client:  # no job enqueued yet
         api_queues = [q["queue"] for q in client.get("/api/v1/queues").json()]
-        assert "apiq" in api_queues
-        # before: the CLI printed (none) here
-        wait_until(lambda: cli_queues() == api_queues, 10, message="the CLI lists the API's queues")
+    assert "apiq" in api_queues
+    assert cli_queues({**child_env, "POSTBOX_TASKS": ",".join(modules)}) == api_queues
+    # A worker's published task definitions are listed by the CLI without any module loaded.
+    with psycopg.connect(str(settings.database_url)) as conn:
+        conn.execute(
+            "INSERT INTO postbox.tasks (name, queue, priority, max_attempts, keep_result)"
+            " VALUES ('elsewhere', 'reports', 5, 5, false)"
+        )
+    assert "reports" in cli_queues(child_env)
