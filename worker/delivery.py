@@ -23,7 +23,7 @@ class Delivery:
     priority: int
     enq_ms: int
     reclaimed: bool = False
-    kwargs: dict[str, Any] | None = None  # the handler's arguments, once validated (worker._hand_back_unrunnable)
+    kwargs: dict[str, Any] | None = None  # the handler's arguments, validated (Handback.screen, worker/handback.py)
     direct: bool = False  # taken from its parking by a worker that released a slot (no stream entry: b"")
     looks: int = 0  # times a limited claim found its publish not marked yet (worker/flow.py)
 
