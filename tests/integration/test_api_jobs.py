@@ -44,7 +44,9 @@ def test_idempotency_key_wins_over_dedup_key(client: TestClient, conn: psycopg.C
     assert again.json()["duplicate"] is True
     by_body = client.post("/api/v1/jobs", json={"task": "api_echo", "dedup_key": "hdr-key"})
     assert by_body.status_code == 200 and by_body.json()["id"] == first.json()["id"]
-    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (1,)
+    assert conn.execute("SELECT id, task, dedup_key, state FROM postbox.outbox").fetchall() == [
+        (first.json()["id"], "api_echo", "hdr-key", "pending")
+    ]
 
 
 def test_unknown_task_is_400_naming_the_field(client: TestClient, conn: psycopg.Connection[Any]) -> None:

@@ -155,6 +155,9 @@ async def test_render_same_job_twice_at_once(
     )
     assert results.count(None) >= 1
     assert all(r is None or isinstance(r, AlreadyProcessed) for r in results)
+    assert await fetch(aconn, "SELECT outbox_id FROM postbox.processed_jobs WHERE outbox_id = %s", render_job) == [
+        (render_job,)
+    ]
     assert len(await send_jobs(aconn, order.id)) == 1
     assert svc.blobs.keys() == [f"tickets/{order.public_id}.pdf"]
 

@@ -105,7 +105,7 @@ async def test_concurrent_orders_never_oversell(database_url: str, aconn: AsyncC
     assert sorted(results).count("ok") == 3
     cur = await aconn.execute("SELECT seats_reserved FROM stagedoor.events WHERE id = %s", (event.id,))
     assert await cur.fetchone() == (6,)
-    assert (await counts(aconn))["tickets"] == 6
+    assert await counts(aconn) == {"orders": 3, "tickets": 6, "outbox": 3 * 2, "email_sends": 0}
     cur = await aconn.execute("SELECT count(DISTINCT seat) FROM stagedoor.tickets")
     assert await cur.fetchone() == (6,)
 

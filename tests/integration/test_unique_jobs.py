@@ -161,7 +161,7 @@ def test_concurrent_enqueuers_of_one_key_make_one_job(conn: psycopg.Connection[A
         thread.join(timeout=20)
         assert not thread.is_alive()
     assert result == [first] and result[0].duplicate is True
-    assert len(rows(conn)) == 1
+    assert [(job_id, task) for job_id, task, _ in rows(conn)] == [(first, "uq_states")]
 
 
 def test_pipeline_mode_does_not_bypass_the_rule(conn: psycopg.Connection[Any]) -> None:
