@@ -5,13 +5,26 @@ as an aware datetime, so tests pin daylight-saving days and leap days without
 waiting. Times come back in UTC.
 
 - A **cron** schedule's occurrences are computed in its IANA time zone by
-  cronsim, which follows Debian cron on daylight-saving changes: a time that
-  does not exist on the spring-forward day (``30 2 * * *`` in Berlin or New
-  York) fires once, at the first instant after the gap (03:00); a time that
-  exists twice on the fall-back day fires once, at its first instance.
-- An **interval** schedule fires every ``every`` seconds on a grid anchored at
-  the Unix epoch (``every=60`` fires at each whole minute, UTC): occurrence
-  times never drift, whoever computes them and whenever.
+  cronsim, which follows Vixie/Debian cron on daylight-saving days, and so
+  does postbox (``docs/periodic-jobs.md``, "Time zones and daylight saving"):
+
+  - a **fixed-time** expression (neither the minute nor the hour field begins
+    with ``*``: ``30 2 * * *``, ``0,30 1-3 * * *``, ``0-59/15 2 * * *``) runs
+    the wall times that do not exist on the spring-forward day once, at the
+    first instant after the gap (03:00), and a wall time that exists twice on
+    the fall-back day once, at its first instance;
+  - a **repeating** expression (the minute or the hour field begins with
+    ``*``: ``*/15 * * * *``, ``0 * * * *``, ``*/30 1-3 * * *``) runs by the
+    clock as it goes: a wall time inside the gap does not run, and one inside
+    the repeated hour runs at both instances, so the cadence in elapsed time
+    is kept (``*/15 2 * * *`` in Berlin runs 8 times on the fall-back day and
+    not at all on the spring-forward day).
+
+- An **interval** schedule fires every ``every`` seconds of elapsed time on a
+  grid anchored at the Unix epoch (``every=60`` fires at each whole minute,
+  UTC): occurrence times never drift, whoever computes them and whenever, and
+  daylight saving changes nothing (``every=3600`` fires 25 times on Berlin's
+  fall-back day, 23 times on its spring-forward day).
 
 :func:`due` decides what a tick enqueues, by the catch-up policy (see
 ``docs/periodic-jobs.md``).
@@ -52,35 +65,98 @@ class Timing:
         check_timing(self)
 
 
+MAX_CRON_CHARS = 1000  # far beyond any real expression (every minute listed is ~170 characters)
+MAX_ZONE_CHARS = 100  # the longest IANA name is about 30
+MAX_EVERY = 366 * 86_400.0  # seconds: a longer period is a calendar matter, for cron
+MAX_GRACE = 366 * 86_400.0
+MAX_CATCH_UP = 10_000  # occurrences one tick may enqueue for one schedule under `all`
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` for an error message, kept short (a 5,000-digit int cannot even be repr'd)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"an integer of {value.bit_length()} bits" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _seconds(value: object, low: float, high: float) -> bool:
+    """Whether ``value`` is a real number of seconds in ``[low, high]`` (NaN, inf and bools are not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return low <= value <= high  # int against float compares exactly, with no conversion to overflow
+
+
 def check_timing(timing: Timing) -> None:
-    """Raise :class:`InvalidOptionError` unless ``timing`` is usable."""
+    """Raise :class:`InvalidOptionError` naming the field unless ``timing`` is usable.
+
+    Every bound is checked before a value reaches ``int()``, ``float()``,
+    ``timedelta`` or the database, so no input gives anything but this error.
+    """
     if (timing.cron is None) == (timing.every is None):
         raise InvalidOptionError("a schedule needs exactly one of cron= or every=", field="cron")
     if timing.cron is not None:
-        if not isinstance(timing.cron, str):
-            raise InvalidOptionError(f"cron must be a string, got {timing.cron!r}", field="cron")
-        try:
-            CronSim(timing.cron, datetime(2000, 1, 1, tzinfo=UTC))
-        except CronSimError as exc:
-            raise InvalidOptionError(f"invalid cron expression {timing.cron!r}: {exc}", field="cron") from None
-    if timing.every is not None and (
-        isinstance(timing.every, bool)
-        or not isinstance(timing.every, int | float)
-        or not math.isfinite(timing.every)
-        or timing.every < 1
-    ):
-        raise InvalidOptionError(f"every must be a number of seconds >= 1, got {timing.every!r}", field="every")
+        check_cron(timing.cron)
+    if timing.every is not None and not _seconds(timing.every, 1, MAX_EVERY):
+        raise InvalidOptionError(
+            f"every must be a number of seconds from 1 to {MAX_EVERY:.0f}, got {_shown(timing.every)}",
+            field="every",
+        )
+    if not isinstance(timing.tz, str) or len(timing.tz) > MAX_ZONE_CHARS:
+        raise InvalidOptionError(
+            f"unknown time zone {_shown(timing.tz)}: use an IANA name such as Europe/Berlin", field="tz"
+        )
     zone(timing.tz)
     if timing.catch_up not in CATCH_UP_POLICIES:
         raise InvalidOptionError(
-            f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {timing.catch_up!r}", field="catch_up"
+            f"catch_up must be one of {', '.join(CATCH_UP_POLICIES)}, got {_shown(timing.catch_up)}",
+            field="catch_up",
         )
-    if isinstance(timing.max_catch_up, bool) or not isinstance(timing.max_catch_up, int) or timing.max_catch_up < 1:
+    if (
+        isinstance(timing.max_catch_up, bool)
+        or not isinstance(timing.max_catch_up, int)
+        or not 1 <= timing.max_catch_up <= MAX_CATCH_UP
+    ):
         raise InvalidOptionError(
-            f"max_catch_up must be an integer >= 1, got {timing.max_catch_up!r}", field="max_catch_up"
+            f"max_catch_up must be an integer from 1 to {MAX_CATCH_UP}, got {_shown(timing.max_catch_up)}",
+            field="max_catch_up",
         )
-    if not isinstance(timing.grace, int | float) or not math.isfinite(timing.grace) or timing.grace < 0:
-        raise InvalidOptionError(f"grace must be seconds >= 0, got {timing.grace!r}", field="grace")
+    if not _seconds(timing.grace, 0, MAX_GRACE):
+        raise InvalidOptionError(
+            f"grace must be a number of seconds from 0 to {MAX_GRACE:.0f}, got {_shown(timing.grace)}",
+            field="grace",
+        )
+
+
+def check_cron(cron: object) -> None:
+    """Raise :class:`InvalidOptionError` (field ``cron``) unless ``cron`` is a 5-field expression cronsim accepts.
+
+    Five fields only: cronsim would take a sixth (seconds) field, run it every
+    second, and leave out the daylight-saving rule for it.
+    """
+    if not isinstance(cron, str):
+        raise InvalidOptionError(f"cron must be a string, got {_shown(cron)}", field="cron")
+    if len(cron) > MAX_CRON_CHARS:
+        raise InvalidOptionError(f"cron expression longer than {MAX_CRON_CHARS} characters", field="cron")
+    if len(cron.split()) != 5:
+        raise InvalidOptionError(
+            f"invalid cron expression {_shown(cron)}: needs 5 fields (minute hour day month weekday)", field="cron"
+        )
+    try:
+        CronSim(cron, datetime(2000, 1, 1, tzinfo=UTC))
+    except (CronSimError, ValueError, OverflowError) as exc:  # ValueError: int()'s digit limit, in cronsim
+        raise InvalidOptionError(f"invalid cron expression {_shown(cron)}: {exc}", field="cron") from None
+
+
+def dst_rule(cron: str) -> Literal["fixed", "repeating"]:
+    """How a (valid) cron expression behaves on daylight-saving days: see the module docstring.
+
+    The Vixie/Debian cron rule, which cronsim applies: ``repeating`` when the
+    minute or the hour field begins with ``*``, else ``fixed``.
+    """
+    minute, hour = cron.split()[:2]
+    return "repeating" if minute.startswith("*") or hour.startswith("*") else "fixed"
 
 
 @functools.lru_cache(maxsize=1024)

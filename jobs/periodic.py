@@ -119,7 +119,9 @@ def periodic(
     """
     spec = (registry if registry is not None else default_registry).resolve(task)
     schedule_name = spec.name if name is None else name
-    if not isinstance(schedule_name, str) or not SCHEDULE_NAME_RE.match(schedule_name):
+    if not isinstance(schedule_name, str):  # no repr: a 5,000-digit int has none
+        raise InvalidOptionError(f"schedule name must be a string, got {type(schedule_name).__name__}", field="name")
+    if not SCHEDULE_NAME_RE.match(schedule_name):
         raise InvalidOptionError(
             f"invalid schedule name {schedule_name!r}: must match {SCHEDULE_NAME_RE.pattern}", field="name"
         )
