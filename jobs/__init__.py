@@ -39,7 +39,16 @@ from postbox.errors import (
 )
 from postbox.flow import FlowLimit, Rate
 from postbox.periodic import Schedule, periodic
-from postbox.producer import JobId, Limits, enqueue, enqueue_async, enqueue_many, enqueue_many_async, prepare
+from postbox.producer import (
+    EnqueueOptions,
+    JobId,
+    Limits,
+    enqueue,
+    enqueue_async,
+    enqueue_many,
+    enqueue_many_async,
+    prepare,
+)
 from postbox.registry import Registry, RetryPolicy, TaskSpec, default_registry, limit_queue, task
 from postbox.results import JobResult, get_result, get_result_async, wait_result
 from postbox.settings import Settings, load_settings
@@ -51,6 +60,7 @@ __all__ = [
     "AlreadyProcessed",
     "DuplicateTaskError",
     "EnqueueError",
+    "EnqueueOptions",
     "FlowLimit",
     "InvalidArgsError",
     "InvalidMaxAttemptsError",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack, overload
 
 from psycopg import AsyncConnection
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from postbox.fence import JobFence
+    from postbox.producer import EnqueueOptions
 
 _S = TypeVar("_S", bound="Session | SAConnection")
 _A = TypeVar("_A", bound="AsyncSession | SAAsyncConnection")
@@ -77,9 +78,9 @@ class JobContext(Protocol):
         ...
 
     async def enqueue(
-        self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Any
+        self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Unpack[EnqueueOptions]
     ) -> int:
-        """Enqueue a follow-up job through the outbox, inside the open ``transaction()``."""
+        """Enqueue a follow-up job through the outbox, inside the open ``transaction()`` (options: EnqueueOptions)."""
         ...
 
     @property

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar, Unpack
 
 if TYPE_CHECKING:
     from postbox.connections import AsyncTarget, SyncTarget
-    from postbox.producer import JobId
+    from postbox.producer import EnqueueOptions, JobId
     from postbox.registry import TaskSpec
 
 P = ParamSpec("P")
@@ -30,12 +29,14 @@ class Task(Generic[P, R]):
 
     __postbox_task__: str
 
-    def __init__(self, spec: TaskSpec, fn: Callable[Concatenate[Any, P], R], options: Mapping[str, Any] = {}) -> None:
+    def __init__(
+        self, spec: TaskSpec, fn: Callable[Concatenate[Any, P], R], options: EnqueueOptions | None = None
+    ) -> None:
         self.spec = spec
         self.name = spec.name
         self.__postbox_task__ = spec.name
         self._fn = fn
-        self._options = dict(options)
+        self._options: EnqueueOptions = {**options} if options else {}
         self._signature = inspect.signature(fn)
         functools.update_wrapper(self, fn)
 
@@ -46,32 +47,16 @@ class Task(Generic[P, R]):
     def __repr__(self) -> str:
         return f"<postbox task {self.name!r} ({self.spec.queue}, priority {self.spec.priority})>"
 
-    def options(
-        self,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        dedup_key: str | None = None,
-        headers: Mapping[str, Any] | None = None,
-        expires_at: datetime | None = None,
-        keep_result: bool | None = None,
-    ) -> Task[P, R]:
-        """A handle whose enqueues carry these options (checked at enqueue, as ``enqueue()``'s are)."""
-        given = {
-            "queue": queue,
-            "priority": priority,
-            "delay": delay,
-            "run_at": run_at,
-            "max_attempts": max_attempts,
-            "dedup_key": dedup_key,
-            "headers": headers,
-            "expires_at": expires_at,
-            "keep_result": keep_result,
-        }
-        merged = {**self._options, **{k: v for k, v in given.items() if v is not None}}
+    def options(self, **options: Unpack[EnqueueOptions]) -> Task[P, R]:
+        """A handle whose enqueues carry these options (:class:`postbox.EnqueueOptions`; None keeps the handle's).
+
+        Their names and types are checked by the type checker here, their values at
+        enqueue, as ``enqueue()``'s are.
+        """
+        merged: EnqueueOptions = {**self._options}
+        for name, value in options.items():
+            if value is not None:
+                merged[name] = value  # type: ignore[literal-required]
         return Task(self.spec, self._fn, merged)
 
     def enqueue(self, conn: SyncTarget, /, *args: P.args, **kwargs: P.kwargs) -> JobId:

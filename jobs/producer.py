@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any, NamedTuple, ParamSpec, TypeVar, get_args
+from typing import Any, NamedTuple, ParamSpec, TypedDict, TypeVar, Unpack, cast, get_args
 
 import orjson
 from psycopg import AsyncConnection, Connection
@@ -31,6 +31,7 @@ from postbox.errors import (
     InvalidArgsError,
     InvalidOptionError,
     PayloadTooLargeError,
+    QueueFullError,
     ScheduleConflictError,
 )
 from postbox.ids import take as take_id
@@ -62,6 +63,33 @@ class JobId(int):
         job_id = super().__new__(cls, value)
         job_id.duplicate = duplicate
         return job_id
+
+
+class EnqueueOptions(TypedDict, total=False):
+    """The options of one job, as ``enqueue()``, ``enqueue_async()``, ``ctx.enqueue()``, a task's
+    ``.options()`` and ``enqueue_many()`` (common to every item) take them; the type checker checks
+    each name and type at every call site. None (or leaving one out) takes the task's default.
+
+    ``delay`` is seconds (or a timedelta) from the database's now; ``run_at`` and
+    ``expires_at`` are timezone-aware datetimes; ``dedup_key`` is scoped per queue;
+    ``headers`` is a JSON object (with the trace context added).
+    """
+
+    queue: str | None
+    priority: int | None
+    delay: float | timedelta | None
+    run_at: datetime | None
+    max_attempts: int | None
+    dedup_key: str | None
+    headers: Mapping[str, Any] | None
+    expires_at: datetime | None
+    keep_result: bool | None
+
+
+OPTION_NAMES = EnqueueOptions.__required_keys__ | EnqueueOptions.__optional_keys__
+QUEUE_FULL_RETRY_AFTER = 5  # seconds a producer refused for a full queue is told to wait
+DEPTH_LOCK_CLASS = 0x7062  # first key of the per-queue depth locks (pg_advisory_xact_lock(class, hash))
+Step = tuple[Any, Mapping[str, Any]]  # a statement to send and its parameters; the reply's first row comes back
 
 
 @dataclass(frozen=True)
@@ -96,7 +124,7 @@ class JobRow(NamedTuple):
     timeout: float | None
     keep_result: bool
     unique_rule: str | None = None  # the task's uniqueness rule as JSON (postbox.unique), None: no rule
-    unique_key: str | None = None  # set by claim_unique(), written with the job
+    unique_key: str | None = None  # set by insert_steps() (the key's lock), written with the job
 
     def params(self) -> dict[str, Any]:
         return {
@@ -120,35 +148,15 @@ def prepare(
     task: TaskRef,
     args: Mapping[str, Any] | None = None,
     *,
-    queue: str | None = None,
-    priority: int | None = None,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    max_attempts: int | None = None,
-    dedup_key: str | None = None,
-    headers: Mapping[str, Any] | None = None,
-    expires_at: datetime | None = None,
-    keep_result: bool | None = None,
     registry: Registry | None = None,
     limits: Limits | None = None,
+    **options: Unpack[EnqueueOptions],
 ) -> JobRow:
     """Validate one job; raise a typed error, write nothing."""
     spec = (registry or default_registry).resolve(task)
     limit = (limits or _limits_from_settings()).max_payload_bytes
     payload = _args_payload(spec, args, limit)
-    template = _template(
-        spec,
-        queue=queue,
-        priority=priority,
-        delay=delay,
-        run_at=run_at,
-        max_attempts=max_attempts,
-        dedup_key=dedup_key,
-        headers=headers,
-        expires_at=expires_at,
-        keep_result=keep_result,
-    )
-    return _with_args(template, payload)
+    return _with_args(_template(spec, **options), payload)
 
 
 def _args_payload(spec: TaskSpec, args: Mapping[str, Any] | None, limit: int) -> str:
@@ -169,20 +177,16 @@ def _args_payload(spec: TaskSpec, args: Mapping[str, Any] | None, limit: int) ->
     return payload.decode()
 
 
-def _template(
-    spec: TaskSpec,
-    *,
-    queue: str | None = None,
-    priority: int | None = None,
-    delay: float | timedelta | None = None,
-    run_at: datetime | None = None,
-    max_attempts: int | None = None,
-    dedup_key: str | None = None,
-    headers: Mapping[str, Any] | None = None,
-    expires_at: datetime | None = None,
-    keep_result: bool | None = None,
-) -> JobRow:
+def _template(spec: TaskSpec, **options: Unpack[EnqueueOptions]) -> JobRow:
     """Everything of a job but its args, checked (args is left empty)."""
+    if not options.keys() <= OPTION_NAMES:  # a call the type checker did not see
+        unknown = sorted(options.keys() - OPTION_NAMES)[0]
+        raise InvalidOptionError(
+            f"unknown enqueue option {unknown!r}: one of {', '.join(sorted(OPTION_NAMES))}", field=unknown
+        )
+    queue, priority, max_attempts = options.get("queue"), options.get("priority"), options.get("max_attempts")
+    delay, run_at, expires_at = options.get("delay"), options.get("run_at"), options.get("expires_at")
+    dedup_key, headers, keep_result = options.get("dedup_key"), options.get("headers"), options.get("keep_result")
     if delay is not None and run_at is not None:
         raise ScheduleConflictError("give delay or run_at, not both", field="delay")
     delay_s = _delay_seconds(delay)
@@ -244,16 +248,32 @@ def _unmigrated_async(func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[
 
 
 @_unmigrated
-def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any) -> JobId:
+def enqueue(
+    conn: SyncTarget,
+    task: TaskRef,
+    args: Mapping[str, Any] | None = None,
+    *,
+    registry: Registry | None = None,
+    limits: Limits | None = None,
+    max_queue_depth: int = 0,
+    **options: Unpack[EnqueueOptions],
+) -> JobId:
     """Insert one job in ``conn``'s current transaction; return its outbox id (a :class:`JobId`).
 
     ``conn`` is a psycopg 3 connection, or a SQLAlchemy ``Session`` /
     ``Connection``, or Django's connection: the job joins the transaction open
     there (:mod:`postbox.connections`).
 
-    Options: queue, priority, delay (seconds or timedelta), run_at (aware
-    datetime), max_attempts, dedup_key, headers, expires_at, keep_result.
-    With a dedup key that a live job of the same queue holds, nothing is
+    Options: the keys of :class:`EnqueueOptions` — queue, priority, delay
+    (seconds or timedelta), run_at (aware datetime), max_attempts, dedup_key,
+    headers, expires_at, keep_result; the type checker checks their names and
+    types. ``registry`` and ``limits`` replace the default registry and the
+    payload limit of the settings. With ``max_queue_depth`` > 0 a queue holding
+    that many waiting jobs (pending, queued, retrying) refuses the job with
+    :class:`~postbox.errors.QueueFullError` (the API's ``POSTBOX_MAX_QUEUE_DEPTH``):
+    the count and the insert run under a per-queue lock held until the
+    transaction ends, so concurrent enqueues cannot overshoot it (psycopg
+    connections only). With a dedup key that a live job of the same queue holds, nothing is
     inserted and that job's id is returned, with ``duplicate`` True; so with a
     unique task's key that a job holds (docs/unique-jobs.md). A unique task's
     enqueue holds its key's advisory lock until the transaction ends.
@@ -268,68 +288,94 @@ def enqueue(conn: SyncTarget, task: TaskRef, args: Mapping[str, Any] | None = No
     ``postbox.enqueue()``, which applies the rule published in ``postbox.tasks``
     and returns only an id: ``duplicate`` is then always False.
     """
-    row = prepare(task, args, **options)
+    row = prepare(task, args, registry=registry, limits=limits, **options)
     params = row.params()
     if not isinstance(conn, Connection):
         target = connections.resolve(conn)
         if not isinstance(target, Connection):
             return JobId(target(params))
         conn = target
-    if row.dedup_key is None and row.unique_rule is None and conn.pgconn.pipeline_status:
+    if row.dedup_key is None and row.unique_rule is None and not max_queue_depth and conn.pgconn.pipeline_status:
         params["id"] = take_id(conn)
         conn.execute(sql.active().JOB_INSERT_WITH_ID, params)
         return JobId(params["id"])
-    return _insert(conn, row)
+    return _insert(conn, row, max_queue_depth)
 
 
-def _insert(conn: Connection[Any], row: JobRow) -> JobId:
-    with conn.cursor() as cur:
-        while True:
-            if row.unique_rule is not None:
-                row, holder = claim_unique(conn, row)
-                if holder is not None:
-                    return holder
-            params = row.params()
-            found = cur.execute(sql.active().JOB_INSERT, params).fetchone()
-            if found is not None:
-                return JobId(found[0])
-            if row.dedup_key is not None:
-                found = cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params).fetchone()
-                if found is not None:
-                    return JobId(found[0], duplicate=True)
-            # The key's holder was deleted between our two statements: insert again.
+def insert_steps(row: JobRow, max_queue_depth: int = 0) -> Generator[Step, tuple[Any, ...] | None, JobId]:
+    """The statements that insert one validated job, for a driver to send (sync or async alike).
 
+    Each step yields (statement, parameters) — every statement returns rows — and
+    receives the reply's first row (None: no row); the generator returns the job's :class:`JobId`. The one
+    enqueue path: :func:`enqueue`, :func:`enqueue_async` (and through them
+    ``ctx.enqueue()``, the typed handles, the REST API and the admin CLI) and
+    :func:`enqueue_many` for unique tasks all insert through it.
 
-def claim_unique(conn: Connection[Any], row: JobRow) -> tuple[JobRow, JobId | None]:
-    """For a unique task's job: the job already there (dedup key first, then unique key), or None.
-
-    Takes the unique key's advisory lock (until the transaction ends) and returns
-    ``row`` with its ``unique_key`` set, to be inserted in this transaction.
+    A dedup key that a live job holds returns that job (``duplicate``); a unique
+    task's key is locked (until the transaction ends) and its holder returned
+    (docs/unique-jobs.md); with ``max_queue_depth`` the queue's depth is checked
+    under its lock after those, so a duplicate is never refused for a full queue.
     """
+    statements = sql.active()
+    while True:
+        if row.dedup_key is not None and (row.unique_rule is not None or max_queue_depth > 0):
+            found = yield statements.JOB_GET_BY_DEDUP_KEY, row.params()
+            if found is not None:
+                return JobId(found[0], duplicate=True)
+        if row.unique_rule is not None:
+            claim = yield statements.JOB_LOCK_UNIQUE_KEY, _claim_params(row)
+            assert claim is not None  # a function call returns its one row
+            key, holder = claim
+            if holder is not None:
+                return JobId(holder, duplicate=True)
+            row = row._replace(unique_key=key)
+        if max_queue_depth > 0:
+            yield statements.QUEUE_LOCK_DEPTH, {"lock_class": DEPTH_LOCK_CLASS, "queue": row.queue}
+            counted = yield statements.JOB_COUNT_WAITING, {"queue": row.queue, "limit": max_queue_depth}
+            depth = int(counted[0]) if counted else 0
+            if depth >= max_queue_depth:
+                raise QueueFullError(
+                    f"queue {row.queue!r} holds {depth} waiting jobs (limit {max_queue_depth})",
+                    retry_after=QUEUE_FULL_RETRY_AFTER,
+                    details={"queue": row.queue, "limit": max_queue_depth},
+                )
+        params = row.params()
+        found = yield statements.JOB_INSERT, params
+        if found is not None:
+            return JobId(found[0])
+        if row.dedup_key is not None:
+            found = yield statements.JOB_GET_BY_DEDUP_KEY, params
+            if found is not None:
+                return JobId(found[0], duplicate=True)
+        # The key's holder was deleted between our two statements: insert again.
+
+
+def _insert(conn: Connection[Any], row: JobRow, max_queue_depth: int = 0) -> JobId:
+    """Run :func:`insert_steps` on a psycopg connection."""
+    steps = insert_steps(row, max_queue_depth)
+    reply: tuple[Any, ...] | None = None
     with conn.cursor() as cur:
-        if row.dedup_key is not None:
-            found = cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, row.params()).fetchone()
-            if found is not None:
-                return row, JobId(found[0], duplicate=True)
-        claim = cur.execute(sql.active().JOB_LOCK_UNIQUE_KEY, _claim_params(row)).fetchone()
-    assert claim is not None  # a function call returns its one row
-    key, holder = claim
-    return row._replace(unique_key=key), None if holder is None else JobId(holder, duplicate=True)
+        try:
+            while True:
+                statement, params = steps.send(reply)
+                cur.execute(statement, params)
+                reply = cur.fetchone()  # every step returns rows (in pipeline mode too: fetch syncs)
+        except StopIteration as done:
+            return cast(JobId, done.value)
 
 
-async def claim_unique_async(conn: AsyncConnection[Any], row: JobRow) -> tuple[JobRow, JobId | None]:
-    """The async twin of :func:`claim_unique` (the API's enqueue uses it)."""
+async def _insert_async(conn: AsyncConnection[Any], row: JobRow, max_queue_depth: int = 0) -> JobId:
+    """Run :func:`insert_steps` on a psycopg async connection."""
+    steps = insert_steps(row, max_queue_depth)
+    reply: tuple[Any, ...] | None = None
     async with conn.cursor() as cur:
-        if row.dedup_key is not None:
-            await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, row.params())
-            found = await cur.fetchone()
-            if found is not None:
-                return row, JobId(found[0], duplicate=True)
-        await cur.execute(sql.active().JOB_LOCK_UNIQUE_KEY, _claim_params(row))
-        claim = await cur.fetchone()
-    assert claim is not None
-    key, holder = claim
-    return row._replace(unique_key=key), None if holder is None else JobId(holder, duplicate=True)
+        try:
+            while True:
+                statement, params = steps.send(reply)
+                await cur.execute(statement, params)
+                reply = await cur.fetchone()
+        except StopIteration as done:
+            return cast(JobId, done.value)
 
 
 def _claim_params(row: JobRow) -> dict[str, Any]:
@@ -338,41 +384,29 @@ def _claim_params(row: JobRow) -> dict[str, Any]:
 
 @_unmigrated_async
 async def enqueue_async(
-    conn: AsyncTarget, task: TaskRef, args: Mapping[str, Any] | None = None, **options: Any
+    conn: AsyncTarget,
+    task: TaskRef,
+    args: Mapping[str, Any] | None = None,
+    *,
+    registry: Registry | None = None,
+    limits: Limits | None = None,
+    max_queue_depth: int = 0,
+    **options: Unpack[EnqueueOptions],
 ) -> JobId:
     """The async twin of :func:`enqueue`: a psycopg ``AsyncConnection``, or SQLAlchemy's ``AsyncSession`` or
     ``AsyncConnection``."""
-    row = prepare(task, args, **options)
+    row = prepare(task, args, registry=registry, limits=limits, **options)
     params = row.params()
     if not isinstance(conn, AsyncConnection):
         target = await connections.resolve_async(conn)
         if not isinstance(target, AsyncConnection):
             return JobId(await target(params))
         conn = target
-    if row.dedup_key is None and row.unique_rule is None and conn.pgconn.pipeline_status:
+    if row.dedup_key is None and row.unique_rule is None and not max_queue_depth and conn.pgconn.pipeline_status:
         params["id"] = await take_id_async(conn)
         await conn.execute(sql.active().JOB_INSERT_WITH_ID, params)
         return JobId(params["id"])
-    return await _insert_async(conn, row)
-
-
-async def _insert_async(conn: AsyncConnection[Any], row: JobRow) -> JobId:
-    async with conn.cursor() as cur:
-        while True:
-            if row.unique_rule is not None:
-                row, holder = await claim_unique_async(conn, row)
-                if holder is not None:
-                    return holder
-            params = row.params()
-            await cur.execute(sql.active().JOB_INSERT, params)
-            found = await cur.fetchone()
-            if found is not None:
-                return JobId(found[0])
-            if row.dedup_key is not None:
-                await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params)
-                found = await cur.fetchone()
-                if found is not None:
-                    return JobId(found[0], duplicate=True)
+    return await _insert_async(conn, row, max_queue_depth)
 
 
 def prepare_many(
@@ -380,7 +414,7 @@ def prepare_many(
     *,
     registry: Registry | None = None,
     limits: Limits | None = None,
-    **common: Any,
+    **common: Unpack[EnqueueOptions],
 ) -> list[JobRow]:
     """Validate every item first (each a dict with ``task``, ``args`` and options).
 
@@ -393,9 +427,9 @@ def prepare_many(
     limit = (limits or _limits_from_settings()).max_payload_bytes
     batch = items if isinstance(items, list) else list(items)
     try:
-        return _prepare_batch(batch, reg, limit, common)
+        return _prepare_batch(batch, reg, limit, dict(common))
     except (EnqueueError, TypeError, ValidationError, PydanticSerializationError):
-        return _prepare_each(batch, reg, limit, common)
+        return _prepare_each(batch, reg, limit, dict(common))
 
 
 def _prepare_batch(
@@ -529,7 +563,14 @@ def _copy_rows(rows: Sequence[JobRow], ids: list[tuple[int, datetime]]) -> Itera
 
 
 @_unmigrated
-def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
+def enqueue_many(
+    conn: SyncTarget,
+    items: Iterable[Mapping[str, Any]],
+    *,
+    registry: Registry | None = None,
+    limits: Limits | None = None,
+    **common: Unpack[EnqueueOptions],
+) -> list[int]:
     """Insert many jobs in one statement in ``conn``'s transaction; ids in input order.
 
     Without dedup keys the statement is a COPY; with any, an INSERT ... ON CONFLICT.
@@ -539,7 +580,7 @@ def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common:
     them: each a :class:`JobId`, a duplicate (of an earlier job of the batch too)
     flagged.
     """
-    rows = prepare_many(items, **common)
+    rows = prepare_many(items, registry=registry, limits=limits, **common)
     if not rows:
         return []
     if not isinstance(conn, Connection):
@@ -567,9 +608,16 @@ def enqueue_many(conn: SyncTarget, items: Iterable[Mapping[str, Any]], **common:
 
 
 @_unmigrated_async
-async def enqueue_many_async(conn: AsyncTarget, items: Iterable[Mapping[str, Any]], **common: Any) -> list[int]:
+async def enqueue_many_async(
+    conn: AsyncTarget,
+    items: Iterable[Mapping[str, Any]],
+    *,
+    registry: Registry | None = None,
+    limits: Limits | None = None,
+    **common: Unpack[EnqueueOptions],
+) -> list[int]:
     """The async twin of :func:`enqueue_many`."""
-    rows = prepare_many(items, **common)
+    rows = prepare_many(items, registry=registry, limits=limits, **common)
     if not rows:
         return []
     if not isinstance(conn, AsyncConnection):

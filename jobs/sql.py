@@ -131,21 +131,6 @@ class Statements(schema.Templates):
             %(keep_result)s)
     """
 
-    # The API's enqueue: the new row's public columns come back with the INSERT, so
-    # the answer needs no second read. Nothing back on a live dedup key's conflict.
-    JOB_INSERT_RETURNING_ROW: LiteralString = """
-    INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
-                        expires_at, timeout_seconds, keep_result, unique_key)
-    VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
-            coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
-            %(max_attempts)s, %(dedup_key)s, %(headers)s::jsonb,
-            %(expires_at)s::timestamptz, %(timeout)s::float8, %(keep_result)s, %(unique_key)s)
-    ON CONFLICT (queue, dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
-              started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-              last_error_class, last_error, claimed_by, args, result
-    """
-
     JOB_INSERT_MANY: LiteralString = """
     INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
                         expires_at, timeout_seconds, keep_result)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 import orjson
 import psycopg
@@ -14,7 +14,7 @@ from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
 from postbox.fence import JobFence, StaleAttempt
-from postbox.producer import enqueue_async
+from postbox.producer import EnqueueOptions, enqueue_async
 from postbox.registry import Registry
 from postbox.worker.delivery import Job
 
@@ -148,12 +148,11 @@ class WorkerJobContext:
         return atomic(self, using=using)
 
     async def enqueue(
-        self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Any
+        self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Unpack[EnqueueOptions]
     ) -> int:
         if self._conn is None:
             raise RuntimeError("ctx.enqueue() runs inside `async with ctx.transaction()`")
-        options.setdefault("registry", self._registry)
-        return await enqueue_async(self._conn, task, args, **options)
+        return await enqueue_async(self._conn, task, args, registry=self._registry, **options)
 
 
 async def _roll_back(conn: AsyncConnection[Any]) -> None:

@@ -26,7 +26,6 @@ from postbox.app.services import jobs as job_service
 from postbox.app.services.events import publish_event
 from postbox.app.services.results import as_dict
 from postbox.errors import TaskModuleError, UnknownTaskError
-from postbox.producer import prepare
 from postbox.registry import default_registry, load_task_modules
 
 LIST_COLUMNS = ("id", "task", "queue", "priority", "state", "attempts", "max_attempts", "created_at", "last_error")
@@ -113,9 +112,11 @@ async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
             f" (loaded: {loaded})",
             field="task",
         )
-    row = prepare(
+    done = await job_service.enqueue(
+        s.conn,
         a.task,
         _args(a.args),
+        registry=default_registry,
         queue=a.queue,
         priority=a.priority,
         delay=a.delay,
@@ -123,15 +124,14 @@ async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
         max_attempts=a.max_attempts,
         dedup_key=a.dedup_key,
         keep_result=a.keep_result,
-        registry=default_registry,
     )
-    job_id, created = await job_service.enqueue_job(s.conn, row)
+    job_id, created, job = done.job.id, not done.duplicate, done.job
     if created:
-        await publish_event(s.redis, s.settings.redis_prefix, "enqueued", job_id=job_id, queue=row.queue, task=row.task)
+        await publish_event(s.redis, s.settings.redis_prefix, "enqueued", job_id=job_id, queue=job.queue, task=job.task)
     if a.json:
-        print(to_json({"id": job_id, "duplicate": not created, "queue": row.queue, "task": row.task}))
+        print(to_json({"id": job_id, "duplicate": not created, "queue": job.queue, "task": job.task}))
     else:
-        print(f"job {job_id} {'enqueued' if created else 'already exists (dedup key)'} on queue {row.queue}")
+        print(f"job {job_id} {'enqueued' if created else 'already exists (dedup key)'} on queue {job.queue}")
     return EXIT_OK
 
 

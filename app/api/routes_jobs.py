@@ -18,7 +18,7 @@ from postbox.app.services import jobs as job_service
 from postbox.app.services.audit import Actor
 from postbox.app.services.results import as_dict
 from postbox.errors import InvalidArgsError, InvalidOptionError, QueueFullError
-from postbox.producer import Limits, claim_unique_async, prepare
+from postbox.producer import Limits
 
 log = logging.getLogger("postbox.api")
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
@@ -66,52 +66,38 @@ async def enqueue(
     key = idempotency_key or body.dedup_key
     if key is not None and "\x00" in key:
         raise InvalidOptionError("dedup key must not contain U+0000", field="dedup_key")
-    row = prepare(
-        body.task,
-        body.args,
-        queue=body.queue,
-        priority=body.priority,
-        delay=body.delay_seconds,
-        run_at=body.run_at,
-        max_attempts=body.max_attempts,
-        dedup_key=key,
-        keep_result=body.keep_result,
-        registry=st.registry,
-        limits=Limits(max_payload_bytes=st.settings.max_payload_bytes),
-    )
 
-    async def announce(job_id: int) -> None:
-        await st.events.publish("enqueued", job_id=job_id, queue=row.queue, task=row.task)
+    async def announce(job: job_service.Job) -> None:
+        await st.events.publish("enqueued", job_id=job.id, queue=job.queue, task=job.task)
 
     async with st.pool.connection() as conn:
         try:
-            if row.unique_rule is None:
-                job, job_id = await job_service.enqueue_and_read(
-                    conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
-                )
-            else:
-                # A unique task (docs/unique-jobs.md): the key's lock and holder first, the
-                # insert in the same transaction (the key is locked until it commits).
-                async with conn.transaction():
-                    row, holder = await claim_unique_async(conn, row)
-                    if holder is not None:
-                        job, job_id = None, int(holder)
-                    else:
-                        job, job_id = await job_service.enqueue_and_read(
-                            conn, row, max_queue_depth=st.settings.max_queue_depth, before_commit=announce
-                        )
-        except QueueFullError:
-            st.metrics.enqueued.labels(row.queue, "queue_full").inc()
+            done = await job_service.enqueue(
+                conn,
+                body.task,
+                body.args,
+                registry=st.registry,
+                limits=Limits(max_payload_bytes=st.settings.max_payload_bytes),
+                max_queue_depth=st.settings.max_queue_depth,
+                before_commit=announce,
+                queue=body.queue,
+                priority=body.priority,
+                delay=body.delay_seconds,
+                run_at=body.run_at,
+                max_attempts=body.max_attempts,
+                dedup_key=key,
+                keep_result=body.keep_result,
+            )
+        except QueueFullError as exc:
+            st.metrics.enqueued.labels(exc.details["queue"], "queue_full").inc()
             raise
-        created = job is not None
-        if job is None:
-            job = await job_service.get_job(conn, job_id)
-    st.metrics.enqueued.labels(row.queue, "created" if created else "duplicate").inc()
-    if created:
-        log.info("enqueued", extra={"outbox_id": job_id, "task": row.task, "queue": row.queue})
-    else:
+    job = done.job
+    st.metrics.enqueued.labels(job.queue, "duplicate" if done.duplicate else "created").inc()
+    if done.duplicate:
         response.status_code = 200
-    return {**as_dict(job), "duplicate": not created}
+    else:
+        log.info("enqueued", extra={"outbox_id": job.id, "task": job.task, "queue": job.queue})
+    return {**as_dict(job), "duplicate": done.duplicate}
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first", responses=responses(400, 401, 422))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
@@ -27,13 +27,12 @@ from postbox.app.services.checks import (
     decode_cursor,
     encode_cursor,
 )
-from postbox.app.services.errors import ConflictError, NotFoundError, QueueFullError
+from postbox.app.services.errors import ConflictError, NotFoundError
 from postbox.app.services.results import Page, page
-from postbox.producer import JobRow
+from postbox.producer import EnqueueOptions, Limits, TaskRef, enqueue_async
+from postbox.registry import Registry
 
 ARCHIVE_STRIDE = 1_000_000  # attempts of an earlier life are stored as attempt - STRIDE x life
-QUEUE_FULL_RETRY_AFTER = 5  # seconds a refused producer is told to wait
-DEPTH_LOCK_CLASS = 0x7062  # first key of the per-queue depth locks (pg_advisory_xact_lock(class, hash))
 
 
 @dataclass(frozen=True)
@@ -243,62 +242,39 @@ async def cancel_job(conn: AsyncConnection[Any], job_id: int, actor: Actor) -> C
     return CancelResult(**row, cancel_requested=requested)
 
 
-async def enqueue_job(
+@dataclass(frozen=True)
+class Enqueued:
+    """An enqueued job, read back in its transaction; ``duplicate``: it was there already (dedup or unique key)."""
+
+    job: Job
+    duplicate: bool
+
+
+async def enqueue(
     conn: AsyncConnection[Any],
-    row: JobRow,
+    task: TaskRef,
+    args: Mapping[str, Any] | None = None,
     *,
+    registry: Registry | None = None,
+    limits: Limits | None = None,
     max_queue_depth: int = 0,
-    before_commit: Callable[[int], Awaitable[None]] | None = None,
-) -> tuple[int, bool]:
-    """Insert a prepared job (own transaction); (id, created). A live dedup key returns (existing id, False)."""
-    job, job_id = await enqueue_and_read(conn, row, max_queue_depth=max_queue_depth, before_commit=before_commit)
-    return job_id, job is not None
+    before_commit: Callable[[Job], Awaitable[None]] | None = None,
+    **options: Unpack[EnqueueOptions],
+) -> Enqueued:
+    """Enqueue one job in a transaction of its own and read it back.
 
-
-async def enqueue_and_read(
-    conn: AsyncConnection[Any],
-    row: JobRow,
-    *,
-    max_queue_depth: int = 0,
-    before_commit: Callable[[int], Awaitable[None]] | None = None,
-) -> tuple[Job | None, int]:
-    """Insert a prepared job (own transaction): (the new job, its id), or (None, the id of a live dedup key's job).
-
-    The new job is what :func:`get_job` would return (no history yet), read
-    back by the INSERT itself. With ``max_queue_depth`` > 0, a queue holding that
-    many waiting jobs (pending, queued, retrying) refuses new ones with
-    :class:`QueueFullError`; the count and the insert run under a per-queue
-    transaction lock, so concurrent enqueues cannot overshoot the limit.
-    ``before_commit(id)`` runs for a new job just before COMMIT: the API publishes
-    its ``enqueued`` event there, so it always precedes the relay's ``published``
-    (the relay cannot see the row before the commit).
+    The insert is :func:`postbox.enqueue_async`'s (the one enqueue path: the
+    same validation, dedup and unique keys, and the queue-depth limit with
+    ``max_queue_depth``). ``before_commit(job)`` runs for a new job just before
+    COMMIT: the API publishes its ``enqueued`` event there, so it always
+    precedes the relay's ``published`` (the relay cannot see the row before the
+    commit).
     """
-    params = row.params()
-    async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
-        if row.dedup_key is not None:
-            await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params)
-            found = await cur.fetchone()
-            if found is not None:
-                return None, int(next(iter(found.values())))
-        if max_queue_depth > 0:
-            await cur.execute(sql.active().QUEUE_LOCK_DEPTH, {"lock_class": DEPTH_LOCK_CLASS, "queue": row.queue})
-            await cur.execute(sql.active().JOB_COUNT_WAITING, {"queue": row.queue, "limit": max_queue_depth})
-            depth_row = await cur.fetchone()
-            depth = int(next(iter(depth_row.values()))) if depth_row else 0
-            if depth >= max_queue_depth:
-                raise QueueFullError(
-                    f"queue {row.queue!r} holds {depth} waiting jobs (limit {max_queue_depth})",
-                    retry_after=QUEUE_FULL_RETRY_AFTER,
-                    details={"queue": row.queue, "limit": max_queue_depth},
-                )
-        while True:
-            await cur.execute(sql.active().JOB_INSERT_RETURNING_ROW, params)
-            inserted = await cur.fetchone()
-            if inserted is not None:
-                if before_commit is not None:
-                    await before_commit(int(inserted["id"]))
-                return Job(**job_fields(inserted, [])), int(inserted["id"])
-            await cur.execute(sql.active().JOB_GET_BY_DEDUP_KEY, params)
-            found = await cur.fetchone()
-            if found is not None:
-                return None, int(next(iter(found.values())))
+    async with conn.transaction():
+        job_id = await enqueue_async(
+            conn, task, args, registry=registry, limits=limits, max_queue_depth=max_queue_depth, **options
+        )
+        job = Job(**await read_job(conn, job_id, with_history=job_id.duplicate))
+        if before_commit is not None and not job_id.duplicate:
+            await before_commit(job)
+    return Enqueued(job=job, duplicate=job_id.duplicate)

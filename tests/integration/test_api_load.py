@@ -18,7 +18,7 @@ from postbox.app.api.main import create_app
 from postbox.app.api.state import db
 from postbox.app.services import jobs as job_service
 from postbox.errors import QueueFullError
-from postbox.producer import Limits, prepare
+from postbox.producer import Limits
 from postbox.registry import default_registry
 from postbox.settings import Settings
 from tests.harness.wait import wait_until, wait_until_async
@@ -105,7 +105,8 @@ def test_a_request_that_waits_too_long_for_a_connection_is_a_503(settings: Setti
 def limit_row() -> Iterator[Any]:
     import tests.harness.tasks.api  # noqa: F401  (registers api_echo)
 
-    yield prepare("api_echo", {}, registry=default_registry, limits=Limits())
+    # What the enqueues below take: the task (its default queue, apiq), its args, the registry, the limits.
+    yield {"task": "api_echo", "args": {}, "registry": default_registry, "limits": Limits()}
 
 
 async def test_max_queue_depth_is_exact_under_concurrent_enqueues(
@@ -128,7 +129,7 @@ async def test_max_queue_depth_is_exact_under_concurrent_enqueues(
 
         async def enqueue_b() -> None:
             try:
-                outcome["b"] = await job_service.enqueue_and_read(b, limit_row, max_queue_depth=limit)
+                outcome["b"] = await job_service.enqueue(b, **limit_row, max_queue_depth=limit)
             except QueueFullError as exc:
                 outcome["b"] = exc
 
@@ -141,12 +142,12 @@ async def test_max_queue_depth_is_exact_under_concurrent_enqueues(
             conn.commit()
             return bool(row and row[0])
 
-        async def before_commit(job_id: int) -> None:  # A holds its place, uncommitted, while B tries
+        async def before_commit(job: job_service.Job) -> None:  # A holds its place, uncommitted, while B tries
             outcome["b_task"] = asyncio.create_task(enqueue_b())
             await wait_until_async(b_done_or_waiting, 30, message="B finished or waiting on A's advisory lock")
 
-        job, _ = await job_service.enqueue_and_read(a, limit_row, max_queue_depth=limit, before_commit=before_commit)
-        assert job is not None
+        done = await job_service.enqueue(a, **limit_row, max_queue_depth=limit, before_commit=before_commit)
+        assert not done.duplicate and done.job.queue == "apiq"
         await asyncio.wait_for(outcome["b_task"], timeout=20)
     assert isinstance(outcome["b"], QueueFullError), outcome["b"]
     waiting = conn.execute("SELECT count(*) FROM postbox.outbox WHERE queue = 'apiq'").fetchone()
