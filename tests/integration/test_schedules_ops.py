@@ -159,3 +159,21 @@ def test_an_enqueued_occurrence_reaches_the_events_websocket(settings: Settings,
         "2026-06-01T12:01:00+00:00",
         "noop",
     )
+
+
+@pytest.mark.usefixtures("cli_env")
+def test_a_bad_schedule_name_is_usage_error_2_on_the_cli_and_422_over_rest(
+    settings: Settings, database_url: str, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed(database_url)
+    for name in ("bad name", "nul\x00", "x" * 201):
+        for command in ("pause", "resume", "trigger"):
+            assert schedules_cli.main([command, name]) == 2, (command, name)
+            assert "name" in capsys.readouterr().err
+    with make_client(settings) as client:
+        for path in ("bad%20name", "nul%00", "x" * 201):
+            assert client.get(f"/api/v1/schedules/{path}").status_code == 422, path
+            for action in ("pause", "resume", "trigger"):
+                answer = client.post(f"/api/v1/schedules/{path}/{action}", headers={"X-API-Key": API_KEY})
+                assert answer.status_code == 422, (path, action)
+    assert audit_rows(conn) == []  # nothing written
