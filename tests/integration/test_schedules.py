@@ -312,15 +312,22 @@ async def test_the_leading_relay_runs_the_duty_and_exposes_its_metrics(
     assert stored >= enqueued
 
 
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "cron = '0 * * * *', every_seconds = NULL, tz = 'Mars/Olympus'",
+        "every_seconds = 1e300",  # was an OverflowError in timedelta that ended every tick
+        "grace_seconds = 1e300",
+        "cron = '* * * * * *', every_seconds = NULL",  # a seconds field
+    ],
+    ids=["zone", "every", "grace", "six-fields"],
+)
 async def test_a_stored_schedule_that_cannot_be_evaluated_does_not_stop_the_others(
-    aconn: psycopg.AsyncConnection[Any], conn: psycopg.Connection[Any]
+    aconn: psycopg.AsyncConnection[Any], conn: psycopg.Connection[Any], broken: str
 ) -> None:
     await aconn.set_autocommit(True)
     await schedule_store.sync(aconn, [sched("fine", every=60), sched("broken", every=60)], ["noop"], now=T0)
-    conn.execute(
-        "UPDATE postbox.schedules SET cron = '0 * * * *', every_seconds = NULL, tz = 'Mars/Olympus'"
-        " WHERE name = 'broken'"
-    )
+    conn.execute(f"UPDATE postbox.schedules SET {broken} WHERE name = 'broken'")  # edited by hand
     conn.commit()
     report = await schedule_store.tick(aconn, now=T0 + timedelta(minutes=1))
     assert [f.schedule for f in report.fired] == ["fine"]
