@@ -29,7 +29,8 @@ from redis.exceptions import ResponseError
 
 def command(*parts: bytes) -> bytes:
     """One command, packed by hiredis."""
-    packed: bytes = hiredis.pack_command(parts)
+    # hiredis's stub types the argument as a one-element tuple; any number of parts is packed.
+    packed: bytes = hiredis.pack_command(parts)  # type: ignore[arg-type]
     return packed
 
 
