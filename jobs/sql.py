@@ -1189,6 +1189,8 @@ class Statements(schema.Templates):
     # The database clock, the live slots of the concurrency keys (a slot counts while
     # its job runs under a live claim: a lease, never a counter that leaks) and the
     # rate cells. Dead slots of these keys are deleted on the way.
+    # ('dead', key, n): slots of that key freed by a lease's expiry, whose parked jobs the
+    # claim wakes (no release will: their worker died or froze).
     LIMIT_GET_STATE: LiteralString = """
     WITH dead AS (
         DELETE FROM {schema}.limit_slots s
@@ -1196,6 +1198,7 @@ class Statements(schema.Templates):
            AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
                             WHERE o.id = s.job_id AND o.attempts = s.attempt AND o.state = 'running'
                               AND o.lease_until > clock_timestamp())
+        RETURNING s.key
     ), live AS (
         SELECT s.key, count(*) AS n
           FROM {schema}.limit_slots s JOIN {schema}.outbox o ON o.id = s.job_id
@@ -1211,6 +1214,8 @@ class Statements(schema.Templates):
     UNION ALL
     SELECT 'stat', key, extract(epoch FROM start_tat)::float8
       FROM {schema}.limit_rates WHERE key = ANY(%(rate_keys)s::text[])
+    UNION ALL
+    SELECT 'dead', key, count(*)::float8 FROM dead GROUP BY key
     """
 
     # Slots taken by the jobs just claimed, rate cells moved, and the claimed jobs'
@@ -1261,6 +1266,52 @@ class Statements(schema.Templates):
     LIMIT_GET_IN_FORCE: LiteralString = """
     SELECT scope, name, declared, override FROM {schema}.limits
      WHERE (scope = 'queue' AND name = ANY(%(queues)s::text[])) OR (scope = 'task' AND name = ANY(%(tasks)s::text[]))
+    """
+
+    # The limits in force for the queues and tasks of a limited claim, read in its
+    # transaction (not the worker's cached copy) and share-locked: an override
+    # (LIMIT_LOCK) waits for the claims deciding under the old value, and every claim
+    # after its commit decides under the new one.
+    LIMIT_GET_IN_FORCE_LOCKED: LiteralString = """
+    SELECT scope, name, declared, override FROM {schema}.limits
+     WHERE (scope = 'queue' AND name = ANY(%(queues)s::text[])) OR (scope = 'task' AND name = ANY(%(tasks)s::text[]))
+     ORDER BY scope, name
+       FOR SHARE
+    """
+
+    # A limit raised or lifted: wake the jobs parked on its key (a task's partitions
+    # too) up to the room the new limit leaves — the limit, less the live slots, less
+    # the jobs already woken and not yet claimed (so workers that all see the change
+    # wake no more than the room between them). ``limit`` NULL: lifted, wake them all.
+    JOB_WAKE_PARKED_TO_LIMIT: LiteralString = """
+    WITH keys AS (
+        SELECT DISTINCT o.flow_wait AS key FROM {schema}.outbox o
+         WHERE (o.flow_wait = %(key)s OR starts_with(o.flow_wait, %(key)s || '|'))
+           AND o.state = 'pending' AND o.published_at IS NULL AND o.available_at > now()
+    ), room AS (
+        SELECT k.key,
+               CASE WHEN %(limit)s::int4 IS NULL THEN NULL ELSE greatest(0, %(limit)s::int4
+                 - (SELECT count(*) FROM {schema}.limit_slots s JOIN {schema}.outbox o ON o.id = s.job_id
+                     WHERE s.key = k.key AND o.attempts = s.attempt AND o.state = 'running'
+                       AND o.lease_until > clock_timestamp())
+                 - (SELECT count(*) FROM {schema}.outbox o
+                     WHERE o.flow_wait = k.key AND o.state IN ('pending', 'queued') AND o.available_at <= now()))
+               END AS n
+          FROM keys k
+    ), picked AS (
+        SELECT w.id
+          FROM room r
+         CROSS JOIN LATERAL (
+               SELECT o.id FROM {schema}.outbox o
+                WHERE o.flow_wait = r.key AND o.state = 'pending' AND o.published_at IS NULL
+                  AND o.available_at > now()
+                ORDER BY o.priority DESC, o.id
+                LIMIT r.n
+                  FOR UPDATE SKIP LOCKED) w
+    ), woken AS (
+        UPDATE {schema}.outbox o SET available_at = now() FROM picked WHERE o.id = picked.id RETURNING o.id
+    )
+    SELECT count(*) FROM woken
     """
 
     # --- flow control: operations (postbox/limit_control.py; the API, the CLI, metrics) -----
@@ -1478,6 +1529,49 @@ class Statements(schema.Templates):
      ORDER BY id DESC LIMIT %(limit)s
     """
 
+    # --- sessions: dashboard logins (postbox.app.services.sessions) --------------------------------
+
+    SESSION_INSERT: LiteralString = """
+    INSERT INTO {schema}.sessions (token_hash, key_fingerprint, client, user_agent, expires_at)
+    VALUES (%(token_hash)s, %(key_fingerprint)s, %(client)s, %(user_agent)s,
+            now() + make_interval(secs => %(ttl)s))
+    RETURNING id, expires_at
+    """
+
+    # The live session of a token; its last_seen_at refreshed when older than a minute
+    # (a dashboard's requests write at most once a minute).
+    SESSION_TOUCH: LiteralString = """
+    WITH found AS (
+        SELECT id, key_fingerprint, last_seen_at FROM {schema}.sessions
+         WHERE token_hash = %(token_hash)s AND expires_at > now()
+    ), touched AS (
+        UPDATE {schema}.sessions s SET last_seen_at = now()
+          FROM found WHERE s.id = found.id AND found.last_seen_at < now() - interval '60 seconds'
+    )
+    SELECT id, key_fingerprint FROM found
+    """
+
+    SESSION_LIST: LiteralString = """
+    SELECT id, token_hash, key_fingerprint, client, user_agent, created_at, last_seen_at, expires_at
+      FROM {schema}.sessions WHERE expires_at > now() ORDER BY id DESC LIMIT %(limit)s
+    """
+
+    SESSION_DELETE: LiteralString = """
+    DELETE FROM {schema}.sessions WHERE id = %(id)s RETURNING id
+    """
+
+    SESSION_DELETE_TOKEN: LiteralString = """
+    DELETE FROM {schema}.sessions WHERE token_hash = %(token_hash)s RETURNING id
+    """
+
+    SESSION_DELETE_ALL: LiteralString = """
+    DELETE FROM {schema}.sessions RETURNING id
+    """
+
+    SESSION_PRUNE: LiteralString = """
+    DELETE FROM {schema}.sessions WHERE expires_at <= now()
+    """
+
     # --- alembic_version: the schema revision -----------------------------------------------------
 
     MIGRATION_VERSION: LiteralString = """
@@ -1486,25 +1580,6 @@ class Statements(schema.Templates):
 
     MIGRATION_TABLE_EXISTS: LiteralString = """
     SELECT to_regclass('{schema}.alembic_version') IS NOT NULL
-    """
-
-    # Empty every table of the schema but the migration version (postbox.django's flush:
-    # a Django test database's flush empties postbox's tables with Django's). Identities
-    # are not restarted: a producer may hold ids drawn ahead (postbox.ids). No schema: nothing.
-    SCHEMA_TRUNCATE_ALL: LiteralString = """
-    DO $truncate$
-    DECLARE
-        tables text;
-    BEGIN
-        SELECT string_agg(c.oid::regclass::text, ', ') INTO tables
-          FROM pg_class c
-         WHERE c.relnamespace = to_regnamespace('{schema}') AND c.relkind IN ('r', 'p')
-           AND NOT c.relispartition AND c.relname <> 'alembic_version';
-        IF tables IS NOT NULL THEN
-            EXECUTE 'TRUNCATE ' || tables || ' CASCADE';
-        END IF;
-    END
-    $truncate$
     """
 
     # Empty every table of the schema but the migration version (postbox.django's flush:
@@ -1535,6 +1610,14 @@ class Statements(schema.Templates):
     RESULTS_NOTIFY: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
 
     DATABASE_NOW: LiteralString = "SELECT now()"
+
+    # A session's bounds (postbox.db.SessionBounds), for the session or (local) its open
+    # transaction only: idle in a transaction, lock waits, statement time, in milliseconds.
+    SESSION_SET_BOUNDS: LiteralString = """
+    SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s, %(local)s),
+           set_config('lock_timeout', %(lock_ms)s, %(local)s),
+           set_config('statement_timeout', %(statement_ms)s, %(local)s)
+    """
 
     # A tick's transaction may not outlive the lock session's own idle limit: a leader
     # frozen inside it is cut off (and its lock freed) as if it were frozen while idle.

@@ -12,9 +12,13 @@ A held-back job never waits in the stream, so it blocks nothing behind it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -22,6 +26,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from postbox import flow, sql
+from postbox.db import SessionBounds
 from postbox.flow import Candidate, FlowLimit, JobKeys, Limits, Park, Reserve, Start, State
 from postbox.registry import Registry
 from postbox.streams import stream_key
@@ -56,8 +61,13 @@ async def publish(conn: AsyncConnection[Any], registry: Registry, *, by: str) ->
 async def load(conn: AsyncConnection[Any], queues: Sequence[str], tasks: Sequence[str]) -> Limits:
     """The limits in force for these queues and tasks: the published declaration, the override on top."""
     cur = await conn.execute(sql.active().LIMIT_GET_IN_FORCE, {"queues": list(queues), "tasks": list(tasks)})
+    return in_force(await cur.fetchall())
+
+
+def in_force(rows: Iterable[Sequence[Any]]) -> Limits:
+    """Limits from ``limits`` rows (scope, name, declared, override)."""
     limits = Limits()
-    for scope, name, declared_json, override in await cur.fetchall():
+    for scope, name, declared_json, override in rows:
         try:
             limit = flow.effective(FlowLimit.from_json(declared_json), override)
         except Exception:  # a hand-edited row must not stop the worker
@@ -77,17 +87,59 @@ class FlowClaim:
     unmarked: list[Delivery] = field(default_factory=list)  # publish not marked yet: leave pending
 
 
+class PauseInClaim:
+    """A test signal: freeze a worker inside its limited claim, its keys' locks held.
+
+    With ``POSTBOX_TEST_PAUSE_IN_CLAIM=<path>`` set, the first limited claim of the
+    process, once it holds its keys' locks and has read their state, writes its pid
+    to ``<path>`` and waits until the file is removed. A system test SIGSTOPs the
+    worker there (docs/flow-control.md#faults). Unset (production), it costs one
+    environment lookup per process.
+    """
+
+    ENV = "POSTBOX_TEST_PAUSE_IN_CLAIM"
+
+    def __init__(self) -> None:
+        self._path: str | None = None
+        self._read = False
+
+    async def __call__(self) -> None:
+        if not self._read:
+            self._read = True
+            self._path = os.environ.get(self.ENV) or None
+        path, self._path = self._path, None  # once per process
+        if path is None:
+            return
+        await asyncio.to_thread(self._hold, Path(path))
+
+    @staticmethod
+    def _hold(marker: Path) -> None:
+        marker.write_text(str(os.getpid()))
+        while marker.exists():
+            time.sleep(0.01)
+
+
+pause_in_claim = PauseInClaim()
+
+
 async def claim(
     pool: AsyncConnectionPool[Any],
-    deliveries: Sequence[tuple[Delivery, JobKeys]],
+    deliveries: Sequence[Delivery],
     *,
     worker_id: str,
     lease: float,
     recheck: float,
     short_wait: float = 0.0,
     relay_poll: float = 0.5,
+    bounds: SessionBounds | None = None,
 ) -> FlowClaim:
     """Claim what the limits allow of these deliveries; hold the rest back (one transaction).
+
+    The limits are read in the transaction, share-locked (``sql.LIMIT_GET_IN_FORCE_LOCKED``),
+    not taken from the worker's cached copy: a change committed before the claim
+    decides is obeyed, whatever the worker missed (it was frozen). ``bounds`` are
+    set for the transaction (``postbox.db.claim_bounds``): a claim that stalls while
+    holding its keys' locks is cut off, and they are freed for every other worker.
 
     A job whose rate reservation is at most ``short_wait`` seconds away is not held
     back through the relay: it waits in this worker (``FlowClaim.waiting``), so its
@@ -96,28 +148,40 @@ async def claim(
     out = FlowClaim()
     if not deliveries:
         return out
-    keys_of: dict[int, JobKeys] = {}
-    for delivery, keys in deliveries:
-        keys_of.setdefault(delivery.job_id, keys)
-    conc_keys = sorted({key for keys in keys_of.values() for key, _ in keys.concurrency})
-    rate_keys = sorted({key for keys in keys_of.values() for key, _ in keys.rate})
-    ids = sorted(keys_of)
     async with pool.connection() as conn, conn.transaction():
-        direct = sorted({d.job_id for d, _ in deliveries if d.direct})
+        # No statement of this transaction may be the last of a pipeline while it holds
+        # a lock: PostgreSQL (15, 16) does not arm idle_in_transaction_session_timeout
+        # after the Flush that ends psycopg's pipeline, so a worker frozen right there
+        # would hold the lock for good. Each pipeline is followed by a plain statement.
+        if bounds is not None:
+            await bounds.apply(conn, local=True)
+        limits_cur = await conn.execute(
+            sql.active().LIMIT_GET_IN_FORCE_LOCKED,
+            {"queues": sorted({d.queue for d in deliveries}), "tasks": sorted({d.task for d in deliveries})},
+        )
+        limits = in_force(await limits_cur.fetchall())
+        keys_of: dict[int, JobKeys] = {}
+        for delivery in deliveries:
+            if delivery.job_id not in keys_of:
+                keys_of[delivery.job_id] = limits.keys(delivery.queue, delivery.task, delivery.args)
+        conc_keys = sorted({key for keys in keys_of.values() for key, _ in keys.concurrency})
+        rate_keys = sorted({key for keys in keys_of.values() for key, _ in keys.rate})
+        conc_limit = {key: limit for keys in keys_of.values() for key, limit in keys.concurrency}
+        ids = sorted(keys_of)
+        direct = sorted({d.job_id for d in deliveries if d.direct})
         # One round trip for the keys' locks, the rows and the keys' state (the server runs
         # them in order: the state is read under the locks).
         async with conn.pipeline():
             await conn.execute(sql.active().LIMIT_LOCK_KEYS, {"keys": sorted({*conc_keys, *rate_keys})})
             jobs_cur = await conn.execute(sql.active().JOB_LOCK_FOR_LIMITS, {"ids": ids, "direct": direct})
-            state_cur = await conn.execute(
-                sql.active().LIMIT_GET_STATE, {"conc_keys": conc_keys, "rate_keys": rate_keys}
-            )
             locked = await jobs_cur.fetchall()
-            state_rows = await state_cur.fetchall()
+        state_cur = await conn.execute(sql.active().LIMIT_GET_STATE, {"conc_keys": conc_keys, "rate_keys": rate_keys})
+        state_rows = await state_cur.fetchall()
         reserved_of = {job_id: reserved for job_id, reserved, _, _ in locked}
         unmarked = {job_id for job_id, _, marked, _ in locked if not marked}
         stale = {job_id for job_id, _, _, running in locked if running}
         state = State(now=0.0)
+        dead: dict[str, int] = {}  # slots freed by a lease's expiry
         for kind, key, value in state_rows:
             if kind == "now":
                 state.now = value
@@ -125,8 +189,11 @@ async def claim(
                 state.used[key] = int(value)
             elif kind == "tat":
                 state.tat[key] = value
-            else:
+            elif kind == "stat":
                 state.stat[key] = value
+            else:
+                dead[key] = int(value)
+        await pause_in_claim()
         # Every locked row may start (a claim may beat the relay's mark); only a hold-back
         # needs the mark (written before it, the mark would overwrite it).
         decisions = flow.allocate(
@@ -137,7 +204,7 @@ async def claim(
         holds = {d.job_id: d for d in decisions if not isinstance(d, Start)}
         # Jobs not locked go through the claim too: it ends the expired, and tells skip
         # (finished...) from keep (a reclaimed entry of a job running elsewhere).
-        to_claim = [d for d, _ in deliveries if d.job_id in starting or d.job_id not in reserved_of]
+        to_claim = [d for d in deliveries if d.job_id in starting or d.job_id not in reserved_of]
         if direct and starting:
             due = [job_id for job_id in direct if job_id in starting]
             if due:
@@ -215,9 +282,19 @@ async def claim(
                 # only if a hold-back falls due before that (a NOTIFY serializes commits).
                 if min(until) < state.now + relay_poll:
                     await conn.execute(sql.active().OUTBOX_NOTIFY)
+            # Slots whose lease expired were freed by this claim, not by a release: wake
+            # as many jobs parked on those keys as the keys still have room for.
+            room = {key: min(n, conc_limit[key] - state.used.get(key, 0)) for key, n in dead.items()}
+            room = {key: n for key, n in room.items() if n > 0}
+            if room:
+                keys = sorted(room)
+                await conn.execute(sql.active().JOB_WAKE_PARKED, {"keys": keys, "counts": [room[k] for k in keys]})
+                await conn.execute(sql.active().OUTBOX_NOTIFY)
+            if hold_ids:
                 held_rows = await hold_cur.fetchall()
+        await conn.execute(sql.active().DATABASE_NOW)  # a plain statement: the idle bound is armed again
         waited: set[int] = set()
-        for delivery, _ in deliveries:
+        for delivery in deliveries:
             if delivery.job_id not in later:
                 continue
             if delivery.job_id in waited:
@@ -231,7 +308,7 @@ async def claim(
                 out.waiting.append((delivery, delay))
         if hold_ids:
             held = {row[0] for row in held_rows if row[1]}
-            for delivery, _ in deliveries:
+            for delivery in deliveries:
                 if delivery.job_id not in holds:
                     continue
                 # Held: acknowledge. Not held (the row changed under us: finished, or running
@@ -277,6 +354,37 @@ async def wake(pool: AsyncConnectionPool[Any], counts: dict[str, int]) -> int:
         cur = await conn.execute(sql.active().JOB_WAKE_PARKED, {"keys": keys, "counts": [counts[k] for k in keys]})
         row = await cur.fetchone()
         woken = int(row[0]) if row else 0
+        if woken:
+            await conn.execute(sql.active().OUTBOX_NOTIFY)
+    return woken
+
+
+def raised(before: Limits, after: Limits) -> list[tuple[str, int | None]]:
+    """The concurrency keys (``queue:q``, ``task:t``: a task's partitions too) whose limit a change
+    raised or lifted, with the new limit (None: lifted). A worker's first load counts as a change."""
+    out: list[tuple[str, int | None]] = []
+    for scope, old, new in (("queue", before.queues, after.queues), ("task", before.tasks, after.tasks)):
+        for name in sorted(set(old) | set(new)):
+            was = old[name].concurrency if name in old else None
+            now = new[name].concurrency if name in new else None
+            if name in old and was is None:
+                continue  # no concurrency limit before: nothing is parked on it
+            if now is None or was is None or now > was:
+                key = flow.queue_key(name) if scope == "queue" else flow.task_key(name)
+                out.append((key, now))
+    return out
+
+
+async def wake_to_limit(pool: AsyncConnectionPool[Any], changes: Sequence[tuple[str, int | None]]) -> int:
+    """Wake the jobs parked on keys whose limit was raised or lifted, up to the room it leaves."""
+    if not changes:
+        return 0
+    woken = 0
+    async with pool.connection() as conn:
+        for key, limit in changes:
+            cur = await conn.execute(sql.active().JOB_WAKE_PARKED_TO_LIMIT, {"key": key, "limit": limit})
+            row = await cur.fetchone()
+            woken += int(row[0]) if row else 0
         if woken:
             await conn.execute(sql.active().OUTBOX_NOTIFY)
     return woken
