@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import orjson
 import psycopg
 
-from postbox import redis_conn, revision
+from postbox import db, redis_conn, revision
 from postbox.app.services.audit import Actor
 from postbox.app.services.errors import InvalidInputError, ServiceError
 from postbox.errors import EnqueueError, PostboxError, QueueFullError, SettingsError
@@ -149,6 +149,7 @@ async def _with_session(settings: Settings, command: Command, args: argparse.Nam
     conn = await psycopg.AsyncConnection.connect(
         settings.require_database_url(), autocommit=False, application_name="postbox-admin", connect_timeout=5
     )
+    await db.ADMIN_BOUNDS.apply(conn)  # docs/operations.md#session-bounds
     redis = None
     if settings.redis_url:
         redis = redis_conn.connect(settings, socket_connect_timeout=2.0, socket_timeout=5.0)

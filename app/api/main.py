@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import migrate, redis_conn
+from postbox import db, migrate, redis_conn
 from postbox.app.api import (
     errors,
     results,
@@ -66,6 +66,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
             open=False,
             timeout=settings.api_pool_timeout,  # bounded: a longer wait is a 503 (errors.py)
             kwargs={"application_name": "postbox-api"},
+            configure=db.API_BOUNDS.configure,  # docs/operations.md#session-bounds
             name="postbox-api",
         )
         await pool.open(wait=False)
