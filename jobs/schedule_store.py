@@ -79,7 +79,8 @@ async def sync(
                     "max_attempts": [s.max_attempts for s in declared],
                     "args": [orjson.dumps(s.args).decode() for s in declared],
                     "cron": [s.timing.cron for s in declared],
-                    "every": [s.timing.every for s in declared],
+                    # Cast like grace: psycopg refuses a list mixing int and float (every=60, every=90.5).
+                    "every": [None if s.timing.every is None else float(s.timing.every) for s in declared],
                     "tz": [s.timing.tz for s in declared],
                     "catch_up": [s.timing.catch_up for s in declared],
                     "max_catch_up": [s.timing.max_catch_up for s in declared],
