@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume"),
     "workers": ("postbox.app.admin.workers_cli:main", "workers list"),
     "schedules": ("postbox.app.admin.schedules_cli:main", "schedules list|pause|resume|trigger"),
+    "sessions": ("postbox.app.admin.sessions_cli:main", "sessions list|revoke: the dashboard's login sessions"),
     "limits": ("postbox.app.admin.limits_cli:main", "limits list|show|set|clear: flow-control limits and overrides"),
     "prune": ("postbox.app.prune_cli:main", "delete finished jobs past their retention"),
 }

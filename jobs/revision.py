@@ -2,7 +2,7 @@
 
 A worker's statements call what the newest migrations created (migration 0006's
 functions for ``ctx.transaction()``, 0007's version of its success, stamped at
-commit time), so a worker started on a database that was not migrated that far
+commit time; the API reads 0008's dashboard sessions), so a worker started on a database that was not migrated that far
 would fail such jobs or time them wrongly. It checks at start, and
 refuses with :class:`postbox.errors.SchemaOutdatedError` instead; so do the
 relay and ``api run``. A statement that meets a missing postbox table or
@@ -26,7 +26,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0007_commit_time"
+REQUIRED = "0008_sessions"
 
 
 def order(revision: str) -> int | None:

@@ -7,6 +7,7 @@ reads the environment at import time: call :func:`load_settings`.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -180,6 +181,38 @@ class Settings(BaseSettings):
         default=False,
         description="When true, job args and results are readable without the key (GET /jobs/{id}, /dlq/{id}...).",
     )
+    api_session_ttl: float = Field(
+        default=43_200,
+        gt=0,
+        le=31 * 86_400,
+        description=(
+            "Seconds a dashboard login lasts (a server-side session; logout, revocation and a new "
+            "POSTBOX_API_KEY end it sooner)."
+        ),
+    )
+    api_auth_burst: int = Field(
+        default=10,
+        ge=1,
+        le=10_000,
+        description=(
+            "Wrong keys (X-API-Key, dashboard login) one client may send before it is throttled: then every "
+            "attempt with a key answers 429 with Retry-After until a try is regained."
+        ),
+    )
+    api_auth_refill: float = Field(
+        default=10.0,
+        gt=0,
+        le=86_400,
+        description="Seconds in which a throttled client regains one try (10 = at most 6 wrong keys a minute).",
+    )
+    api_trusted_proxies: str = Field(
+        default="",
+        description=(
+            "Comma-separated addresses or networks of reverse proxies whose X-Forwarded-For and "
+            "X-Forwarded-Proto the API believes (the client's address for throttling and audit, https for "
+            "the session cookie). Empty: none."
+        ),
+    )
     api_max_in_flight: int = Field(
         default=64,
         ge=0,
@@ -313,6 +346,19 @@ class Settings(BaseSettings):
         if value and not info.data.get("api_key"):
             raise ValueError("needs POSTBOX_API_KEY: with no key, every call would be open")
         return value
+
+    @field_validator("api_trusted_proxies")
+    @classmethod
+    def _check_proxies(cls, value: str) -> str:
+        networks = []
+        for part in (part.strip() for part in value.split(",")):
+            if not part:
+                continue
+            try:
+                networks.append(str(ipaddress.ip_network(part, strict=False)))
+            except ValueError:
+                raise ValueError(f"{part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
+        return ",".join(networks)
 
     @field_validator("log_level")
     @classmethod

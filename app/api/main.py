@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from postbox import db, migrate, redis_conn
 from postbox.app.api import (
@@ -26,6 +27,7 @@ from postbox.app.api import (
     routes_limits,
     routes_queues,
     routes_schedules,
+    routes_sessions,
     routes_system,
 )
 from postbox.app.api.body_guard import BodyGuard
@@ -35,6 +37,7 @@ from postbox.app.api.metrics import ApiMetrics
 from postbox.app.api.observer import Observer
 from postbox.app.api.shedder import LoopLag, Shedder
 from postbox.app.api.state import ApiState, read_access, start_warnings
+from postbox.app.api.throttle import AuthThrottle
 from postbox.app.dashboard import install as install_dashboard
 from postbox.registry import Registry, default_registry, load_task_modules
 from postbox.settings import Settings
@@ -82,6 +85,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
             metrics=metrics,
             head_revision=migrate.head_revision(),
             waiters=asyncio.Semaphore(results.MAX_WAITERS),
+            throttle=AuthThrottle(settings.api_auth_burst, settings.api_auth_refill),
         )
         for warning in start_warnings(settings):
             log.warning(warning)
@@ -120,9 +124,12 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         routes_dlq.router,
         routes_queues.audit,
         routes_limits.router,  # flow-control limits and overrides
+        routes_sessions.router,  # the dashboard's login sessions
     ):
         app.include_router(router, prefix="/api/v1")
     for router in routers:  # an application's routes follow the same access policy as postbox's
         app.include_router(router, prefix="/api/v1", dependencies=[Depends(read_access)])
     install_dashboard(app)  # the operators' web dashboard at / (postbox.app.dashboard)
+    if settings.api_trusted_proxies:  # added last, so outermost: the client and scheme all the rest see
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.api_trusted_proxies)
     return app

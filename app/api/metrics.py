@@ -122,6 +122,15 @@ class ApiMetrics:
         )
         for reason in ("missing", "invalid", "no_key_configured"):
             self.auth_failures.labels(reason)
+        self.auth_throttled = Counter(
+            "postbox_api_auth_throttled",
+            "Attempts with a key refused (429) because their client sent too many wrong keys, by surface: "
+            "api (X-API-Key), login (the dashboard), websocket (/ws/events).",
+            ["surface"],
+            registry=self.registry,
+        )
+        for surface in ("api", "login", "websocket"):
+            self.auth_throttled.labels(surface)
         self.queues = QueueCollector()
         self.registry.register(self.queues)
         self.limits = LimitCollector()

@@ -11,7 +11,7 @@ from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, TaskFilter
 from postbox.app.api.schemas import QUEUE_PATTERN, DeadLetter, DeadPage, DiscardResult, PurgeResult, RequeueResult
-from postbox.app.api.state import Contents, Destructive, db, read_access, redacted
+from postbox.app.api.state import Contents, Destructive, db, read_access, redacted, redacted_page
 from postbox.app.services import dlq
 from postbox.app.services.audit import Actor
 from postbox.app.services.results import as_dict
@@ -29,9 +29,10 @@ async def list_dead(
     discarded: Annotated[bool | None, Query(description="true: only discarded; false: only not discarded.")] = None,
     limit: Limit = 50,
     cursor: Cursor = None,
+    contents: bool = Contents,
 ) -> dict[str, Any]:
     page = await dlq.list_dead(conn, queue=queue, task=task, discarded=discarded, limit=limit, cursor=cursor)
-    return as_dict(page)
+    return redacted_page(as_dict(page), contents)
 
 
 @router.post(

@@ -13,7 +13,7 @@ from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
 from postbox.app.api.schemas import CancelResult, EnqueuedJob, EnqueueRequest, Job, JobPage, JobResult
-from postbox.app.api.state import Contents, Destructive, api_state, db, read_access, redacted
+from postbox.app.api.state import Contents, Destructive, api_state, db, read_access, redacted, redacted_page
 from postbox.app.services import jobs as job_service
 from postbox.app.services.audit import Actor
 from postbox.app.services.results import as_dict
@@ -108,9 +108,10 @@ async def list_jobs(
     state: StateFilter = None,
     limit: Limit = 50,
     cursor: Cursor = None,
+    contents: bool = Contents,
 ) -> dict[str, Any]:
     page = await job_service.list_jobs(conn, queue=queue, task=task, state=state, limit=limit, cursor=cursor)
-    return as_dict(page)
+    return redacted_page(as_dict(page), contents)
 
 
 @router.get(

@@ -11,7 +11,15 @@ from postbox import definitions
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
-from postbox.app.api.state import Destructive, api_state, db, read_access
+from postbox.app.api.state import (
+    Destructive,
+    Processes,
+    api_state,
+    db,
+    read_access,
+    redacted_process,
+    require_key_for_sensitive,
+)
 from postbox.app.services import audit as audit_service
 from postbox.app.services import limits as limit_service
 from postbox.app.services import queues as queue_service
@@ -25,7 +33,9 @@ queues = APIRouter(prefix="/queues", tags=["queues"], dependencies=[Depends(read
 workers = APIRouter(
     prefix="/workers", tags=["workers"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute
 )
-audit = APIRouter(prefix="/audit", tags=["audit"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
+audit = APIRouter(  # who did what, and from which address: the key's (postbox.app.api.state)
+    prefix="/audit", tags=["audit"], dependencies=[Depends(require_key_for_sensitive)], route_class=StrictJsonRoute
+)
 
 QueueName = Annotated[str, Path(pattern=QUEUE_PATTERN, description="Queue name.")]
 WorkerId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
@@ -75,17 +85,20 @@ async def resume(
 
 
 @workers.get("", response_model=list[Worker], summary="Registered workers", responses=responses(401))
-async def list_workers(request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
+async def list_workers(
+    request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)], hosts: bool = Processes
+) -> list[dict[str, Any]]:
     found = await worker_service.list_workers(conn, heartbeat_interval=api_state(request).settings.heartbeat_interval)
-    return [as_dict(item) for item in found]
+    return [redacted_process(as_dict(item), hosts) for item in found]
 
 
 @workers.get("/{worker_id}", response_model=Worker, summary="One worker", responses=responses(401, 404, 422))
 async def get_worker(
-    worker_id: WorkerId, request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)]
+    worker_id: WorkerId, request: Request, conn: Annotated[AsyncConnection[Any], Depends(db)], hosts: bool = Processes
 ) -> dict[str, Any]:
     interval = api_state(request).settings.heartbeat_interval
-    return as_dict(await worker_service.get_worker(conn, worker_id, heartbeat_interval=interval))
+    found = await worker_service.get_worker(conn, worker_id, heartbeat_interval=interval)
+    return redacted_process(as_dict(found), hosts)
 
 
 @audit.get("", response_model=AuditPage, summary="The audit log, newest first", responses=responses(400, 401, 422))

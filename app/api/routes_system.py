@@ -15,7 +15,16 @@ from postbox.app.api.errors import error_response, responses
 from postbox.app.api.events_hub import ClientBuffer
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.schemas import Health, Ready
-from postbox.app.api.state import ApiState, api_state, auth_failed, key_matches
+from postbox.app.api.state import (
+    SCOPE_SESSION,
+    ApiState,
+    api_state,
+    auth_failed,
+    client_address,
+    key_failed,
+    key_matches,
+    throttled,
+)
 from postbox.app.services import limits as limit_service
 from postbox.app.services import queues as queue_service
 from postbox.app.services import workers as worker_service
@@ -25,6 +34,7 @@ log = logging.getLogger("postbox.api")
 router = APIRouter(tags=["system"], route_class=StrictJsonRoute)
 CHECK_TIMEOUT = 2.0
 WS_OVERFLOW = 1013  # "try again later": the client fell more than the buffer behind
+WS_TRY_LATER = 1013  # the same code: a client out of key tries (postbox.app.api.throttle)
 
 
 @router.get("/health", response_model=Health, summary="The process is alive")
@@ -127,14 +137,17 @@ async def events(
     st: ApiState = websocket.app.state.postbox
     settings = st.settings
     given = websocket.headers.get("x-api-key") or websocket.query_params.get("api_key")
-    refused = None
-    if settings.api_key and given is not None and not key_matches(given, settings.api_key):
-        refused = "invalid"
-    elif settings.api_key_for_all and given is None:
-        refused = "missing"
-    if refused is not None:
-        client = websocket.client.host if websocket.client else None
-        auth_failed(st, refused, "WEBSOCKET", websocket.url.path, client, None)
+    client = client_address(websocket.client)
+    if settings.api_key and given is not None:
+        if throttled(st, client, "websocket") is not None:
+            await websocket.close(code=WS_TRY_LATER, reason="too many wrong keys from this address")
+            return
+        if not key_matches(given, settings.api_key):
+            await key_failed(st, "websocket", "WEBSOCKET", websocket.url.path, client, None)
+            await websocket.close(code=1008, reason="missing or invalid API key")
+            return
+    elif settings.api_key_for_all and websocket.scope.get(SCOPE_SESSION) is None:
+        auth_failed(st, "missing", "WEBSOCKET", websocket.url.path, client, None)
         await websocket.close(code=1008, reason="missing or invalid API key")
         return
 

@@ -186,8 +186,8 @@ class QueueState(BaseModel):
 
 class Worker(BaseModel):
     id: str
-    host: str
-    pid: int
+    host: str | None = Field(description="null without the API key (docs/api.md, read access).")
+    pid: int | None = Field(description="null without the API key.")
     queues: list[str]
     concurrency: int
     started_at: datetime

@@ -20,11 +20,16 @@ from psycopg_pool import AsyncConnectionPool
 from postbox.app.api.errors import ApiError
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
-from postbox.app.services.audit import Actor
+from postbox.app.api.throttle import AuthThrottle
+from postbox.app.services.audit import Actor, record_audit
 from postbox.registry import Registry
 from postbox.settings import Settings
 
 log = logging.getLogger("postbox.api")
+# Set by the dashboard's session middleware (postbox.app.dashboard.session) on a request
+# that carries a live session's cookie: the request holds the key, as with X-API-Key.
+SCOPE_SESSION = "postbox.session"
+SCOPE_TOKEN = "postbox.session_token"
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -39,6 +44,7 @@ class ApiState:
     metrics: ApiMetrics
     head_revision: str
     waiters: asyncio.Semaphore  # bounds the result waits (each holds a connection)
+    throttle: AuthThrottle  # wrong keys per client (postbox.app.api.throttle)
 
 
 def api_state(request: Request) -> ApiState:
@@ -101,19 +107,70 @@ def auth_failed(st: ApiState, reason: str, method: str, path: str, client: str |
     )
 
 
+def client_address(client: Any) -> str:
+    """The client's address (``request.client``: the forwarded one behind a trusted proxy)."""
+    host = getattr(client, "host", None)
+    return str(host) if host else "unknown"
+
+
+def throttled(st: ApiState, client: str, surface: str) -> ApiError | None:
+    """The 429 for a client out of tries (``postbox.app.api.throttle``), else None."""
+    wait = st.throttle.retry_after(client)
+    if not wait:
+        return None
+    st.metrics.auth_throttled.labels(surface).inc()
+    return ApiError(
+        429,
+        "TOO_MANY_AUTH_FAILURES",
+        f"too many wrong keys from this address: try again in {wait} s",
+        {"retry_after_seconds": wait},
+        headers={"Retry-After": str(wait)},
+    )
+
+
+async def key_failed(st: ApiState, surface: str, method: str, path: str, client: str, rid: str | None) -> None:
+    """A wrong key: logged, counted, taken from the client's tries and written to the audit log.
+
+    The audit row is written in a transaction of its own; if PostgreSQL cannot take it
+    (within 2 s) the refusal stands and the log says so.
+    """
+    auth_failed(st, "invalid", method, path, client, rid)
+    now_throttled = st.throttle.failed(client)
+    details = {"surface": surface, "method": method, "path": path, "throttled": now_throttled}
+    try:
+        async with asyncio.timeout(AUDIT_TIMEOUT), st.pool.connection(timeout=AUDIT_TIMEOUT) as conn:
+            await record_audit(conn, Actor("unauthenticated", rid), "auth.failed", f"client:{client}", details)
+    except Exception as exc:
+        log.warning("wrong key not audited: %s", type(exc).__name__, extra={"client": client})
+
+
+AUDIT_TIMEOUT = 2.0
+
+
 def _refuse(request: Request, reason: str, error: ApiError) -> ApiError:
     client = request.client.host if request.client else None
     auth_failed(api_state(request), reason, request.method, request.url.path, client, request_id(request))
     return error
 
 
-def _authenticated(request: Request, given: str | None) -> bool:
-    """True with the right key; a wrong key is refused (401) on every route, a missing one is not."""
-    expected = api_state(request).settings.api_key
-    if not expected or given is None:
+async def _authenticated(request: Request, given: str | None) -> bool:
+    """True with the right key; a wrong key is refused (401) on every route, a missing one is not.
+
+    A client out of tries is refused any key (429, ``postbox.app.api.throttle``).
+    """
+    st = api_state(request)
+    expected = st.settings.api_key
+    if not expected:
         return False
+    if given is None:
+        return request.scope.get(SCOPE_SESSION) is not None
+    client = client_address(request.client)
+    refusal = throttled(st, client, "api")
+    if refusal is not None:
+        raise refusal
     if not key_matches(given, expected):
-        raise _refuse(request, "invalid", _unauthorized())
+        await key_failed(st, "api", request.method, request.url.path, client, request_id(request))
+        raise _unauthorized()
     return True
 
 
@@ -123,7 +180,7 @@ KeyHeader = Header(default=None, alias="X-API-Key", description="The API key (PO
 async def read_access(request: Request, x_api_key: str | None = KeyHeader) -> None:
     """Reads and enqueue are open unless POSTBOX_API_KEY_FOR_ALL=true; a wrong key is always refused."""
     settings = api_state(request).settings
-    if _authenticated(request, x_api_key):
+    if await _authenticated(request, x_api_key):
         return
     if settings.api_key_for_all:
         raise _refuse(request, "missing", _unauthorized())
@@ -136,18 +193,42 @@ async def contents_access(request: Request, x_api_key: str | None = KeyHeader) -
     insecure mode without a key configured.
     """
     settings = api_state(request).settings
-    if _authenticated(request, x_api_key) or settings.api_public_args:
+    if await _authenticated(request, x_api_key) or settings.api_public_args:
         return True
     return settings.api_key is None and settings.api_insecure
+
+
+async def process_access(request: Request, x_api_key: str | None = KeyHeader) -> bool:
+    """Whether this request may read workers' and relays' hosts and pids (else they are null)."""
+    settings = api_state(request).settings
+    if await _authenticated(request, x_api_key):
+        return True
+    return settings.api_key is None and settings.api_insecure
+
+
+async def require_key_for_sensitive(request: Request, x_api_key: str | None = KeyHeader) -> None:
+    """For reads that are sensitive as a whole (the audit log, sessions): the key, or insecure mode without one."""
+    settings = api_state(request).settings
+    if await _authenticated(request, x_api_key):
+        return
+    if settings.api_key:
+        raise _refuse(request, "missing", _unauthorized())
+    if not settings.api_insecure:
+        raise _refuse(
+            request,
+            "no_key_configured",
+            ApiError(403, "FORBIDDEN", "this read needs POSTBOX_API_KEY (set it, or POSTBOX_API_INSECURE=true)"),
+        )
 
 
 async def destructive_access(request: Request, x_api_key: str | None = KeyHeader) -> Actor:
     """Destructive operations need the key; without one configured, only insecure mode serves them."""
     settings = api_state(request).settings
     if settings.api_key:
-        if not _authenticated(request, x_api_key):
+        if not await _authenticated(request, x_api_key):
             raise _refuse(request, "missing", _unauthorized())
-        return Actor("api:key", request_id(request))
+        session_id = request.scope.get(SCOPE_SESSION) if x_api_key is None else None
+        return Actor("api:key" if session_id is None else f"session:{session_id}", request_id(request))
     if not settings.api_insecure:
         raise _refuse(request, "no_key_configured", _disabled())
     return Actor("api:anonymous", request_id(request))
@@ -155,13 +236,56 @@ async def destructive_access(request: Request, x_api_key: str | None = KeyHeader
 
 Destructive = Depends(destructive_access)
 Contents = Depends(contents_access)
+SensitiveRead = Depends(require_key_for_sensitive)
+Processes = Depends(process_access)
+
+
+# What a job shows that may carry argument values or name a caller (an error message, a
+# traceback's locals, a dedup key made of an email address): withheld with its args.
+SENSITIVE_JOB_FIELDS = ("dedup_key", "last_error", "error")
+SENSITIVE_ATTEMPT_FIELDS = ("error", "traceback")
+# What names a machine: a worker's or a relay's host and pid.
+SENSITIVE_PROCESS_FIELDS = ("host", "pid")
 
 
 def redacted(item: dict[str, Any], allowed: bool, fields: tuple[str, ...] = ("args", "result")) -> dict[str, Any]:
-    """``item`` with its args and result set to null unless ``allowed``; ``redacted`` says which."""
+    """``item`` with ``fields`` and its sensitive fields (errors, tracebacks, dedup key) null unless ``allowed``.
+
+    ``redacted`` says whether anything was withheld.
+    """
     item["redacted"] = not allowed
     if not allowed:
+        redact_job(item)
         for name in fields:
+            if name in item:
+                item[name] = None
+    return item
+
+
+def redact_job(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` (a job, a summary, a result) without its errors, tracebacks and dedup key."""
+    for name in SENSITIVE_JOB_FIELDS:
+        if name in item:
+            item[name] = None
+    for attempt in item.get("history") or ():
+        for name in SENSITIVE_ATTEMPT_FIELDS:
+            if name in attempt:
+                attempt[name] = None
+    return item
+
+
+def redacted_page(page: dict[str, Any], allowed: bool) -> dict[str, Any]:
+    """A page of jobs (``items``) with each one's sensitive fields null unless ``allowed``."""
+    if not allowed:
+        for item in page.get("items") or ():
+            redact_job(item)
+    return page
+
+
+def redacted_process(item: dict[str, Any], allowed: bool) -> dict[str, Any]:
+    """A worker or relay without its host and pid unless ``allowed``."""
+    if not allowed:
+        for name in SENSITIVE_PROCESS_FIELDS:
             if name in item:
                 item[name] = None
     return item

@@ -3,7 +3,7 @@
 Plain HTML, CSS and JavaScript shipped in the package (``static/``): no build
 step, nothing fetched from elsewhere. The page reads the REST API and the
 events WebSocket; :mod:`.views` and :mod:`.bulk` add the reads and the bulk
-actions it needs; :mod:`.session` keeps the API key in an HttpOnly cookie.
+actions it needs; :mod:`.session` keeps a server-side login session behind an HttpOnly cookie.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from postbox.app.dashboard import bulk, routes, views
-from postbox.app.dashboard.session import CookieKey
+from postbox.app.dashboard.session import SessionCookie
 
 
 def install(app: FastAPI) -> None:
@@ -19,4 +19,4 @@ def install(app: FastAPI) -> None:
     app.include_router(routes.router)
     app.include_router(views.router, prefix="/api/v1")
     app.include_router(bulk.router, prefix="/api/v1")
-    app.add_middleware(CookieKey)
+    app.add_middleware(SessionCookie)

@@ -1,19 +1,29 @@
-"""The dashboard's login: the API key kept in an HttpOnly, SameSite=Strict cookie, with a CSRF token on actions.
+"""The dashboard's login: a server-side session whose random token is an HttpOnly cookie.
 
-The browser never holds the key where a script can read it. :class:`CookieKey`
-(an ASGI middleware) hands the cookie's key to the API as ``X-API-Key``, so the
-dashboard's requests meet exactly the access policy, audit and limits of the
-REST calls they are. A request that changes something (any method but GET, HEAD
-and OPTIONS) with the cookie must also carry ``X-CSRF-Token``: an HMAC of a fixed
-label under the key, which only a page of this origin can fetch (``GET
-ui/session``). A WebSocket gets the key only when its ``Origin`` is this host.
-A cookie holding a key that is no longer the configured one is ignored.
+``POST ui/login`` with the right API key makes a session
+(:mod:`postbox.app.services.sessions`: its token's SHA-256 in PostgreSQL, an
+expiry, the mark of the key it was made with) and sets the token as a cookie:
+``__Host-postbox_session`` (``Secure``, ``Path=/``, no ``Domain``) when the page
+is served over HTTPS, else ``postbox_session`` under the dashboard's path; both
+``HttpOnly`` and ``SameSite=Strict``, never the key itself.
+
+:class:`SessionCookie` (an ASGI middleware) looks the cookie's session up on
+every request and, when it is live and made with the current key, marks the
+request as holding the key (``postbox.app.api.state``), so the dashboard's requests meet exactly the access
+policy, audit and limits of the REST calls they are. A request that changes
+something (any method but GET, HEAD and OPTIONS, logout included) with the
+cookie must also carry ``X-CSRF-Token`` (an HMAC of a fixed label under the
+session's token, which only a page of this origin can fetch with ``GET
+ui/session``) and come from this origin. A WebSocket gets the key only when its
+``Origin`` is this host. An expired, revoked or old-key session is ignored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
@@ -21,12 +31,16 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from postbox.app.api.state import key_matches
+from postbox.app.api.state import SCOPE_SESSION, SCOPE_TOKEN
+from postbox.app.services import sessions
 
-COOKIE = "postbox_key"
+log = logging.getLogger(__name__)
+COOKIE = "postbox_session"  # served over plain HTTP (a loopback address, a test)
+SECURE_COOKIE = "__Host-postbox_session"  # served over HTTPS: host-only, Secure, Path=/
 CSRF_HEADER = "x-csrf-token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-EXEMPT_PATHS = frozenset({"/ui/login", "/ui/logout"})  # login proves the key itself; logout only forgets it
+EXEMPT_PATHS = frozenset({"/ui/login"})  # login proves the key itself
+LOOKUP_TIMEOUT = 5.0
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -34,13 +48,14 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def csrf_token(key: str) -> str:
-    """The CSRF token of a session holding ``key`` (stateless: the same for every session with that key)."""
-    return hmac.new(key.encode("utf-8"), b"postbox-dashboard-csrf-v1", hashlib.sha256).hexdigest()
+def csrf_token(token: str) -> str:
+    """The CSRF token of the session whose cookie holds ``token``."""
+    return hmac.new(token.encode("utf-8"), b"postbox-dashboard-csrf-v2", hashlib.sha256).hexdigest()
 
 
-def cookie_key(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The key in the request's ``postbox_key`` cookie, if any."""
+def cookie_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The session token in the request's cookie (the ``__Host-`` one first), if any."""
+    found: dict[str, str] = {}
     for name, value in headers:
         if name == b"cookie":
             jar: SimpleCookie = SimpleCookie()
@@ -48,9 +63,10 @@ def cookie_key(headers: list[tuple[bytes, bytes]]) -> str | None:
                 jar.load(value.decode("latin-1"))
             except CookieError:
                 continue
-            if COOKIE in jar and jar[COOKIE].value:
-                return jar[COOKIE].value
-    return None
+            for wanted in (SECURE_COOKIE, COOKIE):
+                if wanted in jar and jar[wanted].value:
+                    found.setdefault(wanted, jar[wanted].value)
+    return found.get(SECURE_COOKIE) or found.get(COOKIE)
 
 
 def _header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> str | None:
@@ -60,11 +76,11 @@ def _header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> str | None:
     return None
 
 
-def same_origin(headers: list[tuple[bytes, bytes]]) -> bool:
-    """True when the request's ``Origin`` (if any) names the host it was sent to."""
+def same_origin(headers: list[tuple[bytes, bytes]], *, required: bool = False) -> bool:
+    """True when the request's ``Origin`` names the host it was sent to (or, unless ``required``, is absent)."""
     origin = _header(headers, b"origin")
     if origin is None:
-        return True
+        return not required
     return urlsplit(origin).netloc == (_header(headers, b"host") or "")
 
 
@@ -75,8 +91,8 @@ def app_path(scope: Scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-class CookieKey:
-    """Turns the dashboard's cookie into ``X-API-Key`` for the API, checking CSRF on actions."""
+class SessionCookie:
+    """Marks a request with a live session's cookie as holding the key, checking CSRF on actions."""
 
     def __init__(self, app: App) -> None:
         self.app = app
@@ -86,13 +102,23 @@ class CookieKey:
             await self.app(scope, receive, send)
             return
         headers: list[tuple[bytes, bytes]] = list(scope.get("headers") or [])
-        key = cookie_key(headers)
-        if key is None or _header(headers, b"x-api-key") is not None:
+        token = cookie_token(headers)
+        st = scope["app"].state.postbox
+        key = st.settings.api_key
+        if token is None or not key or _header(headers, b"x-api-key") is not None:
             await self.app(scope, receive, send)
             return
-        expected = scope["app"].state.postbox.settings.api_key
-        if not expected or not key_matches(key, expected):
-            await self.app(scope, receive, send)  # a stale cookie: the request goes on without a key
+        try:
+            async with asyncio.timeout(LOOKUP_TIMEOUT), st.pool.connection(timeout=LOOKUP_TIMEOUT) as conn:
+                session_id = await sessions.lookup(conn, token, key)
+        except Exception as exc:
+            log.warning("dashboard session not checked: %s", type(exc).__name__)
+            if scope["type"] == "http":
+                await _respond(send, 503, "UNAVAILABLE", "the session store (PostgreSQL) did not answer", retry=2)
+                return
+            session_id = None
+        if session_id is None:
+            await self.app(scope, receive, send)  # expired, revoked or made with an old key: no key
             return
         if scope["type"] == "websocket":
             if not same_origin(headers):
@@ -100,22 +126,17 @@ class CookieKey:
                 return
         elif scope["method"] not in SAFE_METHODS and app_path(scope) not in EXEMPT_PATHS:
             given = _header(headers, CSRF_HEADER.encode()) or ""
-            if not same_origin(headers) or not hmac.compare_digest(given.encode(), csrf_token(key).encode()):
-                await _refuse(send)
+            if not same_origin(headers) or not hmac.compare_digest(given.encode(), csrf_token(token).encode()):
+                await _respond(send, 403, "CSRF_FAILED", "missing or wrong X-CSRF-Token (reload the dashboard)")
                 return
-        headers.append((b"x-api-key", key.encode("latin-1")))
-        await self.app({**scope, "headers": headers}, receive, send)
+        inner = {**scope, SCOPE_SESSION: session_id, SCOPE_TOKEN: token}  # the API reads it as the key
+        await self.app(inner, receive, send)
 
 
-async def _refuse(send: Send) -> None:
-    body = orjson.dumps(
-        {"error": {"code": "CSRF_FAILED", "message": "missing or wrong X-CSRF-Token (reload the dashboard)"}}
-    )
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 403,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+async def _respond(send: Send, status: int, code: str, message: str, retry: int | None = None) -> None:
+    body = orjson.dumps({"error": {"code": code, "message": message, "details": {}}})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry is not None:
+        headers.append((b"retry-after", str(retry).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -19,7 +19,16 @@ from psycopg.rows import dict_row
 from postbox import definitions
 from postbox.app.api.errors import ApiError, responses
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
-from postbox.app.api.state import Contents, api_state, db, read_access, redacted
+from postbox.app.api.state import (
+    Contents,
+    Processes,
+    api_state,
+    db,
+    read_access,
+    redacted,
+    redacted_page,
+    redacted_process,
+)
 from postbox.app.dashboard import queries
 from postbox.app.dashboard.search import BULK_MAX, CREATION_SLACK, TEXT_MAX, TEXT_WINDOW, JobFilter
 from postbox.app.services import jobs as job_service
@@ -112,7 +121,9 @@ async def text_window(cur: Any, found: JobFilter, params: dict[str, Any]) -> int
     summary="Jobs matching a filter, newest first (a text match looks at a window of ids per page)",
     responses=responses(400, 401, 403, 422),
 )
-async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = None) -> dict[str, Any]:
+async def search(
+    conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = None, contents: bool = Contents
+) -> dict[str, Any]:
     """A page of matches. With a text match, at most ``TEXT_WINDOW`` ids below the cursor are read:
     ``searched_down_to`` is the lowest id looked at, and ``next_cursor`` goes on below it."""
     before = decode_cursor(cursor)
@@ -134,7 +145,8 @@ async def search(conn: Conn, found: Filter, limit: Limit = 50, cursor: Cursor = 
     else:
         next_cursor = None
     searched = floor if floor is not None and len(rows) <= limit else None
-    return {"items": items, "next_cursor": next_cursor, "searched_down_to": searched}
+    page = {"items": items, "next_cursor": next_cursor, "searched_down_to": searched}
+    return redacted_page(page, contents)
 
 
 @router.get(
@@ -207,7 +219,7 @@ async def list_queues(request: Request, conn: Conn) -> list[dict[str, Any]]:
 
 
 @router.get("/overview", summary="Queues, the last hour, relays and workers", responses=responses(401))
-async def overview(request: Request, conn: Conn) -> dict[str, Any]:
+async def overview(request: Request, conn: Conn, hosts: bool = Processes) -> dict[str, Any]:
     st = api_state(request)
     q = queries.active()
     queues = await queue_stats(request, conn)
@@ -232,7 +244,7 @@ async def overview(request: Request, conn: Conn) -> dict[str, Any]:
             "p50_seconds": latency["p50"] if latency else None,
             "p95_seconds": latency["p95"] if latency else None,
         },
-        "relays": relays,
+        "relays": [redacted_process(dict(relay), hosts) for relay in relays],
         "relay_lag_seconds": lag["lag_seconds"] if lag else None,
         "unpublished_due": int(lag["unpublished"]) if lag else 0,
         "unpublished_more": bool(lag and int(lag["unpublished"]) > 10_000),

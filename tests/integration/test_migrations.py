@@ -38,6 +38,16 @@ EXPECTED_TABLES = {
     "limits",
     "limit_slots",
     "limit_rates",
+    "sessions",
+}
+
+# What migration 0008 creates: a downgrade below it drops these too.
+SESSION_OBJECTS = {
+    ("postbox", "sessions", "r"),
+    ("postbox", "sessions_pkey", "i"),
+    ("postbox", "sessions_id_seq", "S"),
+    ("postbox", "sessions_token_hash_key", "i"),
+    ("postbox", "sessions_expires_at", "i"),
 }
 
 # Everything a database holds outside the system schemas, by kind.
@@ -75,7 +85,7 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0001_postbox")
-    assert everything - objects(empty_database_url) == {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | {
         ("postbox", "schedules", "r"),
         ("postbox", "schedules_pkey", "i"),
         ("postbox", "schedules_due", "i"),
@@ -104,7 +114,7 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0004_unique_jobs")
-    assert everything - objects(empty_database_url) == {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | {
         ("postbox", "require_current_attempt", "function"),
         ("postbox", "begin_processed", "function"),  # 0006's, which calls it
         ("postbox", "record_success", "function"),
@@ -124,7 +134,7 @@ def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url:
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0005_fenced_success")
-    assert everything - objects(empty_database_url) == {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | {
         ("postbox", "begin_processed", "function"),
         ("postbox", "record_success", "function"),
     }
@@ -166,14 +176,14 @@ def _success_took(url: str) -> tuple[float, float]:
 
 
 def test_0007_stamps_a_success_when_it_is_written_and_downgrades_to_0006s_stamp(empty_database_url: str) -> None:
-    migrate.upgrade(empty_database_url)
+    migrate.upgrade(empty_database_url, "0007_commit_time")
     everything = objects(empty_database_url)
     took = _success_took(empty_database_url)
     assert all(0.3 <= t < 5 for t in took), took
     migrate.downgrade(empty_database_url, "0006_job_transaction")
     assert objects(empty_database_url) == everything, "0007 replaces a function: no object comes or goes"
     assert _success_took(empty_database_url) == (0.0, 0.0)  # 0006: the transaction's start, now()
-    migrate.upgrade(empty_database_url)
+    migrate.upgrade(empty_database_url, "0007_commit_time")
     assert objects(empty_database_url) == everything
     took = _success_took(empty_database_url)
     assert all(0.3 <= t < 5 for t in took), took
@@ -183,6 +193,16 @@ def test_0007_stamps_a_success_when_it_is_written_and_downgrades_to_0006s_stamp(
         with pytest.raises(psycopg.Error) as refused:
             conn.execute("SELECT postbox.record_success(7, 'w', 2)")
     assert refused.value.sqlstate == "PB001"
+
+
+def test_0008_downgrades_to_0007_dropping_only_the_sessions_table(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    migrate.downgrade(empty_database_url, "0007_commit_time")
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS
+    assert objects(empty_database_url) - everything == set()
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
 
 
 def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
