@@ -279,7 +279,7 @@ function loginPage() {
   );
   main.replaceChildren(
     h("h1", {}, "Log in"),
-    h("p", {}, "Actions (cancel, retry, pause, purge…) need the API key. It is kept in an HttpOnly cookie for this site only."),
+    h("p", {}, "Actions (cancel, retry, pause, purge…) need the API key. It starts a session kept in an HttpOnly cookie for this site only; the key itself is not stored."),
     form,
     message,
   );
