@@ -19,7 +19,7 @@ from postbox.settings import Settings
 from tests.harness.api import make_client
 from tests.harness.publish import publish_due
 from tests.harness.tasks import worker as t
-from tests.harness.worker import enqueue, fetch, finished, running_worker
+from tests.harness.worker import enqueue, fetch, finished, running_worker, worker_settings
 
 WORK = 2.0
 
@@ -29,7 +29,9 @@ async def test_a_job_working_inside_ctx_transaction_finishes_when_its_transactio
 ) -> None:
     job_id = await enqueue(aconn, t.w_slow_in_transaction, {"seconds": WORK})
     await publish_due(aconn, redis, wsettings.redis_prefix)
-    async with running_worker(wsettings) as worker:
+    # Worker sessions are cut off idle in a transaction after the visibility timeout: the
+    # body's wait must stay under it.
+    async with running_worker(worker_settings(wsettings, visibility_timeout=WORK * 5)) as worker:
         assert await finished(worker, 1, within=30) == [(job_id, "succeeded")]
     [(state, took, same)] = await fetch(
         aconn,
