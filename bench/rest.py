@@ -9,10 +9,22 @@ req/s is ab's; p50 and p99 come from ab's percentile table (``-e``, ms, the
 whole run). Each request validates the body, inserts the job, publishes an
 event to Redis inside the transaction, commits and answers with the job.
 
-In the same repetition, right after: pgbench with C clients for
+In the same repetition, right after, the same ab run against the **bare
+route** (:mod:`postbox_bench.bare_api`: FastAPI + uvicorn + a psycopg-pool
+route that validates the same body and does one one-row INSERT, nothing
+else): the floor the REST figure is held to (``rest.ratio_bare``, postbox's
+req/s over the bare route's, target >= 0.8). Then pgbench with C clients for
 ``--duration`` seconds, each transaction one ``INSERT`` of one row into a
-two-column table (``public.bench_rows``), autocommit. The ratio is ab's req/s
-over pgbench's tps (target >= 0.3); p99 is held to <= 50 ms at C = 10.
+two-column table (``public.bench_rows``), autocommit: the database's limit
+(``rest.ratio``, ab's req/s over pgbench's tps, target >= 0.3). p99 is held to
+<= 50 ms at C = 10.
+
+CPU per request, per role: the API process's own (all its threads, from
+``/proc/<pid>/task/*/schedstat``) and its PostgreSQL backends' (found by
+``application_name``), over each ab run, divided by the requests
+(``rest.cpu_api``, ``rest.cpu_api_pg``; ``rest.cpu_bare``,
+``rest.cpu_bare_pg`` for the bare route). These hold under load where req/s
+does not.
 
 ab (Debian/Ubuntu: ``apt-get install apache2-utils``) or pgbench missing: the
 figures that need it are skipped with the reason in their label. A few
@@ -32,17 +44,18 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import LiteralString
+from typing import Any, LiteralString
 
 import orjson
 import psycopg
 
-from postbox_bench import outbox, pgbench
+from postbox_bench import bare_api, outbox, pgbench
 from postbox_bench.params import Params
 from postbox_bench.procs import Children, bench_env, children
 from postbox_bench.progress import Progress
 from postbox_bench.report import Figure, Target
 from postbox_bench.sandbox import Sandbox
+from postbox_bench.schedules import cpu_seconds
 
 SCENARIO = "rest"
 AB_MISSING = "ab (ApacheBench) not found on PATH (Debian/Ubuntu: apt-get install apache2-utils)"
@@ -58,6 +71,27 @@ _FAILED = re.compile(r"^Failed requests:\s+(\d+)", re.MULTILINE)
 _NON_2XX = re.compile(r"^Non-2xx responses:\s+(\d+)", re.MULTILINE)
 _KEEP_ALIVE = re.compile(r"^Keep-Alive requests:\s+(\d+)", re.MULTILINE)
 _COMPLETE = re.compile(r"^Complete requests:\s+(\d+)", re.MULTILINE)
+API_APP_NAME = "postbox-api"
+BARE_APP_NAME = bare_api.APPLICATION_NAME
+BACKENDS: LiteralString = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+
+
+def backends_cpu(conn: psycopg.Connection[Any], application_name: str) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend whose ``application_name`` is the one given (same machine)."""
+    pids = [row[0] for row in conn.execute(BACKENDS, (application_name,)).fetchall()]
+    conn.commit()
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            out[pid] = cpu_seconds(pid)
+        except OSError:  # ended, or PostgreSQL on another machine
+            continue
+    return out
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the backends in both snapshots used between them (a backend new in ``after`` from 0)."""
+    return sum(value - before.get(pid, 0.0) for pid, value in after.items())
 
 
 def free_port() -> int:
@@ -121,6 +155,19 @@ def ab(url: str, key: str, body: Path, *, clients: int, requests: int) -> tuple[
     return float(rps.group(1)), percentiles[50], percentiles[99], int(keep_alive.group(1)) if keep_alive else 0
 
 
+def _measured_ab(
+    conn: psycopg.Connection[Any], child_pid: int, application_name: str, url: str, key: str, body: Path, **ab_args: int
+) -> tuple[tuple[float, float, float, int], float, float]:
+    """One ab run with the server's CPU per request in µs: (ab's figures, its process, its backends)."""
+    requests = ab_args["requests"]
+    pg_before = backends_cpu(conn, application_name)
+    own_before = cpu_seconds(child_pid)
+    measured = ab(url, key, body, **ab_args)
+    own = cpu_seconds(child_pid) - own_before
+    pg = cpu_used(pg_before, backends_cpu(conn, application_name))
+    return measured, own / requests * 1e6, pg / requests * 1e6
+
+
 def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
     clients = int(params.extra.get("clients", 10))
     requests = int(params.extra.get("requests", 3_000))
@@ -136,22 +183,36 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
         target=Target("<=", 50) if clients == 10 else None,
         higher_is_better=False,
     )
+    bare_rps = Figure(SCENARIO, "rest.bare_rps", f"bare FastAPI route, one INSERT, req/s (ab -k {label})", "req/s")
+    bare_p99 = Figure(SCENARIO, "rest.bare_p99", f"bare FastAPI route p99 (ab {label})", "ms", higher_is_better=False)
+    ratio_bare = Figure(
+        SCENARIO, "rest.ratio_bare", "REST req/s / bare route req/s (paired)", "x", target=Target(">=", 0.8)
+    )
+    cpu_api = Figure(SCENARIO, "rest.cpu_api", "API process CPU per request", "µs", higher_is_better=False)
+    cpu_api_pg = Figure(
+        SCENARIO, "rest.cpu_api_pg", "API's PostgreSQL backends CPU per request", "µs", higher_is_better=False
+    )
+    cpu_bare = Figure(SCENARIO, "rest.cpu_bare", "bare route process CPU per request", "µs", higher_is_better=False)
+    cpu_bare_pg = Figure(
+        SCENARIO, "rest.cpu_bare_pg", "bare route's PostgreSQL backends CPU per request", "µs", higher_is_better=False
+    )
     insert = Figure(SCENARIO, "rest.pgbench_insert", f"pgbench one-row INSERT, {clients} clients, {seconds} s", "tx/s")
     ratio = Figure(SCENARIO, "rest.ratio", "REST req/s / pgbench INSERT tx/s (paired)", "x", target=Target(">=", 0.3))
-    figures = [rps, p50, p99, insert, ratio]
+    ab_figures = (rps, p50, p99, bare_rps, bare_p99, ratio_bare, cpu_api, cpu_api_pg, cpu_bare, cpu_bare_pg)
+    figures = [rps, p50, p99, bare_rps, bare_p99, ratio_bare, cpu_api, cpu_api_pg, cpu_bare, cpu_bare_pg, insert, ratio]
     have_ab = shutil.which("ab") is not None
     have_pgbench = pgbench.available()
     if not have_ab:
         progress.say(f"rest: {AB_MISSING}; REST figures skipped")
-        for figure in (rps, p50, p99, ratio):
+        for figure in (*ab_figures, ratio):
             figure.label += f" [skipped: {AB_MISSING}]"
     if not have_pgbench:
         progress.say(f"rest: {pgbench.MISSING}; pgbench figures skipped")
         for figure in (insert, ratio):
             figure.label += f" [skipped: {pgbench.MISSING}]"
     key = secrets.token_urlsafe(24)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
+    port, bare_port = free_port(), free_port()
+    base, bare_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{bare_port}"
     env = bench_env(database_url, box.redis_url, box.prefix, POSTBOX_API_KEY=key)
     folder = Path(tempfile.mkdtemp(prefix="postbox-bench-rest-"))
     body = folder / "body.json"
@@ -159,28 +220,71 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
     try:
         with psycopg.connect(database_url) as conn:
             conn.execute(ROWS_DDL)
+            conn.execute(bare_api.ROWS_DDL)
             conn.commit()
             outbox.reset(conn)
             with children(env) as kids:
                 if have_ab:
                     argv = ["postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port)]
-                    kids.python("api", [*argv, "--tasks", "postbox_bench.tasks"])
+                    api = kids.python("api", [*argv, "--tasks", "postbox_bench.tasks"])
+                    bare = kids.python("bare", ["postbox_bench.bare_api", "--port", str(bare_port)])
                     wait_healthy(base, kids)
-                    ab(f"{base}/api/v1/jobs", key, body, clients=clients, requests=min(WARMUP_REQUESTS, requests))
-                    progress.say("rest: API up and warmed")
+                    wait_healthy(bare_base, kids)
+                    warm = min(WARMUP_REQUESTS, requests)
+                    ab(f"{base}/api/v1/jobs", key, body, clients=clients, requests=warm)
+                    ab(f"{bare_base}/api/v1/jobs", key, body, clients=clients, requests=warm)
+                    progress.say("rest: API and bare route up and warmed")
                 for rep in range(params.repeat):
                     if have_ab:
                         before = outbox.scalar(conn, outbox.COUNT_UNFINISHED)
-                        measured = ab(f"{base}/api/v1/jobs", key, body, clients=clients, requests=requests)
+                        measured, own, pg = _measured_ab(
+                            conn,
+                            api.pid,
+                            API_APP_NAME,
+                            f"{base}/api/v1/jobs",
+                            key,
+                            body,
+                            clients=clients,
+                            requests=requests,
+                        )
                         kids.check_alive()
                         added = outbox.scalar(conn, outbox.COUNT_UNFINISHED) - before
                         if added != requests:
                             raise RuntimeError(f"ab answered {requests} requests but {added} jobs were committed")
-                        for figure, value in zip((rps, p50, p99), measured[:3], strict=True):
+                        for figure, value in zip(
+                            (rps, p50, p99, cpu_api, cpu_api_pg), (*measured[:3], own, pg), strict=True
+                        ):
                             figure.values.append(value)
                         progress.say(
                             f"rest rep {rep + 1}/{params.repeat}: {measured[0]:,.0f} req/s, "
-                            f"p50 {measured[1]:.1f} ms, p99 {measured[2]:.1f} ms, keep-alive requests {measured[3]:,}"
+                            f"p50 {measured[1]:.1f} ms, p99 {measured[2]:.1f} ms, keep-alive requests {measured[3]:,}, "
+                            f"CPU/request API {own:,.0f} µs + PostgreSQL {pg:,.0f} µs"
+                        )
+                        rows_before = outbox.scalar(conn, bare_api.COUNT)
+                        measured, own, pg = _measured_ab(
+                            conn,
+                            bare.pid,
+                            BARE_APP_NAME,
+                            f"{bare_base}/api/v1/jobs",
+                            key,
+                            body,
+                            clients=clients,
+                            requests=requests,
+                        )
+                        kids.check_alive()
+                        if (added := outbox.scalar(conn, bare_api.COUNT) - rows_before) != requests:
+                            raise RuntimeError(f"ab answered {requests} requests but the bare route inserted {added}")
+                        for figure, value in zip(
+                            (bare_rps, bare_p99, cpu_bare, cpu_bare_pg),
+                            (measured[0], measured[2], own, pg),
+                            strict=True,
+                        ):
+                            figure.values.append(value)
+                        ratio_bare.values.append(rps.values[-1] / bare_rps.values[-1])
+                        progress.say(
+                            f"rest rep {rep + 1}/{params.repeat}: bare route {measured[0]:,.0f} req/s, "
+                            f"p99 {measured[2]:.1f} ms, CPU/request {own:,.0f} µs + PostgreSQL {pg:,.0f} µs; "
+                            f"REST / bare {ratio_bare.values[-1]:.2f}"
                         )
                     if have_pgbench:
                         result = pgbench.run(database_url, INSERT_SCRIPT, clients=clients, seconds=seconds)
@@ -190,6 +294,7 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                         ratio.values.append(rps.values[-1] / insert.values[-1])
             outbox.reset(conn)
             conn.execute("TRUNCATE public.bench_rows")
+            conn.execute("DROP TABLE IF EXISTS public.bench_api_rows")
             conn.commit()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

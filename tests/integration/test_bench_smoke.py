@@ -207,11 +207,28 @@ def test_bench_rest_drives_the_api_with_ab_and_pgbench_inserts(servers: Servers)
     with sandbox(servers.database_url, servers.redis_url) as box:
         url = box.database()
         figures = {f.key: f for f in bench_rest.run(box, url, params, Progress(quiet=True))}
-    assert sorted(figures) == ["rest.p50", "rest.p99", "rest.pgbench_insert", "rest.ratio", "rest.rps"]
+        with psycopg.connect(url) as conn:  # the bare route's table is dropped after the run
+            assert conn.execute("SELECT to_regclass('public.bench_api_rows')").fetchone() == (None,)
+    assert sorted(figures) == [
+        "rest.bare_p99",
+        "rest.bare_rps",
+        "rest.cpu_api",
+        "rest.cpu_api_pg",
+        "rest.cpu_bare",
+        "rest.cpu_bare_pg",
+        "rest.p50",
+        "rest.p99",
+        "rest.pgbench_insert",
+        "rest.ratio",
+        "rest.ratio_bare",
+        "rest.rps",
+    ]
     assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
     assert figures["rest.p50"].values[0] <= figures["rest.p99"].values[0]
     assert figures["rest.p99"].target is None  # held to <= 50 ms at -c 10 only
     assert str(figures["rest.ratio"].target) == ">= 0.30"
+    assert str(figures["rest.ratio_bare"].target) == ">= 0.80"
+    assert figures["rest.ratio_bare"].values[0] == figures["rest.rps"].values[0] / figures["rest.bare_rps"].values[0]
 
 
 def _growth_params(*parts: str) -> Params:

@@ -1,0 +1,97 @@
+"""The floor ``bench rest`` holds the REST figure to: FastAPI + uvicorn + psycopg-pool doing one INSERT per request.
+
+``python -m postbox_bench.bare_api --port P`` (database from
+``POSTBOX_DATABASE_URL``) serves ``POST /api/v1/jobs``: the body validated by
+a pydantic model shaped as postbox's enqueue body (``task``, ``args``), one
+row (``task``, ``args`` as jsonb) inserted into ``public.bench_api_rows`` on a
+connection from an ``AsyncConnectionPool`` as large as ``postbox api run``'s
+(``POSTBOX_API_POOL_SIZE``, default 10), autocommit, the new id returned with
+201. uvicorn is configured as ``postbox api run`` configures it (its default
+loop and HTTP parser, no access log). Nothing else: no API key, no depth
+check, no Redis event, no metrics, no audit. What ``postbox api run`` does
+beyond this route is what postbox adds; this route's own cost is the
+framework's and the driver's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, LiteralString
+
+from fastapi import FastAPI, Request
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, Field
+
+ROWS_DDL: LiteralString = (
+    "CREATE TABLE IF NOT EXISTS public.bench_api_rows"
+    " (id bigserial PRIMARY KEY, task text NOT NULL, args jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())"
+)
+COUNT: LiteralString = "SELECT count(*) FROM public.bench_api_rows"
+APPLICATION_NAME = "postbox-bench-bare"  # bench rest finds its backends by it
+INSERT: LiteralString = "INSERT INTO public.bench_api_rows (task, args) VALUES (%s, %s) RETURNING id"
+
+
+class Body(BaseModel):
+    task: str = Field(min_length=1, max_length=200)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Created(BaseModel):
+    id: int
+    task: str
+
+
+def create_app(database_url: str, pool_size: int) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            database_url,
+            min_size=pool_size,
+            max_size=pool_size,
+            open=False,
+            kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
+        )
+        await pool.open(wait=True)
+        app.state.pool = pool
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/api/v1/jobs", status_code=201, response_model=Created)
+    async def insert(body: Body, request: Request) -> dict[str, Any]:
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = request.app.state.pool
+        async with pool.connection() as conn:
+            cur = await conn.execute(INSERT, (body.task, Jsonb(body.args)))
+            row = await cur.fetchone()
+        assert row is not None
+        return {"id": row[0], "task": body.task}
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    p = argparse.ArgumentParser(prog="python -m postbox_bench.bare_api", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    args = p.parse_args(argv)
+    app = create_app(os.environ["POSTBOX_DATABASE_URL"], int(os.environ.get("POSTBOX_API_POOL_SIZE", "10")))
+    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, proxy_headers=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
