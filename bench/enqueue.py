@@ -8,14 +8,14 @@ both variants see the same machine: this VM's speed drifts by 10-20 % within
 minutes, which moved the ratio by as much when each variant ran in one block.
 Three ways:
 
-- ``plain connection``: ``jobs.enqueue`` after the INSERT; each statement waits
+- ``plain connection``: ``postbox.enqueue`` after the INSERT; each statement waits
   for its reply, so the enqueue adds one round trip;
 - ``pipeline mode``: the same inside ``conn.pipeline()``, where the enqueue's
-  INSERT travels with the COMMIT (ids drawn ahead, see ``jobs.ids``);
+  INSERT travels with the COMMIT (ids drawn ahead, see ``postbox.ids``);
 - ``one statement``: ``postbox.enqueue()`` called from the business INSERT's own
   statement (``WITH o AS (INSERT ...) SELECT postbox.enqueue(...) FROM o``).
 
-Bulk = ``jobs.enqueue_many`` in batches of ``batch`` jobs, one commit per batch,
+Bulk = ``postbox.enqueue_many`` in batches of ``batch`` jobs, one commit per batch,
 validation included.  The outbox is truncated between runs (no relay runs
 here) so every run starts from the same table size.
 """

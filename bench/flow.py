@@ -228,7 +228,7 @@ def mean_concurrency(conn: psycopg.Connection[Any]) -> float:
 
 
 def elsewhere_limits() -> flow.Limits:
-    """Configuration B's limits as a worker holds them (what ``worker/flow.load`` builds from the rows)."""
+    """Configuration B's limits as a worker holds them (what ``postbox.worker.flow.load`` builds from the rows)."""
     limits = flow.Limits()
     for scope, name, override in ELSEWHERE:
         limit = flow.effective(None, flow.parse_override(override))
@@ -239,7 +239,7 @@ def elsewhere_limits() -> flow.Limits:
 def decision_ns(batch: int, rounds: int | None = None) -> float:
     """In-process: what configuration B adds to a claim of ``batch`` unlimited deliveries, per delivery.
 
-    ``worker.Worker._claim`` with limits in force: one truth test of the limits per
+    ``postbox.worker.worker.Worker._claim`` with limits in force: one truth test of the limits per
     batch, then one lookup per delivery and the split into plain and limited lists
     (without limits it hands the batch to the plain claim as it is). Best of 5.
     """

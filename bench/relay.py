@@ -1,7 +1,7 @@
 """``bench relay``: how fast the relay empties a full outbox, and commit-to-XADD latency.
 
 Throughput: ``relay_rows`` jobs are committed first, then one relay process
-(``python -m relay run``) starts; the rate is taken from PostgreSQL's
+(``python -m postbox.relay run``) starts; the rate is taken from PostgreSQL's
 ``published_at`` stamps (rows after the first batch / time from the first
 batch's mark to the last one's), so process start-up is not counted.
 

@@ -1,8 +1,8 @@
 """``bench worker``: no-op jobs/s end to end, and a worker's peak memory.
 
 Each run: ``jobs`` no-op jobs are committed to the outbox first; then one relay
-and 1 (or 2) worker processes start (``python -m relay run``, ``python -m
-worker run --tasks postbox_bench.tasks --concurrency C``); the run ends when every
+and 1 (or 2) worker processes start (``python -m postbox.relay run``, ``python -m
+postbox.worker run --tasks postbox_bench.tasks --concurrency C``); the run ends when every
 job has a recorded outcome.  The rate is taken from PostgreSQL's
 ``finished_at`` stamps (jobs after the first finished batch / time from the
 first outcome to the last), so process start-up is not counted and the bench

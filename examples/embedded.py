@@ -471,4 +471,4 @@ def _watch(root: str, owner: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "watch":
         sys.exit(_watch(sys.argv[2], sys.argv[3]))
-    sys.exit("usage: python -m app.embedded watch <root> <owner json>")
+    sys.exit("usage: python -m postbox_examples.embedded watch <root> <owner json>")

@@ -3,7 +3,7 @@
 Events are a best-effort view for humans and dashboards; PostgreSQL stays the
 truth. The relay emits ``published``; workers ``started``, ``succeeded``,
 ``retrying``, ``dead``, ``cancelled``, ``expired``; the API ``enqueued`` (for
-its own enqueues) and ``cancelled``. Channel: :func:`jobs.streams.events_channel`.
+its own enqueues) and ``cancelled``. Channel: :func:`postbox.streams.events_channel`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Flow control: global concurrency and rate limits, per queue, per task, per partition.
 
 Declared in code (``@task(concurrency=3, rate="50/s", partition_by="customer_id")``,
-:func:`limit_queue`), overridable at run time (``postbox.limits``, through the
+:func:`postbox.limit_queue`), overridable at run time (``postbox.limits``, through the
 API and the CLI). This module is the logic only: what a limit is, which keys a
 job is counted under, and which of a batch of jobs may start now
 (:func:`allocate`). The state lives in PostgreSQL and is read and written under

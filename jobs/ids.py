@@ -1,6 +1,6 @@
 """Outbox ids drawn ahead, a block per connection, for enqueues that wait for no reply.
 
-In psycopg's pipeline mode, :func:`jobs.enqueue` sends its INSERT with an id
+In psycopg's pipeline mode, :func:`postbox.enqueue` sends its INSERT with an id
 it already holds and returns at once: the statement travels with the caller's
 next statement or COMMIT, so the enqueue adds no round trip. Drawing a block
 costs one round trip per ``BLOCK`` enqueues on that connection.

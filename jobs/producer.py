@@ -3,7 +3,7 @@
 ``enqueue`` runs one INSERT on the connection it is given and never commits:
 the job becomes visible when the caller commits, and vanishes if the caller
 rolls back.  Validation happens first, in :func:`prepare`, which is pure and
-raises a typed :class:`~jobs.errors.EnqueueError` before anything is written.
+raises a typed :class:`~postbox.errors.EnqueueError` before anything is written.
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def enqueue(
     enqueue holds its key's advisory lock until the transaction ends.
 
     In pipeline mode (``with conn.pipeline():``) a job without a dedup key (nor
-    a uniqueness rule) is sent with an id drawn ahead (:mod:`jobs.ids`) and the
+    a uniqueness rule) is sent with an id drawn ahead (:mod:`postbox.ids`) and the
     call returns without waiting: the INSERT travels with the next statement or
     the COMMIT, so it costs the transaction no round trip. A server-side error
     then surfaces at that next sync, and the transaction is rolled back as usual.

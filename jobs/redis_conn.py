@@ -7,14 +7,14 @@ Every process builds its Redis client here (:func:`connect`): a plain
 comma-separated; the client discovers the others and follows slot moves and
 failovers).
 
-The hot paths send raw, pre-encoded batches (:mod:`jobs.resp`). On one server a
+The hot paths send raw, pre-encoded batches (:mod:`postbox.resp`). On one server a
 batch is one write on one connection; on a cluster a batch spans slots of
 several nodes, so :func:`send_per_node` splits it by node and writes each
 node's share in parallel, keeping one reply per command (a node that fails
 fails its own commands only).
 
 Key layout on a cluster: the ``{queue}`` hash tag keeps all of a queue's
-streams in one slot (:mod:`jobs.streams`), so every per-queue operation (the
+streams in one slot (:mod:`postbox.streams`), so every per-queue operation (the
 worker's read script, XACK+XDEL, XAUTOCLAIM) stays single-slot.
 """
 
@@ -104,7 +104,7 @@ async def send_per_node(client: RedisCluster, commands: Sequence[tuple[str, byte
 
     The commands are grouped by the primary that owns their key's slot (the
     client's slot map), each node's share goes out as one buffer on one of its
-    connections (:func:`jobs.resp.exchange`), and the replies come back in the
+    connections (:func:`postbox.resp.exchange`), and the replies come back in the
     order of ``commands``: values, or exception instances for error replies
     (``MOVED`` after a slot moved, ``CLUSTERDOWN``...). A node that cannot be
     reached gives its commands the connection error, and the others' replies

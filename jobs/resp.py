@@ -40,7 +40,7 @@ def xadd(key: bytes, fields: Sequence[tuple[bytes, bytes]]) -> bytes:
 
 
 _ENTRY_FIELDS = (b"id", b"task", b"args", b"headers", b"attempt", b"queue", b"priority", b"enq", b"pub")
-# XADD <key> * followed by the nine fields of jobs.streams.encode_entry, in its order.
+# XADD <key> * followed by the nine fields of postbox.streams.encode_entry, in its order.
 _ENTRY_TEMPLATE = b"*21\r\n$4\r\nXADD\r\n$%d\r\n%b\r\n$1\r\n*\r\n" + b"".join(
     b"$%d\r\n" % len(name) + name + b"\r\n$%d\r\n%b\r\n" for name in _ENTRY_FIELDS
 )
@@ -59,7 +59,7 @@ def xadd_entry(
     enqueued_ms: int,
     published_ms: int,
 ) -> bytes:
-    """``XADD key *`` with the fields of :func:`jobs.streams.encode_entry`, in one format operation."""
+    """``XADD key *`` with the fields of :func:`postbox.streams.encode_entry`, in one format operation."""
     idb = b"%d" % job_id
     att = b"%d" % attempt
     pri = b"%d" % priority

@@ -1,6 +1,6 @@
 """Retention: delete what is past its keep-by date, in small batches.
 
-Three kinds of rows, each pruned by its own statement (``jobs.sql`` retention):
+Three kinds of rows, each pruned by its own statement (``postbox.sql`` retention):
 
 - ``finished``: outbox rows in succeeded, cancelled or expired whose
   ``finished_at`` is older than ``retention_finished_days``; their

@@ -1,4 +1,4 @@
-"""``docs/configuration.md``, generated from :class:`jobs.settings.Settings`.
+"""``docs/configuration.md``, generated from :class:`postbox.settings.Settings`.
 
 ``python -m postbox.settings_doc`` prints the page; ``--write`` rewrites
 ``docs/configuration.md``; ``--check`` exits 1 when the file differs. A unit

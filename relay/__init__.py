@@ -1,12 +1,14 @@
 """The relay: publishes committed outbox rows to Redis streams, one leader at a time.
 
-- :mod:`relay.leader` — the advisory-lock session; publishing runs on it.
-- :mod:`relay.publisher` — one batch: select due rows, XADD, mark published.
-- :mod:`relay.notifier` — LISTEN/NOTIFY wake-ups (polling is the fallback).
-- :mod:`relay.reconciler` — Redis-loss detection and bounded republishing.
-- :mod:`relay.metrics` — Prometheus metrics of a relay process.
-- :mod:`relay.service` — :class:`Relay`, the service tying them together.
-- :mod:`relay.cli` — ``postbox relay run`` / ``python -m relay run``.
+- :mod:`postbox.relay.leader` — the advisory-lock session; publishing runs on it.
+- :mod:`postbox.relay.publisher` — one batch: select due rows, XADD, mark published.
+- :mod:`postbox.relay.notifier` — LISTEN/NOTIFY wake-ups (polling is the fallback).
+- :mod:`postbox.relay.reconciler` — Redis-loss detection and bounded republishing.
+- :mod:`postbox.relay.metrics` — Prometheus metrics of a relay process.
+- :mod:`postbox.relay.service` — :class:`Relay`, the service tying them together.
+- :mod:`postbox.relay.watermark` — each stream's high-water mark (a Redis failover that lost entries).
+- :mod:`postbox.relay.scheduler` — the leader's schedule duty (periodic jobs).
+- :mod:`postbox.relay.cli` — ``postbox relay run`` / ``python -m postbox.relay run``.
 
 Nothing here does I/O at import time.
 """

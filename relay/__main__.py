@@ -1,4 +1,4 @@
-"""``python -m relay run``."""
+"""``python -m postbox.relay run``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``postbox relay run`` / ``python -m relay run``: one relay process.
+"""``postbox relay run`` / ``python -m postbox.relay run``: one relay process.
 
 Settings come from the environment (``POSTBOX_*``); a few can be overridden on
 the command line. SIGTERM or SIGINT: finish the batch in hand, release the

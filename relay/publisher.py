@@ -1,10 +1,10 @@
 """Publishing: due outbox rows → XADD to their (queue, priority) stream → mark published.
 
 One batch is three round trips: one SELECT (due, unpublished, in id order), one
-Redis write of the whole batch (an XADD per row, encoded by :mod:`jobs.resp`,
+Redis write of the whole batch (an XADD per row, encoded by :mod:`postbox.resp`,
 plus a best-effort ``published`` event per row while anyone subscribes to the
 events channel), one UPDATE marking the whole batch with ``unnest`` arrays. The
-SELECT and the UPDATE run on the leader's lock session (see :mod:`relay.leader`).
+SELECT and the UPDATE run on the leader's lock session (see :mod:`postbox.relay.leader`).
 A backlog goes out in bursts: batch N+1 is sent to Redis while batch N is marked.
 
 XADD is never given MAXLEN: the relay never trims. Streams stay bounded because
@@ -127,7 +127,7 @@ class Publisher:
             self.known_groups.add(key)
 
     async def xadd_rows(self, rows: Sequence[Row]) -> tuple[list[int], list[str], list[int]]:
-        """XADD each row, all in one write (see :mod:`jobs.resp`). Returns (ids added, entry ids, ids refused)."""
+        """XADD each row, all in one write (see :mod:`postbox.resp`). Returns (ids added, entry ids, ids refused)."""
         if not rows:
             return [], [], []
         keys = [stream_key(self.prefix, row[1], row[5]) for row in rows]
@@ -159,7 +159,7 @@ class Publisher:
         return ids, sids, refused
 
     def _encode(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> tuple[list[bytes], list[str]]:
-        """The batch's commands pre-encoded (:mod:`jobs.resp`), and the key each is routed by on a cluster."""
+        """The batch's commands pre-encoded (:mod:`postbox.resp`), and the key each is routed by on a cluster."""
         channel_name = events_channel(self.prefix)
         channel = channel_name.encode()
         key_bytes = {key: key.encode() for key in set(keys)}

@@ -3,7 +3,7 @@
 PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
 
 1. **Loss detection** (:meth:`Reconciler.check`, about once a second): the
-   epoch key (:func:`jobs.streams.epoch_key`) holds a random token the leader
+   epoch key (:func:`postbox.streams.epoch_key`) holds a random token the leader
    set; if it vanished, or a stream the relay created is gone, Redis lost data
    (restart without persistence, FLUSHALL, failover, eviction). The relay then
    republishes — bounded by ``republish_rate`` rows/s — every row that was
@@ -11,7 +11,7 @@ PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
    went stale. A failover to a replica that missed the last writes keeps the
    epoch and the streams but not their newest entries: each stream's
    ``last-generated-id`` older than the newest id the relay wrote to it
-   (:mod:`relay.watermark`) is a loss too, found by the same check. A new
+   (:mod:`postbox.relay.watermark`) is a loss too, found by the same check. A new
    leader starts its marks from the entries recorded for the newest in-flight
    rows, so a tail lost together with the previous leader is noticed too. While
    a recovery runs the key reads ``recovering:<token>``; a leader that finds

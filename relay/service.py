@@ -12,7 +12,7 @@ Tests and benchmarks pass :class:`RelaySignals` to await what the relay did
 ("batch published", "became leader", ...) instead of sleeping. In production
 every signal is ``None`` and costs nothing.
 
-One leader at a time: every relay opens a lock session (:mod:`relay.leader`)
+One leader at a time: every relay opens a lock session (:mod:`postbox.relay.leader`)
 and retries the advisory lock every ``lock_retry_interval`` while it stands by.
 The leader publishes on that same session; any error of that session means the
 lock may be gone, so the relay logs ``lost leadership``, drops the session and
@@ -419,7 +419,10 @@ class Relay:
 
 
 def standby_lock_text(row: Any, key: int) -> str:
-    """What a standby waits on, from :data:`LEADER_GET_HOLDER`'s row (``None``: the lock is free right now)."""
+    """What a standby waits on, from :data:`~postbox.sql.Statements.LEADER_GET_HOLDER`'s row.
+
+    ``None``: the lock is free right now.
+    """
     if row is None:
         return f"the leader lock (key {key}), free: taking it next"
     backend, application, client, relay, host, pid, term, silent = row

@@ -1,6 +1,6 @@
 """The postbox worker: consume streams, claim in PostgreSQL, run handlers, record outcomes.
 
-``python -m worker run`` / ``postbox worker run``; in-process: ``await Worker(settings).run()``.
+``python -m postbox.worker run`` / ``postbox worker run``; in-process: ``await Worker(settings).run()``.
 """
 
 from postbox.worker.signals import WorkerSignals

@@ -1,4 +1,4 @@
-"""``python -m worker run``."""
+"""``python -m postbox.worker run``."""
 
 import sys
 

@@ -32,7 +32,7 @@ def parse_delivery(stream: str, entry_id: bytes, fields: dict[bytes, bytes], *, 
     """Raises ValueError for an entry that is not a postbox envelope.
 
     The hot path reads the bytes fields directly; anything unusual goes through
-    :func:`jobs.streams.decode_entry`, the codec's own (slower, general) decoder.
+    :func:`postbox.streams.decode_entry`, the codec's own (slower, general) decoder.
     """
     try:
         return Delivery(

@@ -3,7 +3,7 @@
 During a rolling deploy a job can reach a worker that runs the previous code:
 it has no handler for the job's task, or its handler refuses the job's args
 (a parameter added by the newer code). Such a job is not claimed: it is handed back
-(:data:`sql.JOB_HAND_BACK`) — made publishable again after a short delay,
+(:data:`~postbox.sql.Statements.JOB_HAND_BACK`) — made publishable again after a short delay,
 its attempts untouched — so the relay publishes it anew and a worker that
 knows the task can take it. Once this worker has seen the job for longer than
 ``POSTBOX_UNKNOWN_TASK_GRACE`` seconds it stops handing it back: the job is

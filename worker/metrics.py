@@ -1,6 +1,6 @@
 """Prometheus metrics of one worker process. Labels: queue, task, outcome only.
 
-Each :class:`Worker` gets its own registry (several workers may share a test
+Each :class:`~postbox.worker.worker.Worker` gets its own registry (several workers may share a test
 process); the CLI serves it on ``worker_metrics_port``.
 
 The per-job series (job counts and the two histograms) are kept in plain

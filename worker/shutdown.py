@@ -1,6 +1,6 @@
 """SIGTERM/SIGINT for a worker process: drain, then a hard deadline that always holds.
 
-The first signal stops reading and drains (:meth:`Worker.stop`); the process
+The first signal stops reading and drains (:meth:`~postbox.worker.worker.Worker.stop`); the process
 is then sure to end within ``drain_timeout + GRACE`` seconds. A second signal
 ends the drain at once (unfinished jobs stay unacknowledged for another
 worker) and the process within ``ABORT_GRACE``. Should anything hold the

@@ -1,7 +1,7 @@
 """``GET /jobs/{id}/result?wait=``: a job's outcome, waiting for it without polling.
 
-Reads with :func:`jobs.results.get_result_async` on a pooled connection; waits
-with :func:`jobs.results.wait_result` (LISTEN on the workers' result
+Reads with :func:`postbox.results.get_result_async` on a pooled connection; waits
+with :func:`postbox.results.wait_result` (LISTEN on the workers' result
 notifications). Each wait holds one PostgreSQL connection of its own, so at
 most ``MAX_WAITERS`` wait at once; a request beyond that waits for a slot
 within its own deadline.

@@ -71,7 +71,7 @@ def check_event(name: Any, capacity: Any) -> tuple[str, int]:
 
 
 def check_order(event_id: Any, seats: Any, email: Any) -> tuple[int, int, str]:
-    """Pure validation of an order's input; raises a typed :class:`OrderError`."""
+    """Pure validation of an order's input; raises a typed :class:`~postbox_examples.stagedoor.errors.OrderError`."""
     if isinstance(event_id, bool) or not isinstance(event_id, int) or event_id < 1:
         raise InvalidOrderError("event_id must be a positive integer", field="event_id")
     if isinstance(seats, bool) or not isinstance(seats, int) or not 1 <= seats <= MAX_SEATS_PER_ORDER:

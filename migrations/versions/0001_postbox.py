@@ -80,7 +80,7 @@ CREATE INDEX outbox_queue_state ON {schema}.outbox (queue, state);
 CREATE INDEX outbox_live_state ON {schema}.outbox (state, queue)
     WHERE state IN ('pending', 'queued', 'running', 'retrying', 'dead');
 CREATE INDEX outbox_finished ON {schema}.outbox (finished_at) WHERE finished_at IS NOT NULL;
--- Retention: results past their TTL are cleared (postbox/retention.py).
+-- Retention: results past their TTL are cleared (jobs/retention.py).
 CREATE INDEX outbox_result_expiry ON {schema}.outbox (result_expires_at) WHERE result_expires_at IS NOT NULL;
 
 -- One row per attempt: the history the API and the dead letters show.
@@ -95,7 +95,7 @@ CREATE TABLE {schema}.job_attempts (
     outcome     text,       -- succeeded, retry, dead, cancelled, lost (claim taken over), duplicate
     error_class text,
     error       text,
-    traceback   text,       -- a failed attempt's, bounded (postbox/text.py)
+    traceback   text,       -- a failed attempt's, bounded (jobs/text.py)
     PRIMARY KEY (outbox_id, attempt)
 );
 

@@ -1,7 +1,7 @@
 """Unique jobs: a task's uniqueness rule, the key each job of it holds.
 
 ``tasks.unique_rule`` is a task's rule as published by workers and the API
-(``{{period, states, by, defaults}}``, postbox/unique.py); ``outbox.unique_key``
+(``{{period, states, by, defaults}}``, jobs/unique.py); ``outbox.unique_key``
 the key a job of such a task holds (its task and the JSON of the key's
 arguments). ``unique_claim()`` computes a key, takes its advisory lock for the
 transaction and finds the job holding it; ``enqueue()`` is replaced by the same

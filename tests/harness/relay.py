@@ -93,7 +93,10 @@ def leader_pid(conn: psycopg.Connection[Any], lock_key: int) -> int | None:
 
 @contextmanager
 def relay_processes(env: dict[str, str], n: int, log_dir: Any) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """``n`` real relay processes (``python -m relay run``); killed on exit. Logs go to log_dir/relay-<i>.log."""
+    """``n`` real relay processes (``python -m postbox.relay run``); killed on exit.
+
+    Logs go to log_dir/relay-<i>.log.
+    """
     procs: list[subprocess.Popen[bytes]] = []
     files = []
     try:

@@ -1,4 +1,4 @@
-"""Real relay processes (``python -m relay run``) and real signals: one leader, failover, shutdown."""
+"""Real relay processes (``python -m postbox.relay run``) and real signals: one leader, failover, shutdown."""
 
 from __future__ import annotations
 
