@@ -180,7 +180,7 @@ class Statements(schema.Templates):
         delay_seconds => %(delay)s::float8)
     """
 
-    # A unique task's job (postbox/unique.py): its key, and the job holding that key
+    # A unique task's job (jobs/unique.py): its key, and the job holding that key
     # (NULL: none). Takes the key's advisory lock until the transaction ends, so a
     # concurrent enqueuer of the key waits, then finds this one's job.
     JOB_LOCK_UNIQUE_KEY: LiteralString = """
@@ -539,7 +539,7 @@ class Statements(schema.Templates):
     JOB_RECORD_SUCCESS_AND_COMMIT: LiteralString = JOB_RECORD_SUCCESS + ";\nCOMMIT"
 
     # The same call in SQLAlchemy's bind style, for a job's transaction on an ORM's
-    # connection (postbox/sqlalchemy.py, through postbox.fence.JobFence; any driver).
+    # connection (jobs/sqlalchemy.py, through postbox.fence.JobFence; any driver).
     JOB_RECORD_SUCCESS_SQLALCHEMY: LiteralString = (
         "SELECT {schema}.record_success(CAST(:id AS int8), CAST(:worker AS text), CAST(:attempt AS int4))"
     )
@@ -930,7 +930,7 @@ class Statements(schema.Templates):
     # earlier run committed it.
     PROCESSED_BEGIN: LiteralString = "SELECT {schema}.begin_processed(%(id)s::int8)"
 
-    # The same in SQLAlchemy's bind style (postbox/sqlalchemy.py, through postbox.fence.JobFence).
+    # The same in SQLAlchemy's bind style (jobs/sqlalchemy.py, through postbox.fence.JobFence).
     PROCESSED_BEGIN_SQLALCHEMY: LiteralString = "SELECT {schema}.begin_processed(CAST(:id AS int8))"
 
     # The two round trips of ctx.transaction() around the handler's body, each one
@@ -1047,7 +1047,7 @@ class Statements(schema.Templates):
     # --- tasks: the task definitions --------------------------------------------------------------
 
     # The task definitions a worker or the API loaded: what postbox.enqueue() applies
-    # to a job enqueued from SQL without its options (postbox/definitions.py).
+    # to a job enqueued from SQL without its options (jobs/definitions.py).
     TASK_UPSERT_MANY: LiteralString = """
     INSERT INTO {schema}.tasks AS t (name, queue, priority, max_attempts, timeout_seconds, keep_result, retry,
                                      unique_rule, updated_at, updated_by)
@@ -1314,7 +1314,7 @@ class Statements(schema.Templates):
     SELECT count(*) FROM woken
     """
 
-    # --- flow control: operations (postbox/limit_control.py; the API, the CLI, metrics) -----
+    # --- flow control: operations (app/services/limits.py; the API, the CLI, metrics) -----
     # Every limit row with its task's queue, the slots in use under its keys (a slot
     # counts as LIMIT_GET_STATE counts it: its job running under a live lease; a task's
     # partitions summed) and the jobs of that queue or task held back (waiting for a

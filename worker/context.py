@@ -1,4 +1,4 @@
-"""The ``ctx`` a handler receives: the worker's implementation of :class:`jobs.context.JobContext`."""
+"""The ``ctx`` a handler receives: the worker's implementation of :class:`postbox.context.JobContext`."""
 
 from __future__ import annotations
 
