@@ -122,6 +122,28 @@ class RetryLater(Exception):
         self.seconds = float(seconds)
 
 
+MAX_SNOOZE_SECONDS = 366 * 86_400  # a year and a day: what make_interval and the relay's wake take easily
+
+
+class Snooze(Exception):
+    """Raised (or returned) by a handler: "not yet", run this job again after ``seconds``.
+
+    Unlike :class:`RetryLater`, a snooze does not consume an attempt: the job's
+    attempt budget (``max_attempts``) grows by one with each snooze, so the run
+    counter ``attempts`` still numbers the runs and the history keeps one row per
+    run (outcome ``snoozed``). A task allows at most ``max_snoozes`` snoozes
+    (``@task(max_snoozes=...)``, default 100); past them a snooze counts as an
+    attempt, exactly like ``RetryLater``, so a job cannot snooze forever.
+    """
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_SNOOZE_SECONDS:
+            raise ValueError(f"Snooze seconds must be a number in 0..{MAX_SNOOZE_SECONDS}, got {seconds!r}")
+        super().__init__(reason or f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
+        self.reason = reason
+
+
 class PermanentError(Exception):
     """Raised by a handler: the job can never succeed; it goes to the dead letters at once."""
 

@@ -9,6 +9,7 @@ One module for the worker (:mod:`postbox.worker.executor`,
   and bounded traceback to record). :data:`PERMANENT` errors end in the dead
   letters at once; any other failure is retried until the attempts run out;
   ``RetryLater(seconds)`` counts as an attempt like any failure;
+  ``Snooze(seconds)`` does not, up to the task's ``max_snoozes`` (:func:`snoozed`);
   ``AlreadyProcessed`` is a duplicate, ``JobCancelled`` a cancellation.
 - **the retry delay**: ``min(max, base * 2^(attempt-1))`` with ±jitter
   (:func:`next_delay`); the task's :class:`RetryPolicy` overrides the settings
@@ -33,6 +34,7 @@ from postbox.errors import (
     JobCancelled,
     PermanentError,
     RetryLater,
+    Snooze,
     UnknownTaskError,
 )
 from postbox.settings import Settings
@@ -187,16 +189,43 @@ def failed(
     """The outcome of a run whose handler raised ``exc``: dead, or retrying after a delay."""
     cls = error_class(exc)
     message = error_text(exc)
-    trace = None if isinstance(exc, RetryLater) else traceback_text(exc)  # a RetryLater is a decision, not a bug
+    decided = isinstance(exc, RetryLater | Snooze)
+    trace = None if decided else traceback_text(exc)  # a RetryLater or a Snooze is a decision, not a bug
     if isinstance(exc, PERMANENT):
         outcome = dead(cls, message)
     elif attempt >= max_attempts:
         outcome = dead(cls, f"attempts exhausted ({attempt}/{max_attempts}): {message}")
     else:
-        delay = exc.seconds if isinstance(exc, RetryLater) else backoff.delay(attempt, rand)
+        delay = exc.seconds if isinstance(exc, RetryLater | Snooze) else backoff.delay(attempt, rand)
         outcome = Outcome("retrying", "retry", delay=delay, error_class=cls, error=sanitize(message))
     outcome.traceback = trace
     return outcome
+
+
+def snoozed(
+    exc: Snooze,
+    *,
+    snoozes: int,
+    max_snoozes: int,
+    attempt: int,
+    max_attempts: int,
+    backoff: Backoff,
+    rand: Callable[[], float],
+) -> Outcome:
+    """The outcome of a run that snoozed, its job having snoozed ``snoozes`` times before.
+
+    Within ``max_snoozes``: the job waits ``exc.seconds`` and its attempt budget
+    grows by one (``JOB_RECORD_OUTCOMES`` adds one to ``max_attempts`` for an
+    attempt whose outcome is ``snoozed``), so the attempt this run was counted
+    for is given back. Past it: a failure like ``RetryLater``, counted, so the
+    attempts bound the job (retrying after ``exc.seconds``, or dead).
+    """
+    reason = f": {exc.reason}" if exc.reason else ""
+    if snoozes < max_snoozes:
+        note = f"snoozed for {exc.seconds:g}s ({snoozes + 1} of {max_snoozes}){reason}"
+        return Outcome("retrying", "snoozed", delay=exc.seconds, error_class="Snooze", error=sanitize(note))
+    over = Snooze(exc.seconds, f"snooze limit reached ({max_snoozes}), counted as an attempt{reason}")
+    return failed(over, attempt=attempt, max_attempts=max_attempts, backoff=backoff, rand=rand)
 
 
 def raised(

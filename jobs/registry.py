@@ -49,6 +49,7 @@ class TaskSpec:
     args_model: type[BaseModel] = field(repr=False)
     limit: FlowLimit = field(default_factory=FlowLimit)  # flow control declared in code (postbox.flow)
     unique: Unique | None = None  # uniqueness rule (postbox.unique, docs/unique-jobs.md)
+    max_snoozes: int = 100  # snoozes that do not count as attempts (postbox.Snooze, docs/job-control.md)
 
     @property
     def is_async(self) -> bool:
@@ -221,6 +222,7 @@ def task(
     rate: Rate | str | None = None,
     partition_by: str | None = None,
     unique: Unique | None = None,
+    max_snoozes: int = 100,
     registry: Registry | None = None,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
@@ -240,6 +242,7 @@ def task(
     rate: Rate | str | None = None,
     partition_by: str | None = None,
     unique: Unique | None = None,
+    max_snoozes: int = 100,
     registry: Registry | None = None,
 ) -> Any:
     """Register ``async def handler(ctx, **typed_args)`` (or a sync one) as a task.
@@ -256,6 +259,10 @@ def task(
     ``unique`` (a :class:`~postbox.unique.Unique`): at most one job per key, for
     a period and/or while in given states; a duplicate enqueue returns the
     existing job (docs/unique-jobs.md).
+
+    ``max_snoozes``: how many times a job of the task may raise (or return)
+    :class:`~postbox.errors.Snooze` without consuming an attempt; later snoozes
+    count as attempts, like ``RetryLater`` (docs/job-control.md).
     """
 
     def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -263,6 +270,10 @@ def task(
         check_queue(queue)
         check_priority(priority)
         check_max_attempts(max_attempts)
+        if isinstance(max_snoozes, bool) or not isinstance(max_snoozes, int) or not 0 <= max_snoozes <= 10_000:
+            raise InvalidOptionError(
+                f"task {task_name!r}: max_snoozes must be an integer 0..10000, got {max_snoozes!r}", field="max_snoozes"
+            )
         if timeout is not None and timeout <= 0:
             raise ValueError(f"task {task_name!r}: timeout must be > 0")
         limit = FlowLimit(
@@ -294,6 +305,7 @@ def task(
             args_model=args_model,
             limit=limit,
             unique=unique,
+            max_snoozes=max_snoozes,
         )
         (registry if registry is not None else default_registry).add(spec)
         func.__postbox_task__ = task_name  # type: ignore[attr-defined]

@@ -497,7 +497,9 @@ class Statements(schema.Templates):
                result_expires_at = CASE WHEN (%(results)s::text[])[f.i] IS NULL THEN NULL
                                         ELSE now() + make_interval(secs => (%(result_ttls)s::float8[])[f.i]) END,
                last_error_class = coalesce((%(error_classes)s::text[])[f.i], j.last_error_class),
-               last_error = coalesce((%(errors)s::text[])[f.i], j.last_error)
+               last_error = coalesce((%(errors)s::text[])[f.i], j.last_error),
+               -- A snooze gives its attempt back (postbox.outcomes.snoozed).
+               max_attempts = j.max_attempts + CASE WHEN (%(outcomes)s::text[])[f.i] = 'snoozed' THEN 1 ELSE 0 END
           FROM fenced f
          WHERE j.id = f.id AND j.attempts = (%(attempts)s::int4[])[f.i]
      RETURNING j.id, j.state, j.attempts, f.i, j.started_at
@@ -1623,6 +1625,15 @@ class Statements(schema.Templates):
     # frozen inside it is cut off (and its lock freed) as if it were frozen while idle.
     TRANSACTION_SET_IDLE_TIMEOUT: LiteralString = """
     SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+    """
+
+    # --- job control: snooze, progress, moving waiting jobs (docs/job-control.md) ------------------
+
+    # The snoozes of a job's current life (an archived earlier life's attempts are below zero):
+    # what postbox.outcomes.snoozed bounds. Read by the claimant of the running attempt, which
+    # no one else may record, so the count cannot change under it.
+    JOB_ATTEMPT_COUNT_SNOOZES: LiteralString = """
+    SELECT count(*) FROM {schema}.job_attempts WHERE outbox_id = %(id)s AND attempt > 0 AND outcome = 'snoozed'
     """
 
 

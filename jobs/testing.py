@@ -15,8 +15,8 @@ Plain functions on the test's own connection, plus a pytest plugin
   transaction, with the ``processed_jobs`` guarantee), ``ctx.transaction(orm)``
   and ``ctx.atomic()`` (the ORM forms, on the test's session or Django's
   connection), ``ctx.enqueue()`` follow-ups (run in a later round),
-  ``RetryLater``, ``PermanentError`` and retries (run again at once, until
-  they succeed or run out of attempts). They return every run's outcome.
+  ``RetryLater``, ``Snooze``, ``PermanentError`` and retries (run again at
+  once, until they succeed or run out of attempts). They return every run's outcome.
 
 Every helper takes what ``enqueue()`` takes (:mod:`postbox.connections`): a
 psycopg 3 connection, a SQLAlchemy ``Session`` / ``Connection`` (the async
@@ -52,7 +52,7 @@ from psycopg import AsyncConnection, Connection
 
 from postbox import connections, outcomes, pgarray, sql
 from postbox.connections import AsyncTarget, SyncTarget
-from postbox.errors import AlreadyProcessed, JobCancelled, UnsupportedConnectionError
+from postbox.errors import AlreadyProcessed, JobCancelled, Snooze, UnsupportedConnectionError
 from postbox.fence import JobFence
 from postbox.outcomes import Outcome
 from postbox.registry import Registry, TaskSpec, default_registry
@@ -60,7 +60,7 @@ from postbox.registry import Registry, TaskSpec, default_registry
 INLINE_WORKER = "worker-inline0"
 LEASE_SECONDS = 3600.0
 RESULT_TTL = 86_400.0
-log = logging.getLogger("postbox.testing")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -473,7 +473,14 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
             value = await asyncio.to_thread(spec.fn, ctx, **call_args)
         outcome = _outcome(value, None, attempt, max_attempts, keep_result)
     except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
-        value, outcome = None, _outcome(None, exc, attempt, max_attempts, keep_result)
+        value, outcome = (
+            (exc if isinstance(exc, Snooze) else None),
+            _outcome(None, exc, attempt, max_attempts, keep_result),
+        )
+    if isinstance(value, Snooze):  # raised or returned: decided with the job's snoozes so far
+        snooze, value = value, None
+        cur = await conn.execute(sql.active().JOB_ATTEMPT_COUNT_SNOOZES, {"id": job_id})
+        outcome = _snoozed(snooze, (await cur.fetchone() or (0,))[0], registry, name, attempt, max_attempts)
     statement, params = _record(ctx, outcome)
     if statement is not None:
         await conn.execute(statement, params)
@@ -496,7 +503,14 @@ def _run_one_sync(conn: Connection[Any], job_id: int, registry: Registry) -> Job
             value = spec.fn(ctx, **call_args)  # this thread: Django's connection is the test's
         outcome = _outcome(value, None, attempt, max_attempts, keep_result)
     except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
-        value, outcome = None, _outcome(None, exc, attempt, max_attempts, keep_result)
+        value, outcome = (
+            (exc if isinstance(exc, Snooze) else None),
+            _outcome(None, exc, attempt, max_attempts, keep_result),
+        )
+    if isinstance(value, Snooze):  # raised or returned: decided with the job's snoozes so far
+        snooze, value = value, None
+        count = conn.execute(sql.active().JOB_ATTEMPT_COUNT_SNOOZES, {"id": job_id}).fetchone() or (0,)
+        outcome = _snoozed(snooze, count[0], registry, name, attempt, max_attempts)
     statement, params = _record(ctx, outcome)
     if statement is not None:
         conn.execute(statement, params)
@@ -515,6 +529,22 @@ def _outcome(value: Any, exc: BaseException | None, attempt: int, max_attempts: 
     if exc is None:
         return outcomes.succeeded(value, keep_result=keep_result)
     outcome = outcomes.raised(exc, attempt=attempt, max_attempts=max_attempts, backoff=outcomes.NO_BACKOFF, rand=_half)
+    outcome.delay = 0.0
+    return outcome
+
+
+def _snoozed(snooze: Snooze, snoozes: int, registry: Registry, task: str, attempt: int, max_attempts: int) -> Outcome:
+    """A snooze decided as the worker decides it (:func:`postbox.outcomes.snoozed`), due at once."""
+    spec = registry.get(task)
+    outcome = outcomes.snoozed(
+        snooze,
+        snoozes=snoozes,
+        max_snoozes=spec.max_snoozes,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        backoff=outcomes.NO_BACKOFF,
+        rand=_half,
+    )
     outcome.delay = 0.0
     return outcome
 

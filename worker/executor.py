@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import hooks, outcomes, tracing
-from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled
+from postbox import hooks, outcomes, sql, tracing
+from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled, Snooze
 from postbox.outcomes import JobTimeout, Outcome
 from postbox.registry import Registry, TaskSpec
 from postbox.settings import Settings
@@ -29,7 +29,7 @@ from postbox.worker.context import StaleAttempt, WorkerJobContext
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.threads import HandlerThreads
 
-log = logging.getLogger("postbox.worker.executor")
+log = logging.getLogger(__name__)
 
 DEFAULT_RESULT_TTL = 86_400.0
 
@@ -176,7 +176,11 @@ class Executor:
             if ctx.committed:
                 ctx.log.warning("handler raised after its transaction committed; the job stays succeeded")
                 return _committed(None, keep_result=False)
+            if isinstance(exc, Snooze):
+                return await self._snoozed(ctx, job, spec, exc)
             return self._failed_run(ctx, job, spec, exc, failures)
+        if isinstance(value, Snooze) and not ctx.committed:  # returned rather than raised: the same
+            return await self._snoozed(ctx, job, spec, value)
         if ctx.committed:
             return _committed(value, keep_result=job.keep_result)
         return outcomes.succeeded(value, keep_result=job.keep_result)
@@ -205,6 +209,29 @@ class Executor:
         ctx.log.warning("run failed (%s): %s: %s%s", outcome.kind, outcome.error_class, outcome.error, trace)
         if failures is not None:
             failures.append(exc)
+        return outcome
+
+    async def _snoozed(self, ctx: WorkerJobContext, job: Job, spec: TaskSpec, exc: Snooze) -> Outcome:
+        """A snooze, free while the job's earlier snoozes (read from its history) stay under the task's bound."""
+        try:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(sql.active().JOB_ATTEMPT_COUNT_SNOOZES, {"id": job.id})
+                row = await cur.fetchone()
+            snoozes = int(row[0]) if row is not None else 0
+        except Exception:
+            # Unknown count: the snooze is counted as an attempt, so the bound holds whatever happens.
+            ctx.log.warning("counting the job's snoozes failed; this snooze counts as an attempt", exc_info=True)
+            snoozes = spec.max_snoozes
+        outcome = outcomes.snoozed(
+            exc,
+            snoozes=snoozes,
+            max_snoozes=spec.max_snoozes,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            backoff=outcomes.backoff(spec.retry, self._settings),
+            rand=self._rand,
+        )
+        ctx.log.info("run %s: %s", outcome.kind, outcome.error)
         return outcome
 
     def _failed(self, job: Job, spec: TaskSpec, exc: BaseException) -> Outcome:

@@ -167,3 +167,58 @@ def test_outcome_params_without_results_ask_no_ttl() -> None:
     params = outcome_params("w", [(_Attempt(1, 1), retry)], ttl, notify=False, also_notify=[5])
     assert (params["delays"], params["results"], params["result_ttls"]) == ("{2.5}", None, None)
     assert (params["notify"], params["also_notify"]) == (False, None)
+
+
+# --- snooze ------------------------------------------------------------------------------
+
+
+def test_a_snooze_within_the_bound_is_free_and_past_it_counts() -> None:
+    from postbox.errors import Snooze
+    from postbox.outcomes import snoozed
+
+    within = snoozed(
+        Snooze(30, "wait"), snoozes=0, max_snoozes=1, attempt=1, max_attempts=1, backoff=NO_BACKOFF, rand=lambda: 0.5
+    )
+    assert (within.state, within.kind, within.delay, within.error_class, within.error) == (
+        "retrying",
+        "snoozed",
+        30.0,
+        "Snooze",
+        "snoozed for 30s (1 of 1): wait",
+    )
+    # Past the bound: like RetryLater, counted; on the last attempt, dead.
+    counted = snoozed(
+        Snooze(30), snoozes=1, max_snoozes=1, attempt=1, max_attempts=2, backoff=NO_BACKOFF, rand=lambda: 0.5
+    )
+    assert (counted.state, counted.kind, counted.delay, counted.traceback) == ("retrying", "retry", 30.0, None)
+    last = snoozed(
+        Snooze(30), snoozes=1, max_snoozes=1, attempt=2, max_attempts=2, backoff=NO_BACKOFF, rand=lambda: 0.5
+    )
+    assert (last.state, last.kind, last.error) == (
+        "dead",
+        "dead",
+        "attempts exhausted (2/2): snooze limit reached (1), counted as an attempt",
+    )
+    none_allowed = snoozed(
+        Snooze(0), snoozes=0, max_snoozes=0, attempt=1, max_attempts=3, backoff=NO_BACKOFF, rand=lambda: 0.5
+    )
+    assert none_allowed.kind == "retry"
+
+
+@pytest.mark.parametrize("seconds", [-1, True, "5", float("nan"), float("inf"), 366 * 86_400 + 1])
+def test_a_snooze_needs_a_sane_number_of_seconds(seconds: object) -> None:
+    from postbox.errors import Snooze
+
+    with pytest.raises(ValueError, match=r"Snooze seconds must be a number in 0\.\.31622400"):
+        Snooze(seconds)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [-1, True, 10_001, "3"])
+def test_max_snoozes_is_checked_at_registration(bad: object) -> None:
+    from postbox.errors import InvalidOptionError
+    from postbox.registry import Registry, task
+
+    with pytest.raises(InvalidOptionError, match=r"max_snoozes must be an integer 0\.\.10000"):
+
+        @task(registry=Registry(), max_snoozes=bad)  # type: ignore[call-overload]
+        async def snoozer(ctx: object) -> None: ...

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from postbox import JobCancelled, PermanentError, RetryLater, RetryPolicy, task
+from postbox import JobCancelled, PermanentError, RetryLater, RetryPolicy, Snooze, task
 
 QUEUE = "wtest"
 FAST = RetryPolicy(base_delay=0.05, max_delay=0.2, jitter=0.0)
@@ -90,6 +90,18 @@ async def w_retry_later(ctx: Any, seconds: float) -> None:
     if ctx.attempt == 1:
         raise RetryLater(seconds)
     await _effect(ctx, "retry_later")
+
+
+@task(queue=QUEUE, retry=FAST, max_attempts=2, max_snoozes=2)
+async def w_snooze(ctx: Any, times: int, seconds: float = 0.05, returned: bool = False) -> Snooze | None:
+    """Snooze on the first ``times`` runs (raised, or ``returned``), then record one effect."""
+    if ctx.attempt <= times:
+        snooze = Snooze(seconds, f"not yet ({ctx.attempt})")
+        if returned:
+            return snooze
+        raise snooze
+    await _effect(ctx, "snooze")
+    return None
 
 
 @task(queue=QUEUE, retry=FAST, timeout=0.2, max_attempts=2)
