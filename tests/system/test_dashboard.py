@@ -303,7 +303,8 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         expect(page.locator("tr[data-queue=apiq]")).to_contain_text("apiq")
         expect(page.locator("#card-finished .value")).to_have_text("40")
         expect(page.locator("#card-dead .value")).to_have_text("3")
-        expect(page.locator("#card-leader .value")).to_have_text("host-r:201")
+        # without the key a relay's host and pid are withheld: the card names the relay's id
+        expect(page.locator("#card-leader .value")).to_have_text("relay-1")
         expect(page.locator("#card-workers .value")).to_have_text("1 (+1 stale)")
         expect(page.locator("#card-p50 .value")).to_have_text("20 ms")
         assert page.locator("#throughput rect.ok").count() == 60
@@ -323,13 +324,13 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         expect(page.locator("tr[data-state]")).to_have_count(44)
         expect(page.locator("#page-next")).to_be_disabled()
 
-        # A deep link, before logging in: args and headers redacted, the traceback shown.
+        # A deep link, before logging in: args, headers, errors and tracebacks withheld.
         job_page = context.new_page()
         _open(job_page, f"{base}#/jobs/{seeded['dead'][0]}", "job")
         expect(job_page.locator("#job-state")).to_have_text("dead")
         expect(job_page.locator("#job-args")).to_contain_text("redacted")
-        expect(job_page.locator("pre.error")).to_have_text("ValueError: bad input")
-        expect(job_page.locator("pre.traceback")).to_contain_text("Traceback (most recent call last):")
+        expect(job_page.locator("pre.error")).to_have_count(0)
+        expect(job_page.locator("pre.traceback")).to_have_count(0)
         # created, due, attempt 1 started and ended, finished (never published: seeded by SQL)
         expect(job_page.locator("#timeline li")).to_have_count(5)
         expect(job_page.locator("#timeline")).to_contain_text("attempt 1 started on worker-live0001")
@@ -351,12 +352,16 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         page.wait_for_selector("#logout")
         page.wait_for_selector("body[data-loaded=overview]")
         cookies = {c["name"]: c for c in context.cookies()}
-        assert cookies["postbox_key"]["httpOnly"] is True
-        assert cookies["postbox_key"]["sameSite"] == "Strict"
-        assert cookies["postbox_key"]["path"] == "/"
+        assert cookies["postbox_session"]["httpOnly"] is True
+        assert cookies["postbox_session"]["sameSite"] == "Strict"
+        assert cookies["postbox_session"]["path"] == "/"
+        assert cookies["postbox_session"]["value"] != KEY  # a session token, never the key
         assert page.evaluate("document.cookie") == ""
 
-        # Logged in: args, headers and a text match on args.
+        # Logged in: the dead job's error and traceback, args, headers and a text match on args.
+        _go(page, f"#/jobs/{seeded['dead'][0]}", "job")
+        expect(page.locator("pre.error")).to_have_text("ValueError: bad input")
+        expect(page.locator("pre.traceback")).to_contain_text("Traceback (most recent call last):")
         _go(page, f"#/jobs/{seeded['needle']}", "job")
         expect(page.locator("#job-args")).to_contain_text('"text": "needle-42"')
         expect(page.locator("#job-headers")).to_contain_text('"request_id": "req-77"')
@@ -384,7 +389,11 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
             paused = conn.execute("SELECT paused FROM postbox.queues WHERE name = 'apiq'").fetchone()
             audit = conn.execute("SELECT actor, action, target FROM postbox.audit_log ORDER BY id").fetchall()
         assert paused == (True,)
-        assert audit == [("api:key", "queue.pause", "queue:apiq")]
+        assert [(actor.split(":")[0], action, target) for actor, action, target in audit] == [
+            ("unauthenticated", "auth.failed", "client:127.0.0.1"),  # the wrong key above
+            ("session", "session.login", audit[1][2]),
+            ("session", "queue.pause", "queue:apiq"),
+        ]
         _shot(page, "queues")
 
         # CSRF: the cookie alone does not make an action.
@@ -433,12 +442,20 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         expect(page.locator("tr[data-state=dead]")).to_have_count(2)
         with psycopg.connect(database_url) as conn:
             actions = [r[0] for r in conn.execute("SELECT action FROM postbox.audit_log ORDER BY id").fetchall()]
-        assert actions == ["queue.pause", "schedule.pause", "schedule.trigger", "dlq.discard", "dlq.purge"]
+        assert actions == [
+            "auth.failed",
+            "session.login",
+            "queue.pause",
+            "schedule.pause",
+            "schedule.trigger",
+            "dlq.discard",
+            "dlq.purge",
+        ]
 
         # Log out: the cookie is gone and actions are disabled again.
         page.click("#logout")
         page.wait_for_selector("#login-link")
-        assert "postbox_key" not in {c["name"] for c in context.cookies()}
+        assert "postbox_session" not in {c["name"] for c in context.cookies()}
         _go(page, "#/queues", "queues")
         expect(page.locator("tr[data-queue=apiq] button")).to_be_disabled()
         context.close()
@@ -486,7 +503,9 @@ def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_re
         expect(page.locator("tr[data-state=succeeded]")).to_have_count(3)
         assert page.evaluate("window.__same_document") is True
         with psycopg.connect(database_url) as conn:
-            actions = conn.execute("SELECT action, count(*) FROM postbox.audit_log GROUP BY action").fetchall()
+            actions = conn.execute(
+                "SELECT action, count(*) FROM postbox.audit_log WHERE action <> 'session.login' GROUP BY action"
+            ).fetchall()
         assert actions == [("dlq.requeue", 3)]
 
         # The API restarts: the page reconnects and keeps following.
@@ -523,7 +542,7 @@ def test_behind_a_reverse_proxy_under_a_path_prefix(
         page.click("form.login button")
         page.wait_for_selector("#logout")
         (cookie,) = context.cookies()
-        assert (cookie["name"], cookie["path"]) == ("postbox_key", "/postbox/")
+        assert (cookie["name"], cookie["path"]) == ("postbox_session", "/postbox/")
         _go(page, "#/queues", "queues")
         page.click("tr[data-queue=apiq] button")
         page.click("#confirm-ok")

@@ -345,7 +345,7 @@ function overviewPage() {
         card("dead, last hour", num(dead), "card-dead"),
         card(`start latency p50 (${num(data.latency.jobs)} jobs)`, secs(data.latency.p50_seconds), "card-p50"),
         card("start latency p95", secs(data.latency.p95_seconds), "card-p95"),
-        card("relay leader", leader ? `${leader.host}:${leader.pid}` : "none", "card-leader"),
+        card("relay leader", leader ? (leader.host === null ? leader.id : `${leader.host}:${leader.pid}`) : "none", "card-leader"),
         card(`relay lag (${data.unpublished_more ? "> 10,000" : num(data.unpublished_due)} due)`, lag, "card-lag"),
         card("workers alive", `${data.workers.live}${data.workers.stale ? ` (+${data.workers.stale} stale)` : ""}`, "card-workers"),
       ),
