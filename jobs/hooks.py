@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-log = logging.getLogger("postbox.hooks")
+log = logging.getLogger(__name__)
 
 
 @dataclass

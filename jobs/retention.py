@@ -39,7 +39,7 @@ from postbox import sql
 from postbox.settings import Settings
 
 SECONDS_PER_DAY = 86_400.0
-log = logging.getLogger("postbox.retention")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from postbox.occurrences import CatchUp, Due, Timing, due, next_after
 from postbox.periodic import Schedule, ScheduleBook
 from postbox.registry import Registry
 
-log = logging.getLogger("postbox.schedules")
+log = logging.getLogger(__name__)
 BROKEN_RETRY = timedelta(minutes=1)  # a stored schedule that cannot be evaluated is looked at again then
 
 

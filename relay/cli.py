@@ -26,7 +26,7 @@ from postbox.registry import default_registry, load_task_modules
 from postbox.settings import Settings
 from postbox.startup import process_settings, run_loop
 
-log = logging.getLogger("postbox.relay")
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:

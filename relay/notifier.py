@@ -18,7 +18,7 @@ import psycopg
 from postbox import sql
 from postbox.db import connect_async
 
-log = logging.getLogger("postbox.relay")
+log = logging.getLogger(__name__)
 
 LISTENER_APPLICATION_NAME = "postbox-relay-listener"
 

@@ -34,7 +34,7 @@ from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater
 from postbox.streams import GROUP, events_channel, stream_key
 
-log = logging.getLogger("postbox.relay")
+log = logging.getLogger(__name__)
 
 EVENTS_CHECK_INTERVAL = 1.0  # seconds between PUBSUB NUMSUB checks of the events channel
 STATISTICS_CHECK_INTERVAL = 30.0  # seconds between checks of the planner's backlog estimate (full batches only)

@@ -44,7 +44,7 @@ from postbox.relay.publisher import Publisher, Row, check_term
 from postbox.relay.watermark import EntryId, parse_entry_id, tails_lost
 from postbox.streams import decode_entry, epoch_key, stream_key
 
-log = logging.getLogger("postbox.relay")
+log = logging.getLogger(__name__)
 
 RECOVERING = "recovering:"
 

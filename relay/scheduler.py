@@ -37,7 +37,7 @@ from postbox.redis_conn import AnyRedis, subscribers
 from postbox.schedule_store import Fired, TickReport
 from postbox.streams import events_channel
 
-log = logging.getLogger("postbox.relay.schedules")
+log = logging.getLogger(__name__)
 LATENESS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600)
 RUN_RETENTION_SECONDS = 7 * 86_400.0
 PRUNE_EVERY_SECONDS = 3600.0

@@ -51,7 +51,7 @@ from postbox.retention import PruneDuty
 from postbox.settings import Settings
 from postbox.startup import hide_password
 
-log = logging.getLogger("postbox.relay")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from postbox.outcomes import Outcome, outcome_params, storable
 from postbox.streams import GROUP, events_channel
 from postbox.worker.delivery import Delivery, Job
 
-log = logging.getLogger("postbox.worker.completer")
+log = logging.getLogger(__name__)
 _GROUP = GROUP.encode()
 
 EVENT_OF_STATE = {"succeeded": "succeeded", "retrying": "retrying", "dead": "dead", "cancelled": "cancelled"}

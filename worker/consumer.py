@@ -33,7 +33,7 @@ from postbox import redis_conn, resp
 from postbox.streams import GROUP
 from postbox.worker.delivery import Delivery, parse_delivery
 
-log = logging.getLogger("postbox.worker.consumer")
+log = logging.getLogger(__name__)
 
 # KEYS: streams, highest priority first. ARGV: group, consumer, count.
 # Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the

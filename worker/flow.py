@@ -33,7 +33,7 @@ from postbox.streams import stream_key
 from postbox.worker import claims
 from postbox.worker.delivery import Delivery, Job
 
-log = logging.getLogger("postbox.worker.flow")
+log = logging.getLogger(__name__)
 
 
 def declared(registry: Registry) -> list[tuple[str, str, FlowLimit]]:

@@ -23,7 +23,7 @@ from postbox.redis_conn import AnyRedis
 from postbox.streams import GROUP
 from postbox.worker.delivery import Delivery, Job
 
-log = logging.getLogger("postbox.worker.heartbeat")
+log = logging.getLogger(__name__)
 
 
 class Heartbeat:

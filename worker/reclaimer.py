@@ -24,7 +24,7 @@ from postbox.streams import GROUP, parse_stream_key
 from postbox.worker.consumer import by_slot, ensure_groups, is_nogroup
 from postbox.worker.delivery import Delivery, parse_delivery
 
-log = logging.getLogger("postbox.worker.reclaimer")
+log = logging.getLogger(__name__)
 
 MAX_SCANS_PER_STREAM = 10
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-log = logging.getLogger("postbox.worker")
+log = logging.getLogger(__name__)
 
 GRACE = 10.0  # seconds past the drain timeout for outcomes, the registry row, closing connections
 ABORT_GRACE = 2.0  # seconds after a second signal

@@ -25,7 +25,7 @@ from postbox.app.services.errors import (
 )
 from postbox.errors import EnqueueError, PayloadTooLargeError, QueueFullError, SchemaOutdatedError, UnknownTaskError
 
-log = logging.getLogger("postbox.api")
+log = logging.getLogger(__name__)
 POOL_RETRY_AFTER = 1
 
 HTTP_CODES = {

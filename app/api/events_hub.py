@@ -22,7 +22,7 @@ from postbox.events import TERMINAL_EVENTS, EventType, decode, encode, event
 from postbox.redis_conn import is_cluster
 from postbox.streams import events_channel
 
-log = logging.getLogger("postbox.api.events")
+log = logging.getLogger(__name__)
 
 BUFFER_CAP = 1000
 Filter = Callable[[dict[str, Any]], bool]

@@ -42,7 +42,7 @@ from postbox.app.dashboard import install as install_dashboard
 from postbox.registry import Registry, default_registry, load_task_modules
 from postbox.settings import Settings
 
-log = logging.getLogger("postbox.api")
+log = logging.getLogger(__name__)
 BODY_SLACK = 65_536  # JSON envelope allowed on top of the args limit: the body limit of every route
 
 

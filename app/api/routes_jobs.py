@@ -20,7 +20,7 @@ from postbox.app.services.results import as_dict
 from postbox.errors import InvalidArgsError, InvalidOptionError, QueueFullError
 from postbox.producer import Limits
 
-log = logging.getLogger("postbox.api")
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
 
 

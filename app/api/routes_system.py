@@ -30,7 +30,7 @@ from postbox.app.services import queues as queue_service
 from postbox.app.services import workers as worker_service
 from postbox.app.services.results import as_dict
 
-log = logging.getLogger("postbox.api")
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["system"], route_class=StrictJsonRoute)
 CHECK_TIMEOUT = 2.0
 WS_OVERFLOW = 1013  # "try again later": the client fell more than the buffer behind

@@ -25,7 +25,7 @@ from postbox.app.services.audit import Actor, record_audit
 from postbox.registry import Registry
 from postbox.settings import Settings
 
-log = logging.getLogger("postbox.api")
+log = logging.getLogger(__name__)
 # Set by the dashboard's session middleware (postbox.app.dashboard.session) on a request
 # that carries a live session's cookie: the request holds the key, as with X-API-Key.
 SCOPE_SESSION = "postbox.session"

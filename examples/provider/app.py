@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from postbox_examples.provider import store
 from postbox_examples.provider.faults import AfterDelivery, Faults, seeded
 
-log = logging.getLogger("postbox.provider")
+log = logging.getLogger(__name__)
 
 MAX_KEY = 255
 

@@ -41,7 +41,7 @@ def test_without_a_key_destructive_calls_are_refused_by_default(
     path, params, _, _ = setup(conn)
     dead_before = conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'dead'").fetchone()
     conn.commit()
-    with make_client(settings, **SECURE) as c, caplog.at_level(logging.WARNING, logger="postbox.api"):
+    with make_client(settings, **SECURE) as c, caplog.at_level(logging.WARNING, logger="postbox.app.api"):
         r = c.post(path, params=params, headers={"X-API-Key": "anything"})  # no key configured: ignored
         assert r.status_code == 403
         assert r.json()["error"]["code"] == "FORBIDDEN"
@@ -78,7 +78,7 @@ def test_a_wrong_key_is_refused_on_every_route_logged_and_counted(
 ) -> None:
     job = insert_job(conn)
     wrong = {"X-API-Key": "not-the-key"}
-    with make_client(settings, api_key=API_KEY) as c, caplog.at_level(logging.WARNING, logger="postbox.api"):
+    with make_client(settings, api_key=API_KEY) as c, caplog.at_level(logging.WARNING, logger="postbox.app.api"):
         for method, path in (("GET", f"/api/v1/jobs/{job}"), ("GET", "/api/v1/queues"), ("POST", "/api/v1/jobs")):
             r = c.request(method, path, headers=wrong, json={"task": "api_echo"} if method == "POST" else None)
             assert r.status_code == 401, (path, r.text)
