@@ -18,7 +18,7 @@ from postbox.producer import EnqueueOptions, enqueue_async
 from postbox.registry import Registry
 from postbox.worker.delivery import Job
 
-logger = logging.getLogger("postbox.job")
+logger = logging.getLogger("postbox.job")  # a public name, not the module's: docs/operations.md, Logging
 
 __all__ = ["StaleAttempt", "WorkerJobContext"]  # StaleAttempt lives in postbox.fence (the ORM adapters raise it too)
 
