@@ -196,12 +196,12 @@ def test_0007_stamps_a_success_when_it_is_written_and_downgrades_to_0006s_stamp(
 
 
 def test_0008_downgrades_to_0007_dropping_only_the_sessions_table(empty_database_url: str) -> None:
-    migrate.upgrade(empty_database_url)
+    migrate.upgrade(empty_database_url, "0008_sessions")
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0007_commit_time")
     assert everything - objects(empty_database_url) == SESSION_OBJECTS
     assert objects(empty_database_url) - everything == set()
-    migrate.upgrade(empty_database_url)
+    migrate.upgrade(empty_database_url, "0008_sessions")
     assert objects(empty_database_url) == everything
 
 
