@@ -19,8 +19,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
-from tempfile import TemporaryDirectory
 
 import httpx
 import psycopg
@@ -174,23 +172,21 @@ def run(rows: int, repeat: int, span_hours: float) -> str:
         print(f"filled in {time.monotonic() - started:.0f} s; starting postbox api run", file=sys.stderr)
         env = {k: v for k, v in os.environ.items() if not k.startswith("POSTBOX_") and k not in ("DATABASE_URL",)}
         port = _free_port()
-        with TemporaryDirectory() as state:
-            env.update(
-                POSTBOX_DATABASE_URL=url,
-                POSTBOX_REDIS_URL=redis_url,
-                POSTBOX_REDIS_PREFIX=sandbox.prefix,
-                POSTBOX_STATE_DIR=str(Path(state)),
-                POSTBOX_API_KEY=key,
-            )
-            argv = [sys.executable, "-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port)]
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            base = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while not _healthy(base):
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("postbox api run did not start")
-                time.sleep(0.2)
-            results = measure(base, requests(ids), repeat, key)
+        env.update(
+            POSTBOX_DATABASE_URL=url,
+            POSTBOX_REDIS_URL=redis_url,
+            POSTBOX_REDIS_PREFIX=sandbox.prefix,
+            POSTBOX_API_KEY=key,
+        )
+        argv = [sys.executable, "-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port)]
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while not _healthy(base):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError("postbox api run did not start")
+            time.sleep(0.2)
+        results = measure(base, requests(ids), repeat, key)
         return render(rows, results)
     finally:
         if proc is not None and proc.poll() is None:

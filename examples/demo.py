@@ -33,6 +33,7 @@ from psycopg import sql as pgsql
 from postbox import migrate
 from postbox.errors import SettingsError
 from postbox.settings import Settings, load_settings
+from postbox_examples.settings import load_example_settings
 from postbox_examples.stagedoor import schema as stagedoor_schema
 
 TASKS_MODULE = "postbox_examples.stagedoor.tasks"
@@ -322,6 +323,7 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     try:
         settings = load_settings()
+        example = load_example_settings()
     except SettingsError as exc:
         print(f"stagedoor demo: {exc}", file=sys.stderr)
         return 2
@@ -329,7 +331,7 @@ def main(argv: Sequence[str]) -> int:
     if settings.database_url and settings.redis_url:
         database_url = settings.require_database_url()
         redis_url = settings.require_redis_url()
-        state_dir = Path(args.state_dir or settings.state_dir or Path.home() / ".local/state/postbox").expanduser()
+        state_dir = Path(args.state_dir or example.state_dir or Path.home() / ".local/state/postbox").expanduser()
         print("using the servers from POSTBOX_DATABASE_URL and POSTBOX_REDIS_URL", flush=True)
     elif settings.database_url or settings.redis_url:
         print("stagedoor demo: set both POSTBOX_DATABASE_URL and POSTBOX_REDIS_URL, or neither", file=sys.stderr)
@@ -337,7 +339,7 @@ def main(argv: Sequence[str]) -> int:
     else:
         from postbox_examples.embedded import EmbeddedServers, default_root
 
-        state_dir = Path(args.state_dir or settings.state_dir or default_root()).expanduser()
+        state_dir = Path(args.state_dir or example.state_dir or default_root()).expanduser()
         print(f"starting embedded PostgreSQL and Valkey in {state_dir} ...", flush=True)
         servers = EmbeddedServers(state_dir / "servers", handle_signals=False)
         admin_url, redis_url = servers.start()

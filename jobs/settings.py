@@ -74,10 +74,6 @@ class Settings(BaseSettings):
         default="postbox",
         description="Prefix of every Redis key postbox writes (streams, epoch, heartbeats).",
     )
-    state_dir: str = Field(
-        default="",
-        description="Folder for embedded servers' data and the local blob store; empty = ~/.local/state/postbox.",
-    )
 
     # --- producer --------------------------------------------------------------
     max_payload_bytes: int = Field(
@@ -114,14 +110,6 @@ class Settings(BaseSettings):
     )
     republish_rate: int = Field(
         default=5000, ge=1, description="Most rows per second the relay republishes after Redis loss."
-    )
-    stream_maxlen: int = Field(
-        default=100_000,
-        ge=100,
-        description=(
-            "Reserved; nothing trims by length today: the relay never trims (no MAXLEN on XADD) and "
-            "workers delete each entry (XACK + XDEL) once its outcome is committed."
-        ),
     )
 
     # --- worker ----------------------------------------------------------------
@@ -246,18 +234,6 @@ class Settings(BaseSettings):
             "Seconds a request's whole body may take to arrive; a slower or short body gets 408. "
             "Every route's body is also limited to POSTBOX_MAX_PAYLOAD_BYTES + 64 KiB (413)."
         ),
-    )
-
-    # --- stagedoor example -----------------------------------------------------
-    provider_url: str = Field(
-        default="http://127.0.0.1:8025", description="Base URL of the mail provider the Stagedoor jobs call."
-    )
-    provider_timeout: float = Field(default=5.0, gt=0, description="Seconds before a provider call times out.")
-    blob_dir: str = Field(default="", description="Folder of the local blob store; empty = <state_dir>/blobs.")
-    stagedoor_claim_ttl: float = Field(
-        default=120.0,
-        gt=0,
-        description="Seconds after which an unsent Stagedoor email claim counts as stale and may be taken over.",
     )
 
     # --- retention -------------------------------------------------------------

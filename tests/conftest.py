@@ -147,7 +147,6 @@ def settings(database_url: str, redis_url: str, redis_prefix: str, tmp_path: Any
         database_url=database_url,
         redis_url=redis_url,
         redis_prefix=redis_prefix,
-        state_dir=str(tmp_path / "state"),
         poll_interval=0.2,
         # An in-process app (TestClient) runs its loop in a thread beside the test's own work, so on a
         # busy machine its loop runs late and the lag shedder would answer 503 to the test's requests.
@@ -157,7 +156,7 @@ def settings(database_url: str, redis_url: str, redis_prefix: str, tmp_path: Any
 
 
 @pytest.fixture
-def child_env(settings: Settings) -> dict[str, str]:
+def child_env(settings: Settings, tmp_path: Any) -> dict[str, str]:
     """Environment for a postbox child process on this test's database and prefix."""
     env = {
         k: v for k, v in os.environ.items() if not k.startswith("POSTBOX_") and k not in ("DATABASE_URL", "REDIS_URL")
@@ -166,7 +165,7 @@ def child_env(settings: Settings) -> dict[str, str]:
         POSTBOX_DATABASE_URL=str(settings.database_url),
         POSTBOX_REDIS_URL=str(settings.redis_url),
         POSTBOX_REDIS_PREFIX=settings.redis_prefix,
-        POSTBOX_STATE_DIR=settings.state_dir,
+        POSTBOX_STATE_DIR=str(tmp_path / "state"),  # the example's (blob store, demo servers): a test's own
         POSTBOX_POLL_INTERVAL=str(settings.poll_interval),
         PYTHONUNBUFFERED="1",
     )

@@ -12,12 +12,12 @@ import re
 import tempfile
 from pathlib import Path
 
-from postbox.settings import Settings
+from postbox_examples.settings import ExampleSettings
 
 KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9][A-Za-z0-9._-]*)*$")
 
 
-def blob_root(settings: Settings) -> Path:
+def blob_root(settings: ExampleSettings) -> Path:
     """``blob_dir``, else ``<state_dir>/blobs``, else ``~/.local/state/postbox/blobs``."""
     if settings.blob_dir:
         return Path(settings.blob_dir)

@@ -1,7 +1,8 @@
 """What the Stagedoor handlers use besides ``ctx``: a connection pool, the blob store, the mail client, a clock.
 
-Built lazily on first use from :func:`jobs.load_settings` (so importing the
-tasks module does no I/O), once per process.  Tests build their own with
+Built lazily on first use from :func:`postbox.settings.load_settings` and the example's own
+:func:`~postbox_examples.settings.load_example_settings` (so importing the tasks module does no
+I/O), once per process.  Tests build their own with
 :meth:`Services.open` and :func:`install` it — with a pinned clock, for example.
 """
 
@@ -16,11 +17,12 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from postbox.settings import Settings, load_settings
+from postbox_examples.settings import ExampleSettings, load_example_settings
 from postbox_examples.stagedoor.blobs import BlobStore, blob_root
 from postbox_examples.stagedoor.mail import MailClient
 
 # An unsent claim older than this may be taken over (DESIGN.md §6: two minutes);
-# the setting POSTBOX_STAGEDOOR_CLAIM_TTL, whose default this is, can change it.
+# the example's setting POSTBOX_STAGEDOOR_CLAIM_TTL, whose default this is, can change it.
 CLAIM_TTL_SECONDS = 120.0
 
 
@@ -39,7 +41,8 @@ class Services:
     claim_ttl: float = CLAIM_TTL_SECONDS
 
     @classmethod
-    async def open(cls, settings: Settings, **overrides: Any) -> Services:
+    async def open(cls, settings: Settings, example: ExampleSettings | None = None, **overrides: Any) -> Services:
+        example = example if example is not None else load_example_settings()
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             settings.require_database_url(),
             min_size=1,
@@ -49,12 +52,12 @@ class Services:
             open=False,
         )
         await pool.open()
-        overrides.setdefault("claim_ttl", settings.stagedoor_claim_ttl)
+        overrides.setdefault("claim_ttl", example.stagedoor_claim_ttl)
         return cls(
             settings=settings,
             pool=pool,
-            blobs=BlobStore(blob_root(settings)),
-            mail=MailClient(settings.provider_url, settings.provider_timeout),
+            blobs=BlobStore(blob_root(example)),
+            mail=MailClient(example.provider_url, example.provider_timeout),
             **overrides,
         )
 

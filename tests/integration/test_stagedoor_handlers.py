@@ -18,6 +18,7 @@ from psycopg import AsyncConnection
 
 from postbox.errors import AlreadyProcessed, PermanentError, RetryLater
 from postbox.settings import Settings
+from postbox_examples.settings import ExampleSettings
 from postbox_examples.stagedoor import services as stagedoor_services
 from postbox_examples.stagedoor import sql as stagedoor_sql
 from postbox_examples.stagedoor import tasks
@@ -54,8 +55,8 @@ def provider(database_url: str, provider_args: list[str]) -> Iterator[ProviderPr
 
 @pytest.fixture
 async def svc(settings: Settings, provider: ProviderProcess, tmp_path: Any) -> AsyncIterator[Services]:
-    configured = settings.model_copy(update={"provider_url": provider.url, "blob_dir": str(tmp_path / "blobs")})
-    opened = await Services.open(configured)
+    example = ExampleSettings(provider_url=provider.url, blob_dir=str(tmp_path / "blobs"))
+    opened = await Services.open(settings, example)
     previous = stagedoor_services.install(opened)
     try:
         yield opened

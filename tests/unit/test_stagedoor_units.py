@@ -11,9 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from postbox.errors import PermanentError
+from postbox.errors import PermanentError, SettingsError
 from postbox.settings import Settings
 from postbox_examples.provider.faults import AfterDelivery, Faults, seeded
+from postbox_examples.settings import ExampleSettings, load_example_settings
 from postbox_examples.stagedoor.blobs import BlobStore, blob_root
 from postbox_examples.stagedoor.errors import InvalidEmailError, InvalidOrderError
 from postbox_examples.stagedoor.mail import Attachment, MailClient, Message, ProviderError, tickets_key
@@ -79,8 +80,25 @@ def test_blob_store_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: Any
 
 
 def test_blob_root_from_settings(tmp_path: Path) -> None:
-    assert blob_root(Settings(blob_dir=str(tmp_path / "b"))) == tmp_path / "b"
-    assert blob_root(Settings(state_dir=str(tmp_path / "s"))) == tmp_path / "s" / "blobs"
+    assert blob_root(ExampleSettings(blob_dir=str(tmp_path / "b"))) == tmp_path / "b"
+    assert blob_root(ExampleSettings(state_dir=str(tmp_path / "s"))) == tmp_path / "s" / "blobs"
+
+
+def test_the_examples_settings_are_their_own_and_read_the_same_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # postbox's Settings carry none of them; the example reads them under the same POSTBOX_ names
+    # (docker-compose.yml gives both one environment).
+    assert {"provider_url", "blob_dir", "state_dir", "stagedoor_claim_ttl"}.isdisjoint(Settings.model_fields)
+    monkeypatch.setenv("POSTBOX_PROVIDER_URL", "http://provider:8025")
+    monkeypatch.setenv("POSTBOX_STAGEDOOR_CLAIM_TTL", "7.5")
+    example = load_example_settings()
+    assert (example.provider_url, example.stagedoor_claim_ttl, example.provider_timeout) == (
+        "http://provider:8025",
+        7.5,
+        5.0,
+    )
+    monkeypatch.setenv("POSTBOX_PROVIDER_TIMEOUT", "0")
+    with pytest.raises(SettingsError, match="POSTBOX_PROVIDER_TIMEOUT: Input should be greater than 0"):
+        load_example_settings()
 
 
 def test_pdf_one_page_per_seat_same_bytes_every_render() -> None:
