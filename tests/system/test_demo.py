@@ -51,6 +51,9 @@ class Output:
                 self.lines.append(line.rstrip("\n"))
                 self._cond.notify_all()
 
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
     def wait_for(self, pattern: str, timeout: float) -> re.Match[str]:
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
@@ -121,4 +124,7 @@ def test_demo_runs_end_to_end_then_stops_cleanly_on_sigterm(tmp_path: Path) -> N
             process.wait(timeout=10)
         for proc in processes_using(state_dir):
             proc.kill()
+        output.join(timeout=10)  # the reader ends at EOF; then the pipe is closed (warnings are errors)
+        if process.stdout is not None:
+            process.stdout.close()
         shutil.rmtree(state_dir, ignore_errors=True)

@@ -65,6 +65,11 @@ def _imports(path: Path) -> set[str]:
 
 LAB = ("postbox_examples", "postbox_bench", "tests")  # beside the product, never imported by it
 
+# Entry points dispatch to every layer, as `postbox` (app/cli.py) does: Django finds the
+# `manage.py postbox ...` command only inside the Django app's package (jobs/django/), so
+# that one command module may call the `postbox` command it wraps, and nothing else there.
+ENTRY_POINTS = {"jobs/django/management/commands/postbox.py": ("postbox.app.cli",)}
+
 
 def test_dependencies_flow_one_way() -> None:
     """The core imports nothing of relay, worker or app; relay and worker not each other; the product no example,
@@ -79,7 +84,12 @@ def test_dependencies_flow_one_way() -> None:
     offenders = []
     for folder, banned in forbidden.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
-            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in _imports(path) if name.startswith(banned)]
+            allowed = ENTRY_POINTS.get(str(path.relative_to(ROOT)), ())
+            offenders += [
+                f"{path.relative_to(ROOT)}: {name}"
+                for name in _imports(path)
+                if name.startswith(banned) and name not in allowed
+            ]
     assert offenders == []
 
 
