@@ -58,10 +58,13 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+        # ASCII digits only ("²".isdigit() is true, and int() refuses it), and no int() of more
+        # than 18 of them (int() refuses past 4,300 digits; no body this guard lets in has 19).
+        digits = declared is not None and declared.isascii() and declared.isdigit()
+        if declared is not None and (not digits or len(declared) > 18 or int(declared) > self.limit):
             refused = (
-                too_large(self.limit, declared)
-                if declared.isdigit()
+                too_large(self.limit, declared if len(declared) <= 18 else f"a {len(declared)}-digit number of")
+                if digits
                 else BodyRefused(400, "BAD_REQUEST", "invalid Content-Length", {})
             )
             await _answer(refused, scope, receive, send)

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
 from psycopg import AsyncConnection
+from starlette.convertors import Convertor, register_url_convertor
 
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
@@ -22,13 +23,29 @@ Scope = Annotated[str, Path(description="queue or task.")]
 Name = Annotated[str, Path(description="The queue's or the task's name.")]
 
 
+class LimitNameConvertor(Convertor[str]):
+    """The rest of the path, line breaks included (Starlette's ``path`` stops at one: a task
+    named with a newline was a 404 "no route" instead of its limits)."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("limit_name", LimitNameConvertor())
+
+
 @router.get("", response_model=list[Limit], summary="Every flow-control limit", responses=responses(401))
 async def list_limits(conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
     return [as_dict(item) for item in await limit_service.list_limits(conn)]
 
 
 @router.get(
-    "/{scope}/{name:path}",
+    "/{scope}/{name:limit_name}",
     response_model=Limit,
     summary="One queue's or task's limits",
     responses=responses(401, 404, 422),
@@ -38,7 +55,7 @@ async def get_limit(scope: Scope, name: Name, conn: Annotated[AsyncConnection[An
 
 
 @router.put(
-    "/{scope}/{name:path}",
+    "/{scope}/{name:limit_name}",
     response_model=Limit,
     summary="Override a queue's or task's limits (merged into the current override; no restart)",
     responses=responses(401, 403, 422),
@@ -55,7 +72,7 @@ async def set_override(
 
 
 @router.delete(
-    "/{scope}/{name:path}",
+    "/{scope}/{name:limit_name}",
     response_model=Limit,
     summary="Lift an override (or one of its fields): the declared limits are in force again",
     responses=responses(401, 403, 404, 422),

@@ -9,14 +9,21 @@ and chunked: 413 wherever a body is read, never a 5xx.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
+from schemathesis import GenerationMode
 from schemathesis.checks import (
     content_type_conformance,
     not_a_server_error,
@@ -25,9 +32,13 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
+from postbox import schedule_store
 from postbox.app.api.main import BODY_SLACK
+from postbox.occurrences import Timing
+from postbox.periodic import Schedule
 from postbox.settings import Settings
 from postbox_examples.stagedoor.cli import create_demo_app
+from tests.harness.api import insert_job, make_dead
 
 CHECKS = [
     not_a_server_error,
@@ -122,3 +133,188 @@ def test_every_operation_refuses_an_oversized_body_declared_or_chunked(live: Tes
             assert chunked.status_code == 413, (method, path, chunked.status_code)
         seen.append((method, template))
     assert STAGEDOOR <= set(seen)
+
+
+# --- the operators' write surfaces, fuzzed against live rows ---------------------------------
+
+FOCUS = ("/api/v1/limits", "/api/v1/schedules", "/api/v1/bulk", "/api/v1/workflows")
+FOCUS_EXAMPLES = 30  # per operation and generation mode: the whole focused run stays under a minute
+FOCUS_SETTINGS = hsettings(
+    max_examples=FOCUS_EXAMPLES,
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.generate],
+    derandomize=True,
+    database=None,
+)
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+def _seed(database_url: str, conn: psycopg.Connection[Any]) -> dict[str, list[str]]:
+    """Rows the focused routes act on: two schedules, limit rows, pending and dead jobs."""
+
+    async def schedules() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as aconn:
+            await schedule_store.sync(
+                aconn,
+                [
+                    Schedule("nightly", "api_echo", Timing(cron="30 2 * * *", tz="Europe/Berlin"), {}),
+                    Schedule("often", "api_echo", Timing(every=60), {}, queue="apiq"),
+                ],
+                ["api_echo"],
+                now=T0,
+            )
+
+    asyncio.run(schedules())
+    pending = [insert_job(conn) for _ in range(3)]
+    dead = [insert_job(conn) for _ in range(3)]
+    for job_id in dead:
+        make_dead(conn, job_id)
+    return {
+        "name": ["nightly", "often", "apiq", "api_echo"],
+        "scope": ["queue", "task"],
+        "action": ["cancel", "requeue", "discard"],
+        "job_id": [str(i) for i in pending + dead],
+    }
+
+
+def _error_body(response: Any) -> None:
+    """A 4xx is the API's one error shape, as JSON."""
+    if response.status_code < 400:
+        return
+    assert response.headers.get("content-type", "").startswith("application/json"), response.text[:200]
+    error = response.json()["error"]
+    assert isinstance(error["code"], str) and error["code"], error
+    assert isinstance(error["message"], str) and error["message"], error
+    assert isinstance(error["details"], dict), error
+
+
+def _focused_run(
+    live: TestClient, operation: Any, mode: GenerationMode, known: dict[str, list[str]], answered: set[str]
+) -> Any:
+    checks = CHECKS if mode is GenerationMode.POSITIVE else [not_a_server_error]
+
+    @given(case=operation.as_strategy(generation_mode=mode), data=st.data())
+    @FOCUS_SETTINGS
+    def run(case: Any, data: st.DataObject) -> None:
+        for key in case.path_parameters or {}:
+            if key in known and data.draw(st.booleans()):
+                case.path_parameters[key] = data.draw(st.sampled_from(known[key]))
+        kwargs = case.as_transport_kwargs(base_url="http://testserver")
+        if isinstance(kwargs.get("data"), bytes | str):  # a negative case's raw body
+            kwargs["content"] = kwargs.pop("data")
+        live.cookies.clear()
+        live.cookies.update(kwargs.pop("cookies", None) or {})
+        response = live.request(**kwargs)
+        if response.status_code < 300:
+            answered.add(operation.label)
+        case.validate_response(response, checks=checks)
+        _error_body(response)
+
+    return run
+
+
+def test_limits_schedules_workflows_and_bulk_routes_fuzzed_on_live_rows(
+    live: TestClient, database_url: str, conn: psycopg.Connection[Any]
+) -> None:
+    """Valid and invalid inputs (schemathesis' positive and negative modes), half of them naming
+    rows that exist: no 5xx, every error the JSON error shape, valid inputs answered per the schema."""
+    known = _seed(database_url, conn)
+    for path in ("/api/v1/limits/queue/apiq", "/api/v1/limits/task/api_echo"):
+        assert live.put(path, json={"concurrency": 5}).status_code == 200
+    schema = schemathesis.openapi.from_dict(live.app.openapi())  # type: ignore[attr-defined]
+    failures: list[str] = []
+    fuzzed: set[str] = set()
+    answered: set[str] = set()  # operations that answered some case with a success: live rows reached
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        if not operation.path.startswith(FOCUS):
+            continue
+        fuzzed.add(operation.label)
+        modes = [GenerationMode.POSITIVE]
+        if operation.path_parameters or operation.query or operation.body:
+            modes.append(GenerationMode.NEGATIVE)  # (nothing to break in a route without inputs)
+        for mode in modes:
+            try:
+                _focused_run(live, operation, mode, known, answered)()
+            except Unsatisfiable:
+                assert mode is GenerationMode.NEGATIVE  # no input of it can break the schema (free strings)
+            except Exception as exc:
+                failures.append(f"{operation.label} ({mode.value}): {exc}")
+    assert {
+        "GET /api/v1/limits",
+        "PUT /api/v1/limits/{scope}/{name}",
+        "DELETE /api/v1/limits/{scope}/{name}",
+        "GET /api/v1/schedules/{name}",
+        "POST /api/v1/schedules/{name}/trigger",
+        "POST /api/v1/bulk/{action}",
+    } <= fuzzed, fuzzed
+    assert failures == [], "\n\n".join(failures)
+    assert {
+        "PUT /api/v1/limits/{scope}/{name}",
+        "GET /api/v1/schedules/{name}",
+        "POST /api/v1/schedules/{name}/pause",
+        "POST /api/v1/bulk/{action}",
+    } <= answered, answered
+
+
+JSON_VALUE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.sampled_from([0, -1, 2**63, 10**4000, 1e308, 1e-320, 0.5])
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+RATE_TEXT = st.from_regex(r"\A[-+0-9.eE_ ]{0,7}/[-+0-9.eE_ ]{0,6}[smhdxS]{0,2}\Z")
+RATE = (
+    RATE_TEXT
+    | st.fixed_dictionaries(
+        {}, optional={"limit": JSON_VALUE, "period": JSON_VALUE, "burst": JSON_VALUE, "extra": JSON_VALUE}
+    )
+    | JSON_VALUE
+)
+OVERRIDE = st.fixed_dictionaries({}, optional={"concurrency": JSON_VALUE, "rate": RATE})
+RAW_NUMBERS = [
+    b'{"rate": "5/.s"}',
+    b'{"rate": {"limit": 1e400, "period": 1}}',
+    b'{"concurrency": 1e400}',
+    b'{"rate": {"limit": NaN, "period": 1}}',
+    b'{"rate": {"limit": 5, "period": Infinity}}',
+    b'{"concurrency": ' + b"9" * 5000 + b"}",
+    b'{"rate": "' + b"9" * 5000 + b'/s"}',
+]
+
+
+def test_limit_overrides_from_the_rate_grammar_and_json_edges_never_500(
+    live: TestClient, conn: psycopg.Connection[Any]
+) -> None:
+    """The rate parser's neighbourhood ('5/.s', '1e999/s', 5,000 digits, NaN, {limit, period, burst}
+    of any JSON): a 200 with the override stored as sent, or a 422 naming the field."""
+    seen: dict[int, int] = {}
+
+    @given(body=OVERRIDE, scope_name=st.sampled_from([("queue", "apiq"), ("task", "api_echo")]))
+    @hsettings(
+        max_examples=150,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        database=None,
+    )
+    def run(body: dict[str, Any], scope_name: tuple[str, str]) -> None:
+        path = "/api/v1/limits/{}/{}".format(*scope_name)
+        response = live.put(path, content=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        assert response.status_code in (200, 422), (body, response.status_code, response.text[:300])
+        _error_body(response)
+        if response.status_code == 422:
+            assert response.json()["error"]["details"], response.text[:300]
+
+    run()
+    for raw in RAW_NUMBERS:
+        response = live.put("/api/v1/limits/task/api_echo", content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code in (400, 422), (raw[:60], response.status_code, response.text[:300])
+        _error_body(response)
+    assert seen.get(200, 0) > 0 and seen.get(422, 0) > 0, seen
