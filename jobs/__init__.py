@@ -55,6 +55,7 @@ from postbox.results import JobResult, get_result, get_result_async, wait_result
 from postbox.settings import Settings, load_settings
 from postbox.states import TERMINAL_STATES, JobState
 from postbox.unique import Unique
+from postbox.workflow import WorkflowError, WorkflowIds, chain, chord, enqueue_workflow, enqueue_workflow_async, group
 
 __all__ = [
     "TERMINAL_STATES",
@@ -92,13 +93,20 @@ __all__ = [
     "Unique",
     "UnknownTaskError",
     "UnsupportedConnectionError",
+    "WorkflowError",
+    "WorkflowIds",
+    "chain",
+    "chord",
     "default_registry",
     "enqueue",
     "enqueue_async",
     "enqueue_many",
     "enqueue_many_async",
+    "enqueue_workflow",
+    "enqueue_workflow_async",
     "get_result",
     "get_result_async",
+    "group",
     "limit_queue",
     "load_settings",
     "periodic",

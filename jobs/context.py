@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from postbox.fence import JobFence
     from postbox.producer import EnqueueOptions
+    from postbox.workflow import Upstream
 
 _S = TypeVar("_S", bound="Session | SAConnection")
 _A = TypeVar("_A", bound="AsyncSession | SAAsyncConnection")
@@ -86,4 +87,9 @@ class JobContext(Protocol):
     @property
     def cancelled(self) -> bool:
         """True once an operator asked to cancel this running job (cooperative)."""
+        ...
+
+    async def upstream(self) -> Upstream:
+        """The upstream jobs of this job in its workflow, as they ended: their states, kept results
+        (``.results(task)``, typed by that task's handler) and recorded failures (docs/workflows.md)."""
         ...

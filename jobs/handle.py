@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from postbox.connections import AsyncTarget, SyncTarget
     from postbox.producer import EnqueueOptions, JobId
     from postbox.registry import TaskSpec
+    from postbox.workflow import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -70,6 +71,15 @@ class Task(Generic[P, R]):
         from postbox.producer import enqueue_async
 
         return await enqueue_async(conn, self.name, self._args(args, kwargs), **self._options)
+
+    def s(self, /, *args: P.args, **kwargs: P.kwargs) -> Signature[R]:
+        """This task with these arguments, as one job of a workflow (:mod:`postbox.workflow`).
+
+        Checked like :meth:`enqueue` (a wrong argument is a type error); the handle's options come along.
+        """
+        from postbox.workflow import signature
+
+        return signature(self, self._args(args, kwargs))
 
     def _args(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if not args:

@@ -6,6 +6,7 @@ from enum import StrEnum
 
 
 class JobState(StrEnum):
+    WAITING = "waiting"  # a workflow's job whose upstream jobs have not all ended (never published)
     PENDING = "pending"  # committed, waiting for the relay (delayed: future available_at)
     QUEUED = "queued"  # published to a stream
     RUNNING = "running"  # claimed by a worker for the current attempt

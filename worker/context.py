@@ -17,6 +17,7 @@ from postbox.fence import JobFence, StaleAttempt
 from postbox.producer import EnqueueOptions, enqueue_async
 from postbox.registry import Registry
 from postbox.worker.delivery import Job
+from postbox.workflow import Upstream, read_upstream
 
 logger = logging.getLogger("postbox.job")  # a public name, not the module's: docs/operations.md, Logging
 
@@ -146,6 +147,13 @@ class WorkerJobContext:
         from postbox.django.job import atomic
 
         return atomic(self, using=using)
+
+    async def upstream(self) -> Upstream:
+        """This job's upstream jobs in its workflow, as they ended (:func:`postbox.workflow.read_upstream`)."""
+        if self._conn is not None:  # inside ctx.transaction(): read in the job's own transaction
+            return await read_upstream(self._conn, self.job_id)
+        async with self._pool.connection() as conn:
+            return await read_upstream(conn, self.job_id)
 
     async def enqueue(
         self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Unpack[EnqueueOptions]

@@ -39,6 +39,9 @@ EXPECTED_TABLES = {
     "limit_slots",
     "limit_rates",
     "sessions",
+    "workflows",
+    "workflow_edges",
+    "workflow_joins",
 }
 
 # What migration 0008 creates: a downgrade below it drops these too.
@@ -48,6 +51,22 @@ SESSION_OBJECTS = {
     ("postbox", "sessions_id_seq", "S"),
     ("postbox", "sessions_token_hash_key", "i"),
     ("postbox", "sessions_expires_at", "i"),
+}
+
+# What migration 0009 creates (columns and triggers are not objects of pg_class).
+WORKFLOW_OBJECTS = {
+    ("postbox", "workflows", "r"),
+    ("postbox", "workflows_pkey", "i"),
+    ("postbox", "workflows_id_seq", "S"),
+    ("postbox", "workflow_edges", "r"),
+    ("postbox", "workflow_edges_pkey", "i"),
+    ("postbox", "workflow_edges_child", "i"),
+    ("postbox", "workflow_edges_workflow", "i"),
+    ("postbox", "workflow_joins", "r"),
+    ("postbox", "workflow_joins_pkey", "i"),
+    ("postbox", "outbox_workflow", "i"),
+    ("postbox", "workflow_job_ended", "function"),
+    ("postbox", "workflow_release", "function"),
 }
 
 # Everything a database holds outside the system schemas, by kind.
@@ -85,7 +104,7 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0001_postbox")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | {
         ("postbox", "schedules", "r"),
         ("postbox", "schedules_pkey", "i"),
         ("postbox", "schedules_due", "i"),
@@ -114,7 +133,7 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0004_unique_jobs")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | {
         ("postbox", "require_current_attempt", "function"),
         ("postbox", "begin_processed", "function"),  # 0006's, which calls it
         ("postbox", "record_success", "function"),
@@ -134,7 +153,7 @@ def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url:
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0005_fenced_success")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | {
         ("postbox", "begin_processed", "function"),
         ("postbox", "record_success", "function"),
     }
@@ -205,6 +224,26 @@ def test_0008_downgrades_to_0007_dropping_only_the_sessions_table(empty_database
     assert objects(empty_database_url) == everything
 
 
+def test_0009_downgrades_to_0008_dropping_only_the_workflow_objects(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        conn.execute(
+            "INSERT INTO postbox.outbox (queue, task, state, workflow_id, waiting_on)"
+            " VALUES ('q', 't', 'waiting', 1, 1)"
+        )
+    migrate.downgrade(empty_database_url, "0008_sessions")
+    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS
+    assert objects(empty_database_url) - everything == set()
+    with psycopg.connect(empty_database_url) as conn:
+        # a waiting job has no meaning without workflows: cancelled, saying why
+        assert conn.execute("SELECT state, last_error_class FROM postbox.outbox").fetchall() == [
+            ("cancelled", "WorkflowsRemoved")
+        ]
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
+
+
 def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
     before = objects(empty_database_url)
     migrate.upgrade(empty_database_url)
@@ -219,6 +258,8 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("require_current_attempt", "function"),
         ("begin_processed", "function"),
         ("record_success", "function"),
+        ("workflow_job_ended", "function"),
+        ("workflow_release", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),
@@ -232,7 +273,7 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         states = conn.execute(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'outbox_state_check'"
         ).fetchone()[0]  # type: ignore[index]
-    for state in ("pending", "queued", "running", "retrying", "succeeded", "dead", "cancelled", "expired"):
+    for state in ("pending", "queued", "running", "retrying", "succeeded", "dead", "cancelled", "expired", "waiting"):
         assert f"'{state}'" in states
 
 
@@ -255,6 +296,7 @@ def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: s
         "outbox_result_expiry",
         "outbox_unique_key",
         "outbox_flow_wait",
+        "outbox_workflow",
     }
     assert indexes["outbox_live_state"] == (
         "CREATE INDEX outbox_live_state ON postbox.outbox USING btree (state, queue) WHERE (state = ANY "
