@@ -191,6 +191,7 @@ async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict
         paused = {r["name"]: bool(r["paused"]) for r in await cur.fetchall()}
     known = await definitions.known_queues(conn, st.registry)
     names = sorted(set(counts) | set(paused) | {n for n in known if QUEUE_NAME_RE.match(n)})
+    await queue_service.end_read(conn)  # not across the Redis calls
     streams, redis_error = await queue_service.stream_counts(st.redis, st.settings.redis_prefix, names)
     out = []
     for name in names:

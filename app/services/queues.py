@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from postbox import sql
@@ -83,6 +84,7 @@ async def queue_stats(
                 raise NotFoundError(f"queue {queue!r} not found", details={"queue": queue})
             names.add(queue)
     ordered = sorted(names)
+    await end_read(conn)
     streams, redis_error = await stream_counts(redis, prefix, ordered)
     out = []
     for name in ordered:
@@ -107,6 +109,18 @@ async def queue_stats(
             )
         )
     return out
+
+
+async def end_read(conn: AsyncConnection[Any]) -> None:
+    """End the read transaction before Redis is asked anything.
+
+    Left open across a Redis stall, it holds its snapshot and its tables' share
+    locks: a migration's ``ALTER TABLE`` queues behind it, and every statement on
+    those tables queues behind the migration, until the API's idle-in-transaction
+    bound ends the session.
+    """
+    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.INTRANS:
+        await conn.commit()
 
 
 async def stream_counts(
