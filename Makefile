@@ -66,6 +66,8 @@ soak: $(VENV)/.dev-$(DEPS) $(VENV)/.files-$(FILES)
 
 # The peers too. arq pins redis-py below 6, which postbox (redis-py 8) cannot run on: it is
 # installed without its pins, and a peer that fails fails only its own run (docs/benchmarks.md).
+# With neither POSTBOX_DATABASE_URL nor POSTBOX_REDIS_URL set, postbox-bench starts embedded
+# PostgreSQL and Valkey for the run (as `make demo` does) and stops them at the end.
 bench: $(VENV)/.dev-$(DEPS) $(VENV)/.files-$(FILES)
 	$(PY) -m pip install --quiet -e './bench[peers]' $(EDITABLE)
 	$(PY) -m pip install --quiet --no-deps 'arq>=0.28'

@@ -6,8 +6,10 @@ cluster starts Redis servers of its own).
 
 Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
 DATABASE_URL and POSTBOX_REDIS_URL / REDIS_URL, in a database and key prefix
-of its own that it removes at the end.  Progress goes to stderr; the table (or
-JSON with ``--json``) to stdout.
+of its own that it removes at the end.  With neither set it starts embedded
+PostgreSQL and Valkey (:mod:`postbox_examples.embedded`, in ``<tmp>/postbox-<uid>/bench``)
+and stops them when it is done; with only one set it refuses.  Progress goes to
+stderr; the table (or JSON with ``--json``) to stdout.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from postbox_bench.sandbox import Sandbox, sandbox
 
 if TYPE_CHECKING:
     from postbox_bench.peers import Peer, PeerDrain
+    from postbox_examples.embedded import EmbeddedServers
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
 EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "rest", "growth", "cluster")  # not part of `all`: minutes each
@@ -178,6 +181,27 @@ def _peer_reps(drains: Sequence[PeerDrain]) -> Callable[[int], None]:
     return run
 
 
+EMBEDDED_NOTE = (
+    "servers: embedded PostgreSQL and Valkey (no POSTBOX_DATABASE_URL / POSTBOX_REDIS_URL set),"
+    " Valkey with appendonly everysec: figures for trying the bench, not for comparing machines"
+)
+
+
+def _embedded(progress: Progress) -> tuple[EmbeddedServers, str, str]:
+    """Embedded PostgreSQL and Valkey for this run, under ``<tmp>/postbox-<uid>/bench`` (apart from the demo's).
+
+    Stopped by :func:`main` on the way out (SIGTERM unwinds there too: :func:`_terminate`);
+    after a SIGKILL their watchdog stops them.
+    """
+    from postbox_examples.embedded import EmbeddedServers, default_root
+
+    root = default_root() / "bench"
+    progress.say(f"no POSTBOX_DATABASE_URL / POSTBOX_REDIS_URL: starting embedded PostgreSQL and Valkey in {root}")
+    servers = EmbeddedServers(root, handle_signals=False)
+    database_url, redis_url = servers.start()
+    return servers, database_url, redis_url
+
+
 def _terminate(signum: int, frame: object) -> None:
     # SIGTERM unwinds like Ctrl-C: children are stopped and the sandbox is dropped on the way out.
     raise SystemExit(128 + signum)
@@ -188,8 +212,6 @@ def main(argv: Sequence[str]) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         settings = load_settings()
-        database_url = settings.require_database_url()
-        redis_url = settings.require_redis_url()
     except SettingsError as exc:
         print(f"postbox-bench: {exc}", file=sys.stderr)
         return 2
@@ -228,7 +250,44 @@ def main(argv: Sequence[str]) -> int:
     else:
         chosen = {}
     progress = Progress(quiet=args.quiet)
+    servers: EmbeddedServers | None = None
+    if settings.database_url and settings.redis_url:
+        database_url, redis_url = settings.require_database_url(), settings.require_redis_url()
+    elif settings.database_url or settings.redis_url:
+        print("postbox-bench: set both POSTBOX_DATABASE_URL and POSTBOX_REDIS_URL, or neither", file=sys.stderr)
+        return 2
+    else:
+        try:
+            servers, database_url, redis_url = _embedded(progress)
+        except Exception as exc:  # no wheels for this platform, or a server that would not start
+            print(
+                "postbox-bench: no POSTBOX_DATABASE_URL / POSTBOX_REDIS_URL set and the embedded servers"
+                f" did not start ({type(exc).__name__}: {exc}); set both URLs",
+                file=sys.stderr,
+            )
+            return 2
+    try:
+        return _run(args, params, names, chosen, progress, database_url, redis_url, embedded=servers is not None)
+    finally:
+        if servers is not None:
+            progress.say("stopping the embedded servers")
+            servers.stop()
+
+
+def _run(
+    args: argparse.Namespace,
+    params: Params,
+    names: list[str],
+    chosen: dict[str, str],
+    progress: Progress,
+    database_url: str,
+    redis_url: str,
+    embedded: bool,
+) -> int:
+    """Every scenario of ``names`` in a sandbox on these servers; print the report; 1 if one failed."""
     report = Report(machine=machine.describe(database_url, redis_url), parameters=params.describe())
+    if embedded:
+        report.notes.append(EMBEDDED_NOTE)
     failed = False
     with sandbox(database_url, redis_url) as box:
         progress.say(f"sandbox: database postbox_bench_{box.token}, redis prefix {box.prefix}")

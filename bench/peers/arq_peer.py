@@ -25,7 +25,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "j200-p0.01": {"max_jobs": 200, "poll_delay": 0.01},
 }
 BEST = "j50-p0.05"
+# redis-py >= 6 caps a pool at 100 connections unless told otherwise (the redis-py < 6 that arq
+# pins allowed 2**31), and a caller past the cap gets MaxConnectionsError instead of waiting:
+# arq's own knob, RedisSettings.max_connections, sized for the 500 concurrent enqueue calls.
+MAX_CONNECTIONS = 500
 _probe = Probe()
+
+
+def _settings(cfg: PeerConfig) -> Any:
+    settings = load("arq.connections").RedisSettings.from_dsn(cfg.redis_url)
+    settings.max_connections = MAX_CONNECTIONS
+    return settings
 
 
 async def bench_noop(ctx: dict[str, Any]) -> None:
@@ -33,9 +43,7 @@ async def bench_noop(ctx: dict[str, Any]) -> None:
 
 
 async def _pool(cfg: PeerConfig) -> Any:
-    arq = load("arq")
-    settings = load("arq.connections").RedisSettings.from_dsn(cfg.redis_url)
-    return await arq.create_pool(settings)
+    return await load("arq").create_pool(_settings(cfg))
 
 
 async def install(cfg: PeerConfig) -> None:
@@ -88,7 +96,7 @@ async def work(cfg: PeerConfig) -> None:
     arq_worker = load("arq.worker")
     worker = arq_worker.Worker(
         functions=[arq_worker.func(bench_noop, name="bench_noop")],
-        redis_settings=load("arq.connections").RedisSettings.from_dsn(cfg.redis_url),
+        redis_settings=_settings(cfg),
         handle_signals=False,
         **variant_of(cfg, CONFIGS, BEST),
     )
