@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "workers": ("postbox.app.admin.workers_cli:main", "workers list"),
     "schedules": ("postbox.app.admin.schedules_cli:main", "schedules list|pause|resume|trigger"),
     "sessions": ("postbox.app.admin.sessions_cli:main", "sessions list|revoke: the dashboard's login sessions"),
+    "workflows": ("postbox.app.admin.workflows_cli:main", "workflows list|get|cancel|retry: chains, groups, fan-ins"),
     "limits": ("postbox.app.admin.limits_cli:main", "limits list|show|set|clear: flow-control limits and overrides"),
     "prune": ("postbox.app.prune_cli:main", "delete finished jobs past their retention"),
 }

@@ -29,6 +29,7 @@ from postbox.app.api import (
     routes_schedules,
     routes_sessions,
     routes_system,
+    routes_workflows,
 )
 from postbox.app.api.body_guard import BodyGuard
 from postbox.app.api.events_hub import EventHub, EventPublisher
@@ -125,6 +126,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
         routes_queues.audit,
         routes_limits.router,  # flow-control limits and overrides
         routes_sessions.router,  # the dashboard's login sessions
+        routes_workflows.router,  # workflows (routes_workflows.py)
     ):
         app.include_router(router, prefix="/api/v1")
     for router in routers:  # an application's routes follow the same access policy as postbox's
