@@ -54,7 +54,7 @@ from postbox.registry import Registry, RetryPolicy, TaskSpec, default_registry, 
 from postbox.results import JobResult, get_result, get_result_async, wait_result
 from postbox.settings import Settings, load_settings
 from postbox.states import TERMINAL_STATES, JobState
-from postbox.unique import Unique
+from postbox.unique import Unique, debounce, throttle
 from postbox.workflow import WorkflowError, WorkflowIds, chain, chord, enqueue_workflow, enqueue_workflow_async, group
 
 __all__ = [
@@ -97,6 +97,7 @@ __all__ = [
     "WorkflowIds",
     "chain",
     "chord",
+    "debounce",
     "default_registry",
     "enqueue",
     "enqueue_async",
@@ -112,6 +113,7 @@ __all__ = [
     "periodic",
     "prepare",
     "task",
+    "throttle",
     "wait_result",
 ]
 

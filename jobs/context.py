@@ -89,6 +89,16 @@ class JobContext(Protocol):
         """True once an operator asked to cancel this running job (cooperative)."""
         ...
 
+    def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Report how far the run got: ``done`` of ``total`` (None: unknown), with a short note.
+
+        Call it as often as you like: the worker writes it to the job's row at most
+        once a second and its last value before the run's outcome; shown by the API,
+        ``postbox jobs get``, the dashboard and the events (docs/job-control.md).
+        A bad value raises :class:`postbox.progress.ProgressError`.
+        """
+        ...
+
     async def upstream(self) -> Upstream:
         """The upstream jobs of this job in its workflow, as they ended: their states, kept results
         (``.results(task)``, typed by that task's handler) and recorded failures (docs/workflows.md)."""

@@ -1,8 +1,9 @@
 """Job lifecycle events, published on Redis pub/sub for the API's WebSocket.
 
 Events are a best-effort view for humans and dashboards; PostgreSQL stays the
-truth. The relay emits ``published``; workers ``started``, ``succeeded``,
-``retrying``, ``dead``, ``cancelled``, ``expired``; the API ``enqueued`` (for
+truth. The relay emits ``published``; workers ``started``, ``progress`` (a
+running job's ``ctx.progress()``, with its ``progress``: ``done``, ``total``,
+``note``), ``succeeded``, ``retrying``, ``dead``, ``cancelled``, ``expired``; the API ``enqueued`` (for
 its own enqueues) and ``cancelled``. Channel: :func:`postbox.streams.events_channel`.
 """
 
@@ -14,11 +15,14 @@ from typing import Any, Literal
 
 import orjson
 
-EventType = Literal["enqueued", "published", "started", "succeeded", "retrying", "dead", "cancelled", "expired"]
+EventType = Literal[
+    "enqueued", "published", "started", "progress", "succeeded", "retrying", "dead", "cancelled", "expired"
+]
 EVENT_TYPES: tuple[str, ...] = (
     "enqueued",
     "published",
     "started",
+    "progress",
     "succeeded",
     "retrying",
     "dead",
@@ -37,8 +41,9 @@ def event(
     attempt: int = 0,
     worker_id: str | None = None,
     ts: float | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    evt = {
         "event_id": uuid.uuid4().hex,
         "ts": time.time() if ts is None else ts,
         "type": type_,
@@ -48,6 +53,9 @@ def event(
         "attempt": attempt,
         "worker_id": worker_id,
     }
+    if progress is not None:
+        evt["progress"] = progress
+    return evt
 
 
 def encode(evt: dict[str, Any]) -> bytes:

@@ -190,6 +190,8 @@ def _template(spec: TaskSpec, **options: Unpack[EnqueueOptions]) -> JobRow:
     if delay is not None and run_at is not None:
         raise ScheduleConflictError("give delay or run_at, not both", field="delay")
     delay_s = _delay_seconds(delay)
+    if delay is None and run_at is None and spec.unique is not None and spec.unique.debounce is not None:
+        delay_s = spec.unique.period or 0.0  # a debounced key's job runs after its window (postbox.unique.debounce)
     if run_at is not None:
         _check_aware(run_at, "run_at")
     if expires_at is not None:

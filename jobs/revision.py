@@ -3,7 +3,8 @@
 A worker's statements call what the newest migrations created (migration 0006's
 functions for ``ctx.transaction()``, 0007's version of its success, stamped at
 commit time; the API reads 0008's dashboard sessions; 0009's triggers release a
-workflow's jobs and ``ctx.upstream()`` reads its edges), so a worker started on
+workflow's jobs and ``ctx.upstream()`` reads its edges; a run writes 0010's
+``outbox.progress`` and debounced tasks need its ``unique_claim()``), so a worker started on
 a database that was not migrated that far would fail such jobs or time them wrongly. It checks at start, and
 refuses with :class:`postbox.errors.SchemaOutdatedError` instead; so do the
 relay and ``api run``. A statement that meets a missing postbox table or
@@ -27,7 +28,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0009_workflows"
+REQUIRED = "0010_job_control"
 
 
 def order(revision: str) -> int | None:

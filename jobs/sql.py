@@ -734,7 +734,7 @@ class Statements(schema.Templates):
     JOB_GET: LiteralString = """
     SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
            started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
-           last_error_class, last_error, claimed_by, args, result
+           last_error_class, last_error, claimed_by, args, result, progress
       FROM {schema}.outbox WHERE id = %(id)s
     """
 
@@ -1800,6 +1800,26 @@ class Statements(schema.Templates):
     # no one else may record, so the count cannot change under it.
     JOB_ATTEMPT_COUNT_SNOOZES: LiteralString = """
     SELECT count(*) FROM {schema}.job_attempts WHERE outbox_id = %(id)s AND attempt > 0 AND outcome = 'snoozed'
+    """
+
+    # A run's progress (postbox.progress), stamped with the attempt and the moment it is
+    # written. Fenced by the attempt: a run taken over (attempts moved on) writes nothing.
+    # Its claim may already be gone (NULL) when the last value is written after a success
+    # committed inside ctx.transaction(); never another worker's.
+    # A debounced task's arguments as the claimed run must use them (postbox.unique.debounce):
+    # an enqueue of the key may have replaced them after the job was published, until the
+    # claim; none can after it (the run's fence: this attempt, this worker, running).
+    JOB_GET_ARGS_OF_ATTEMPT: LiteralString = """
+    SELECT args::text FROM {schema}.outbox
+     WHERE id = %(id)s AND attempts = %(attempt)s AND claimed_by = %(worker)s AND state = 'running'
+    """
+
+    JOB_SET_PROGRESS: LiteralString = """
+    UPDATE {schema}.outbox
+       SET progress = %(progress)s::jsonb
+                      || jsonb_build_object('attempt', attempts, 'at', clock_timestamp())
+     WHERE id = %(id)s AND attempts = %(attempt)s AND (claimed_by = %(worker)s OR claimed_by IS NULL)
+    RETURNING progress
     """
 
 

@@ -55,6 +55,7 @@ from postbox.connections import AsyncTarget, SyncTarget
 from postbox.errors import AlreadyProcessed, JobCancelled, Snooze, UnsupportedConnectionError
 from postbox.fence import JobFence
 from postbox.outcomes import Outcome
+from postbox.progress import Progress, progress
 from postbox.registry import Registry, TaskSpec, default_registry
 
 INLINE_WORKER = "worker-inline0"
@@ -315,6 +316,11 @@ class InlineContext:
         self.deadline: float | None = None
         self.cancelled = False
         self.log = logging.LoggerAdapter(log, {"outbox_id": job_id, "task": task, "attempt": attempt})
+        self.reported: list[Progress] = []  # every ctx.progress() value, in order (nothing is written)
+
+    def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Checked as the worker checks it; kept in :attr:`reported` (an inline run writes no progress)."""
+        self.reported.append(progress(done, total, note))
 
     def _enter(self) -> None:
         if self._entered:

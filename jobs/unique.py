@@ -12,6 +12,12 @@ migration 0004), by the Python ``enqueue()``, the API and the SQL
 path enqueues them. The lookup runs under a transaction-scoped advisory lock
 on the key, so two concurrent enqueuers of one key serialise; see
 docs/unique-jobs.md.
+
+Two rules are built on it (docs/job-control.md): :func:`throttle` (at most one
+job per key per window, the first wins: a rule with a period) and
+:func:`debounce` (a burst of one key within a window is one job, run after the
+window with the newest or merged arguments: ``unique_claim`` of migration 0010
+gives the waiting job the new arguments under the key's lock).
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from postbox.states import ALL_STATES
 LOCK_CLASS = 0x756E6971  # "uniq"
 MAX_PERIOD = 366 * 86_400.0  # a year and a day: longer is a dedup key, not a period
 MAX_BY = 32
+DEBOUNCE_MODES = ("last", "merge")
+WAITING = ("pending", "queued")  # a debounced job takes new arguments only while it waits
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ class Unique:
     period: float | None = None
     states: tuple[str, ...] | None = None
     by: tuple[str, ...] | None = None
+    debounce: str | None = None  # "last" / "merge": see debounce(); None: a plain rule (or a throttle)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "period", _check_period(self.period))
@@ -57,6 +66,16 @@ class Unique:
         object.__setattr__(self, "by", _check_by(self.by))
         if self.period is None and self.states is None:
             raise InvalidOptionError("a unique rule needs a period, states, or both", field="unique")
+        if self.debounce is not None:
+            if self.debounce not in DEBOUNCE_MODES:
+                raise InvalidOptionError(
+                    f"debounce must be one of {', '.join(DEBOUNCE_MODES)}, got {self.debounce!r}", field="debounce"
+                )
+            if self.period is None or self.states != WAITING:
+                raise InvalidOptionError(
+                    "a debounce rule has a window (period) and the waiting states only: use postbox.debounce()",
+                    field="debounce",
+                )
 
     def check_args(self, task: str, args_model: type[BaseModel]) -> None:
         """Refuse ``by`` names that are not arguments of the handler (unless it takes ``**kwargs``)."""
@@ -77,12 +96,46 @@ class Unique:
         the key's arguments), so that a job leaving an argument to its default
         and one passing the same value explicitly share a key, on every path.
         """
-        return {
+        rule: dict[str, Any] = {
             "period": self.period,
             "states": None if self.states is None else list(self.states),
             "by": None if self.by is None else list(self.by),
             "defaults": _defaults(args_model, self.by),
         }
+        if self.debounce is not None:  # only then: a plain rule's JSON stays what it was
+            rule["debounce"] = self.debounce
+        return rule
+
+
+def debounce(window: float, by: str | Iterable[str] | None = None, *, merge: bool = False) -> Unique:
+    """Collapse a burst: jobs of the task with the same key within ``window`` seconds are one job.
+
+    The first enqueue of a key creates a job due ``window`` seconds later (unless
+    it gives its own ``delay`` / ``run_at``); each later enqueue of that key while
+    the job still waits (pending or queued, within the window) changes nothing but
+    its arguments — replaced by the newest (``merge=False``) or merged into them
+    (``merge=True``: a JSON object merge, newest keys win) — and returns that job,
+    flagged ``duplicate``. The worker reads the arguments in PostgreSQL when it
+    claims the run, so the run gets the last ones committed. docs/job-control.md.
+    """
+    return Unique(period=window, states=WAITING, by=_as_names(by), debounce="merge" if merge else "last")
+
+
+def throttle(window: float, by: str | Iterable[str] | None = None) -> Unique:
+    """At most one job of the task per key per ``window`` seconds; the first wins.
+
+    A later enqueue of the key within the window (from the first job's creation)
+    returns that job, flagged ``duplicate``, and creates nothing: a unique rule
+    with a period (docs/unique-jobs.md). docs/job-control.md.
+    """
+    return Unique(period=window, by=_as_names(by))
+
+
+def _as_names(by: Any) -> Any:
+    """``by`` as Unique takes it: one name bare, or a tuple (anything else is refused by Unique's check)."""
+    if isinstance(by, Iterable) and not isinstance(by, str | bytes | dict):
+        return tuple(by)
+    return by
 
 
 def rule_json(unique: Unique | None, args_model: type[BaseModel]) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -13,8 +14,10 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.pq import ConnStatus, TransactionStatus
 from psycopg_pool import AsyncConnectionPool
 
+from postbox import sql
 from postbox.fence import JobFence, StaleAttempt
 from postbox.producer import EnqueueOptions, enqueue_async
+from postbox.progress import Progress, Throttle, progress
 from postbox.registry import Registry
 from postbox.worker.delivery import Job
 from postbox.workflow import Upstream, read_upstream
@@ -35,6 +38,7 @@ class WorkerJobContext:
         pool: AsyncConnectionPool[Any],
         registry: Registry,
         deadline: float | None,
+        on_progress: Callable[[Job, Progress], None] | None = None,
     ) -> None:
         delivery = job.delivery
         self._job = job
@@ -51,6 +55,13 @@ class WorkerJobContext:
         self.max_attempts = job.max_attempts
         self.worker_id = worker_id
         self.deadline = deadline
+        self._progress = Throttle()
+        self._progress_write: asyncio.Task[None] | None = None
+        self._on_progress = on_progress
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
             logger,
             {
@@ -154,6 +165,59 @@ class WorkerJobContext:
             return await read_upstream(self._conn, self.job_id)
         async with self._pool.connection() as conn:
             return await read_upstream(conn, self.job_id)
+
+    def progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Report how far the run got (:mod:`postbox.progress`); callable from sync handlers' threads too.
+
+        Checked at once (:class:`postbox.progress.ProgressError`); written to the job's
+        row at most once a second, and its last value before the run's outcome
+        (:meth:`flush_progress`). A failed write is logged, never the run's failure.
+        """
+        value = progress(done, total, note)
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._reported(value)
+        else:
+            loop.call_soon_threadsafe(self._reported, value)
+
+    def _reported(self, value: Progress) -> None:
+        if self._progress.report(value) and self._progress_write is None and self._loop is not None:
+            self._progress_write = self._loop.create_task(self._write_progress(value))
+
+    async def _write_progress(self, value: Progress) -> None:
+        self._progress.wrote(value)
+        try:
+            async with self._pool.connection() as conn:
+                await conn.execute(
+                    sql.active().JOB_SET_PROGRESS,
+                    {
+                        "id": self.job_id,
+                        "attempt": self.attempt,
+                        "worker": self.worker_id,
+                        "progress": orjson.dumps(value.as_json()).decode(),
+                    },
+                )
+        except Exception as exc:  # progress is a view of the run, never its failure
+            self.log.warning("writing the job's progress failed: %s: %s", type(exc).__name__, exc)
+        else:
+            if self._on_progress is not None:
+                self._on_progress(self._job, value)
+        finally:
+            self._progress_write = None
+
+    async def flush_progress(self) -> None:
+        """Finish the write in flight and write the last value reported, if it is not written yet."""
+        if self._progress_write is not None:
+            await asyncio.wait({self._progress_write})
+        last = self._progress.due_at_end()
+        if last is not None:
+            await self._write_progress(last)
 
     async def enqueue(
         self, task: str | Callable[..., Any], args: Mapping[str, Any] | None = None, **options: Unpack[EnqueueOptions]

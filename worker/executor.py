@@ -23,6 +23,7 @@ from psycopg_pool import AsyncConnectionPool
 from postbox import hooks, outcomes, sql, tracing
 from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled, Snooze
 from postbox.outcomes import JobTimeout, Outcome
+from postbox.progress import Progress
 from postbox.registry import Registry, TaskSpec
 from postbox.settings import Settings
 from postbox.worker.context import StaleAttempt, WorkerJobContext
@@ -44,6 +45,7 @@ class Executor:
         worker_id: str,
         threads: HandlerThreads,
         on_start: Callable[[Job], None] | None = None,
+        on_progress: Callable[[Job, Progress], None] | None = None,
         rand: Callable[[], float] = random.random,
     ) -> None:
         self._settings = settings
@@ -52,6 +54,7 @@ class Executor:
         self._worker_id = worker_id
         self._threads = threads
         self._on_start = on_start
+        self._on_progress = on_progress
         self._rand = rand
         self._handlers: dict[str, tuple[TaskSpec, bool, bool]] = {}
 
@@ -129,6 +132,11 @@ class Executor:
                 note = f" (handed back for POSTBOX_UNKNOWN_TASK_GRACE={grace:g} s first)" if grace else ""
                 return outcomes.dead(outcomes.error_class(found), f"{found}{note}")
             kwargs = found
+        if spec.unique is not None and spec.unique.debounce is not None:
+            fresh = await self._debounced_args(job, spec)
+            if isinstance(fresh, Outcome):
+                return fresh
+            kwargs = fresh if fresh is not None else kwargs
         timeout = job.timeout or spec.timeout
         ctx = WorkerJobContext(
             job,
@@ -136,14 +144,49 @@ class Executor:
             pool=self._pool,
             registry=self._registry,
             deadline=time.monotonic() + timeout if timeout else None,
+            on_progress=self._on_progress,
         )
         if self._on_start is not None:
             self._on_start(job)
+        outcome = await self._call(ctx, job, spec, is_async, kwargs, timeout, failures)
+        # The last progress reported is written before the outcome (which the completer writes next).
+        await ctx.flush_progress()
+        return outcome
+
+    async def _debounced_args(self, job: Job, spec: TaskSpec) -> dict[str, Any] | Outcome | None:
+        """A debounced job's arguments as committed when it was claimed (None: the run is no longer current)."""
         try:
-            if is_async and not timeout:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(
+                    sql.active().JOB_GET_ARGS_OF_ATTEMPT,
+                    {"id": job.id, "attempt": job.attempt, "worker": self._worker_id},
+                )
+                row = await cur.fetchone()
+        except Exception as exc:  # as a failure of the run: retried, counted
+            return self._failed(job, spec, exc)
+        if row is None:
+            return None
+        try:
+            return spec.call_args(orjson.loads(row[0]))
+        except (InvalidArgsError, orjson.JSONDecodeError) as exc:
+            return outcomes.dead(outcomes.error_class(exc), str(exc))
+
+    async def _call(
+        self,
+        ctx: WorkerJobContext,
+        job: Job,
+        spec: TaskSpec,
+        is_async: bool,
+        kwargs: dict[str, Any],
+        limit: float | None,
+        failures: list[BaseException] | None,
+    ) -> Outcome:
+        """Call the handler and decide what its end means."""
+        try:
+            if is_async and not limit:
                 value = await spec.fn(ctx, **kwargs)
             else:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(limit):
                     if is_async:
                         value = await spec.fn(ctx, **kwargs)
                     else:
@@ -170,7 +213,7 @@ class Executor:
                 _abandoned(ctx, "timed out")
             if ctx.committed:
                 return _committed(None, keep_result=False)
-            timed_out = JobTimeout(f"handler ran past its {timeout}s timeout") if timeout else exc
+            timed_out = JobTimeout(f"handler ran past its {limit}s timeout") if limit else exc
             return self._failed_run(ctx, job, spec, timed_out, failures)
         except Exception as exc:
             if ctx.committed:

@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 from postbox import db, definitions, events, redis_conn, revision
 from postbox import flow as flow_limits
 from postbox.errors import SettingsError
+from postbox.progress import Progress
 from postbox.registry import Registry, default_registry
 from postbox.settings import Settings
 from postbox.streams import PRIORITIES, all_streams, stream_key
@@ -170,6 +171,7 @@ class Worker:
                 worker_id=self.id,
                 threads=threads,
                 on_start=self._on_start,
+                on_progress=self._on_progress,
                 rand=self._rand,
             )
             self._completer = Completer(
@@ -548,6 +550,22 @@ class Worker:
                 )
             )
         fire(self.signals.started, d.job_id)
+
+    def _on_progress(self, job: Job, value: Progress) -> None:
+        """A run's progress was written: tell the events' subscribers (best effort, as every event)."""
+        if self._completer.events_maybe_wanted():
+            d = job.delivery
+            self._completer.publish(
+                events.event(
+                    "progress",
+                    job_id=d.job_id,
+                    queue=d.queue,
+                    task=d.task,
+                    attempt=job.attempt,
+                    worker_id=self.id,
+                    progress=value.as_json(),
+                )
+            )
 
     def _start_run(self, job: Job) -> None:
         job.task = asyncio.create_task(self._execute(job))

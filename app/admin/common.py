@@ -112,13 +112,28 @@ def show_job(job: dict[str, Any], as_json: bool, out: TextIO) -> None:
     if as_json:
         print(to_json(job), file=out)
         return
-    details(job, out, skip=("history",))
+    details(job, out, skip=("history", "progress"))
+    if job.get("progress") is not None:
+        print(f"progress  {progress_text(job['progress'])}", file=out)
     print("\nhistory:", file=out)
     table(job["history"], HISTORY_COLUMNS, out)
     for entry in job["history"]:
         if entry.get("traceback"):
             heading = f"attempt {entry['attempt']} (life {entry['life']}) traceback:"
             print(f"\n{heading}\n{entry['traceback'].rstrip()}", file=out)
+
+
+def progress_text(value: dict[str, Any]) -> str:
+    """``42/100 (42%) — note [attempt 2, 2026-12-02 10:00:00]``, or ``42 (total unknown)``."""
+    done, total = value.get("done"), value.get("total")
+    if isinstance(total, int | float) and total > 0 and isinstance(done, int | float):
+        text = f"{done:g}/{total:g} ({min(100.0, 100 * done / total):.0f}%)"
+    else:
+        text = f"{done} (total unknown)"
+    if value.get("note"):
+        text += f" — {value['note']}"
+    at = value.get("at")
+    return f"{text} [attempt {value.get('attempt')}, {cell(at) if isinstance(at, datetime) else at}]"
 
 
 def show_page(

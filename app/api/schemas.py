@@ -42,7 +42,9 @@ class Attempt(BaseModel):
     worker_id: str | None
     started_at: datetime
     finished_at: datetime | None
-    outcome: str | None = Field(description="succeeded, retry, dead, cancelled, lost, duplicate; null while running.")
+    outcome: str | None = Field(
+        description="succeeded, retry, snoozed, dead, cancelled, lost, duplicate; null while running."
+    )
     error_class: str | None
     error: str | None
     traceback: str | None = Field(
@@ -77,11 +79,24 @@ REDACTED = (
 )
 
 
+class JobProgress(BaseModel):
+    done: float = Field(description="How much of the work is done (the handler's unit).")
+    total: float | None = Field(description="Out of how much; null when the handler does not know.")
+    note: str | None = Field(description="The handler's short note (at most 200 characters); null when redacted.")
+    attempt: int = Field(description="The attempt that reported it.")
+    at: datetime = Field(description="When it was written.")
+
+
 class Job(JobSummary):
     args: dict[str, Any] | None = Field(description="The handler's arguments; null when redacted.")
     keep_result: bool
     result: Any = Field(default=None, description="The handler's return value when kept; null when redacted.")
     history: list[Attempt]
+    progress: JobProgress | None = Field(
+        default=None,
+        description="The last ctx.progress() a run reported (written at most once a second, and at its end);"
+        " null when none did.",
+    )
     redacted: bool = Field(default=False, description=REDACTED)
 
 

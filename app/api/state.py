@@ -267,6 +267,8 @@ def redact_job(item: dict[str, Any]) -> dict[str, Any]:
     for name in SENSITIVE_JOB_FIELDS:
         if name in item:
             item[name] = None
+    if isinstance(item.get("progress"), dict):  # the numbers are not sensitive; the handler's note may be
+        item["progress"] = {**item["progress"], "note": None}
     for attempt in item.get("history") or ():
         for name in SENSITIVE_ATTEMPT_FIELDS:
             if name in attempt:

@@ -83,6 +83,7 @@ class Job(JobSummary):
     keep_result: bool
     result: Any
     history: list[Attempt]
+    progress: dict[str, Any] | None  # the last ctx.progress() written: done, total, note, attempt, at
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ def job_fields(row: Mapping[str, Any], history: list[Attempt]) -> dict[str, Any]
         "keep_result": row["keep_result"],
         "result": row["result"] if row["keep_result"] else None,
         "history": history,
+        "progress": row.get("progress"),
     }
 
 

@@ -244,6 +244,40 @@ def test_0009_downgrades_to_0008_dropping_only_the_workflow_objects(empty_databa
     assert objects(empty_database_url) == everything
 
 
+def test_0010_downgrades_to_0009_dropping_the_progress_column_and_the_debounce(empty_database_url: str) -> None:
+    """0010 adds outbox.progress and replaces unique_claim() and enqueue() (debounce); no object comes or goes."""
+
+    def state(url: str) -> tuple[bool, bool, bool]:
+        with psycopg.connect(url) as conn:
+            column = conn.execute(
+                "SELECT count(*) FROM information_schema.columns"
+                " WHERE table_schema = 'postbox' AND table_name = 'outbox' AND column_name = 'progress'"
+            ).fetchone()
+            sources = dict(
+                conn.execute("SELECT proname, prosrc FROM pg_proc WHERE proname IN ('unique_claim', 'enqueue')")
+            )
+        return column == (1,), "debounce" in sources["unique_claim"], "debounce" in sources["enqueue"]
+
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    assert state(empty_database_url) == (True, True, True)
+    with psycopg.connect(empty_database_url) as conn:
+        conn.execute("INSERT INTO postbox.outbox (queue, task, progress) VALUES ('q', 't', '{\"done\": 1}')")
+    migrate.downgrade(empty_database_url, "0009_workflows")
+    assert state(empty_database_url) == (False, False, False)
+    assert objects(empty_database_url) == everything
+    with psycopg.connect(empty_database_url) as conn:  # 0004's functions again: a plain unique rule still works
+        conn.execute(
+            "INSERT INTO postbox.tasks (name, queue, priority, max_attempts, keep_result, unique_rule)"
+            " VALUES ('u', 'default', 5, 5, false, '{\"period\": 60}')"
+        )
+        ids = [conn.execute("SELECT postbox.enqueue('u', '{\"a\": 1}')").fetchone() for _ in range(2)]
+    assert ids[0] == ids[1]
+    migrate.upgrade(empty_database_url)
+    assert state(empty_database_url) == (True, True, True)
+    assert objects(empty_database_url) == everything
+
+
 def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
     before = objects(empty_database_url)
     migrate.upgrade(empty_database_url)

@@ -7,7 +7,7 @@ import asyncio
 import psycopg
 import pytest
 
-from postbox import migrate
+from postbox import migrate, revision
 from postbox.errors import SchemaOutdatedError
 from postbox.settings import Settings
 from postbox.worker import Worker
@@ -20,7 +20,7 @@ async def test_worker_run_refuses_an_older_schema_and_writes_nothing(
     migrate.upgrade(empty_database_url, "0005_fenced_success")
     at_newest = worker_settings(settings.model_copy(update={"database_url": empty_database_url}))
     worker = Worker(at_newest)
-    refusal = "at revision 0005_fenced_success; this postbox needs 0007_commit_time"
+    refusal = f"at revision 0005_fenced_success; this postbox needs {revision.REQUIRED}"
     with pytest.raises(SchemaOutdatedError, match=refusal):
         await asyncio.wait_for(worker.run(), timeout=60)
     with psycopg.connect(empty_database_url) as conn:

@@ -645,6 +645,15 @@ function timeline(job) {
     .map(([label, at]) => h("li", {}, h("span", { class: "muted" }, when(at)), " ", label));
 }
 
+// The last ctx.progress() a run reported: a bar (indeterminate without a total) and its numbers.
+function progressBar(p) {
+  if (!p) return "";
+  const known = typeof p.total === "number" && p.total > 0;
+  const bar = known ? h("progress", { id: "job-progress", max: p.total, value: Math.min(p.done, p.total) }) : h("progress", { id: "job-progress" });
+  const label = known ? `${p.done}/${p.total} (${Math.round((100 * Math.min(p.done, p.total)) / p.total)}%)` : `${p.done} (total unknown)`;
+  return [bar, " ", h("span", { id: "job-progress-text" }, label, p.note ? ` — ${p.note}` : "", h("span", { class: "muted" }, ` attempt ${p.attempt}, ${when(p.at)}`))];
+}
+
 function jobPage(id) {
   main.replaceChildren(h("h1", {}, `Job ${id}`));
   async function refresh() {
@@ -676,6 +685,7 @@ function jobPage(id) {
           ["queue", job.queue],
           ["priority", job.priority],
           ["attempts", `${job.attempts} of ${job.max_attempts}`],
+          ["progress", progressBar(job.progress)],
           ["worker", job.worker_id || ""],
           ["dedup key", job.dedup_key || ""],
           ["last error", job.last_error ? `${job.last_error_class}: ${job.last_error}` : ""],

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from postbox import JobCancelled, PermanentError, RetryLater, RetryPolicy, Snooze, task
+from postbox import JobCancelled, PermanentError, RetryLater, RetryPolicy, Snooze, debounce, task
 
 QUEUE = "wtest"
 FAST = RetryPolicy(base_delay=0.05, max_delay=0.2, jitter=0.0)
@@ -102,6 +102,28 @@ async def w_snooze(ctx: Any, times: int, seconds: float = 0.05, returned: bool =
         raise snooze
     await _effect(ctx, "snooze")
     return None
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_progress(ctx: Any, steps: int, pause: float) -> None:
+    """Report progress on every step of a loop (far more often than it is written)."""
+    for step in range(1, steps + 1):
+        ctx.progress(step, steps, f"step {step}")
+        await asyncio.sleep(pause)
+
+
+@task(queue=QUEUE, retry=FAST)
+def w_sync_progress(ctx: Any, steps: int) -> None:
+    """The same from a sync handler's thread, total unknown; the last value right before returning."""
+    for step in range(1, steps + 1):
+        ctx.progress(step)
+        time.sleep(0.001)
+
+
+@task(queue=QUEUE, retry=FAST, unique=debounce(5, by="doc"))
+async def w_debounced(ctx: Any, doc: str, version: int) -> None:
+    """Record the arguments the run got (debounce: the last enqueued for the key)."""
+    await _effect(ctx, f"{doc}:v{version}")
 
 
 @task(queue=QUEUE, retry=FAST, timeout=0.2, max_attempts=2)
