@@ -1,7 +1,7 @@
 """``postbox-bench <scenario>``: measure postbox (and peers) here.
 
 Scenarios: enqueue, relay, worker, latency (``all`` runs these four), and
-schedules, flow, exactly-once, rest, growth, cluster (each on its own: minutes each;
+schedules, flow, exactly-once, workflow, rest, growth, cluster (each on its own: minutes each;
 cluster starts Redis servers of its own).
 
 Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from postbox_examples.embedded import EmbeddedServers
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
-EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "rest", "growth", "cluster")  # not part of `all`: minutes each
+# not part of `all`: minutes each
+EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "workflow", "rest", "growth", "cluster")
 GROWTH_PARTS = ("drain", "queues", "steady", "processes")
 
 
@@ -83,6 +84,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--flow-rate", type=_positive_int, default=200, help="rate limit of bench flow's rated task, /s (default 200)"
+    )
+    p.add_argument(
+        "--workflow-task",
+        choices=("bench_noop", "bench_tx"),
+        default="bench_noop",
+        help="bench workflow: the jobs' task (bench_tx: each in ctx.transaction(); default bench_noop)",
     )
     p.add_argument("--relay-rate", type=_positive_int, default=500, help="steady rate for relay latency (default 500)")
     p.add_argument("--duration", type=_positive_float, default=5.0, help="seconds per timed run (default 5)")
@@ -156,6 +163,10 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
         from postbox_bench.exactly_once import run as run_exactly_once
 
         return run_exactly_once
+    if name == "workflow":
+        from postbox_bench.workflow import run as run_workflow
+
+        return run_workflow
     if name == "rest":
         from postbox_bench.rest import run as run_rest
 
@@ -233,6 +244,7 @@ def main(argv: Sequence[str]) -> int:
             "minutes": args.minutes,
             "steady_rate": args.steady_rate,
             "growth": args.growth,
+            "workflow_task": args.workflow_task,
         },
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]

@@ -101,9 +101,10 @@ CREATE TABLE {schema}.workflow_joins (
 CREATE FUNCTION {schema}.workflow_job_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.released_at := clock_timestamp();
+    -- a failed job's id is noted negative: the release need not look its state up
     PERFORM set_config('postbox.workflow_ended',
-                       coalesce(current_setting('postbox.workflow_ended', true), '')
-                       || TG_RELID || ':' || NEW.id || ',', true);
+                       coalesce(current_setting('postbox.workflow_ended', true), '') || TG_RELID || ':'
+                       || CASE WHEN NEW.state = 'succeeded' THEN NEW.id ELSE -NEW.id END || ',', true);
     RETURN NEW;
 END;
 $$;
@@ -113,6 +114,7 @@ DECLARE
     _prefix text := TG_RELID || ':';
     _noted text[];
     _ended bigint[];
+    _failed bigint[];
     _doomed bigint[];
     _released bigint;
     _heads bigint[];
@@ -121,27 +123,28 @@ BEGIN
     PERFORM set_config('postbox.workflow_busy', 'on', true);
     LOOP
         _noted := string_to_array(rtrim(coalesce(current_setting('postbox.workflow_ended', true), ''), ','), ',');
-        SELECT array_agg(DISTINCT substr(x, length(_prefix) + 1)::int8)
-          INTO _ended FROM unnest(_noted) x WHERE starts_with(x, _prefix);
+        SELECT array_agg(DISTINCT abs(v)), array_agg(DISTINCT -v) FILTER (WHERE v < 0) INTO _ended, _failed
+          FROM (SELECT substr(x, length(_prefix) + 1)::int8 AS v FROM unnest(_noted) x
+                 WHERE starts_with(x, _prefix)) noted;
         -- another schema's outbox keeps its ids for its own trigger
         PERFORM set_config('postbox.workflow_ended',
                            coalesce((SELECT string_agg(x, ',') || ',' FROM unnest(_noted) x
                                       WHERE NOT starts_with(x, _prefix)), ''), true);
         EXIT WHEN _ended IS NULL;
 
-        -- 'record' edges keep the failure of their parent
-        UPDATE {schema}.workflow_edges e
-           SET failure = jsonb_build_object('state', p.state, 'error_class', p.last_error_class,
-                                            'error', p.last_error)
-          FROM {schema}.outbox p
-         WHERE e.parent_id = ANY(_ended) AND p.id = e.parent_id AND p.state <> 'succeeded'
-           AND e.on_failure = 'record';
-
-        -- 'cancel' edges of failed parents: their children are cancelled, not counted down
-        _doomed := ARRAY(
-            SELECT DISTINCT e.child_id FROM {schema}.workflow_edges e JOIN {schema}.outbox p ON p.id = e.parent_id
-             WHERE e.parent_id = ANY(_ended) AND p.state <> 'succeeded' AND e.on_failure = 'cancel'
-             ORDER BY 1);
+        _doomed := '{{}}';
+        IF _failed IS NOT NULL THEN
+            -- 'record' edges keep the failure of their parent
+            UPDATE {schema}.workflow_edges e
+               SET failure = jsonb_build_object('state', p.state, 'error_class', p.last_error_class,
+                                                'error', p.last_error)
+              FROM {schema}.outbox p
+             WHERE e.parent_id = ANY(_failed) AND p.id = e.parent_id AND e.on_failure = 'record';
+            -- 'cancel' edges of failed parents: their children are cancelled, not counted down
+            _doomed := ARRAY(
+                SELECT DISTINCT e.child_id FROM {schema}.workflow_edges e
+                 WHERE e.parent_id = ANY(_failed) AND e.on_failure = 'cancel' ORDER BY 1);
+        END IF;
         -- Rows are locked (in key order) by one statement and written by the next: the
         -- second's snapshot, taken once the locks are held, sees every committed count.
         IF cardinality(_doomed) > 0 THEN
@@ -156,7 +159,7 @@ BEGIN
         -- Count down: the shards of wide joins first, then the waiting rows.
         PERFORM 1 FROM {schema}.workflow_joins j
           JOIN {schema}.workflow_edges e ON e.child_id = j.job_id AND e.shard = j.shard
-         WHERE e.parent_id = ANY(_ended) AND e.child_id <> ALL(_doomed)
+         WHERE e.parent_id = ANY(_ended) AND e.shard IS NOT NULL AND e.child_id <> ALL(_doomed)
          ORDER BY j.job_id, j.shard
            FOR UPDATE OF j;
         WITH counted AS (
