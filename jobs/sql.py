@@ -1683,6 +1683,189 @@ class Statements(schema.Templates):
     UPDATE {schema}.workflows SET retried_at = now(), cancelled_at = NULL WHERE id = %(id)s
     """
 
+    # --- workflows, workflow_edges, workflow_joins (postbox.workflow; docs/workflows.md) -----------
+    # A workflow's jobs are outbox rows with workflow_id; those with upstream jobs start
+    # 'waiting' (never published) with waiting_on counters. The release of a job's
+    # dependents is not here: migration 0009's triggers run it inside the statement
+    # that ends the job, whichever of the statements above it is.
+
+    WORKFLOW_INSERT: LiteralString = """
+    INSERT INTO {schema}.workflows (name, on_failure, jobs) VALUES (%(name)s, %(on_failure)s, %(jobs)s)
+    RETURNING id
+    """
+
+    # The jobs of one workflow, with the ids drawn by JOB_NEXT_IDS; ``waiting_on`` is NULL
+    # for a job that waits for nothing (it is inserted pending).
+    JOB_COPY_OF_WORKFLOW: LiteralString = """
+    COPY {schema}.outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
+                 expires_at, timeout_seconds, keep_result, workflow_id, state, waiting_on) FROM STDIN
+    """
+
+    WORKFLOW_EDGE_COPY: LiteralString = """
+    COPY {schema}.workflow_edges (parent_id, child_id, workflow_id, shard, on_failure) FROM STDIN
+    """
+
+    WORKFLOW_JOIN_COPY: LiteralString = """
+    COPY {schema}.workflow_joins (job_id, shard, remaining) FROM STDIN
+    """
+
+    # What a job of a workflow reads of its upstream jobs (ctx.upstream()).
+    WORKFLOW_EDGE_LIST_UPSTREAM: LiteralString = """
+    SELECT p.id, p.task, p.state, p.keep_result, p.result::text, p.last_error_class, p.last_error,
+           e.on_failure, e.failure::text
+      FROM {schema}.workflow_edges e JOIN {schema}.outbox p ON p.id = e.parent_id
+     WHERE e.child_id = %(id)s
+     ORDER BY p.id
+    """
+
+    # Kept results of succeeded upstream jobs still being written: a ctx.transaction()
+    # job's return value is stored just after its commit, which released its dependents.
+    WORKFLOW_COUNT_RESULTS_UNWRITTEN: LiteralString = """
+    SELECT count(*) FROM {schema}.workflow_edges e JOIN {schema}.outbox p ON p.id = e.parent_id
+     WHERE e.child_id = %(id)s AND p.state = 'succeeded' AND p.keep_result AND p.result IS NULL
+       AND p.result_expires_at IS NULL AND p.finished_at > now() - make_interval(secs => %(within)s)
+    """
+
+    # A workflow with its jobs counted by state, and its status: running while a job
+    # has not ended; then succeeded, failed (a job dead or expired) or cancelled.
+    _WORKFLOW_WITH_COUNTS: LiteralString = """
+    SELECT w.id, w.name, w.on_failure, w.jobs, w.created_at, w.cancelled_at, w.retried_at,
+           c.counts, c.finished_at,
+           CASE WHEN coalesce((c.counts->>'waiting')::int, 0) + coalesce((c.counts->>'pending')::int, 0)
+                     + coalesce((c.counts->>'queued')::int, 0) + coalesce((c.counts->>'running')::int, 0)
+                     + coalesce((c.counts->>'retrying')::int, 0) > 0 THEN 'running'
+                WHEN coalesce((c.counts->>'dead')::int, 0) + coalesce((c.counts->>'expired')::int, 0) > 0
+                     THEN 'failed'
+                WHEN coalesce((c.counts->>'cancelled')::int, 0) > 0 THEN 'cancelled'
+                ELSE 'succeeded' END AS status
+      FROM {schema}.workflows w
+     CROSS JOIN LATERAL (
+           SELECT coalesce(jsonb_object_agg(s.state, s.n), '{{}}'::jsonb) AS counts, max(s.last) AS finished_at
+             FROM (SELECT o.state, count(*) AS n, max(o.finished_at) AS last
+                     FROM {schema}.outbox o WHERE o.workflow_id = w.id GROUP BY o.state) s
+     ) c
+    """
+
+    WORKFLOW_GET: LiteralString = (
+        _WORKFLOW_WITH_COUNTS
+        + """
+     WHERE w.id = %(id)s
+    """
+    )
+
+    WORKFLOW_LIST: LiteralString = (
+        """
+    SELECT * FROM ("""
+        + _WORKFLOW_WITH_COUNTS
+        + """
+     WHERE (%(before)s::int8 IS NULL OR w.id < %(before)s::int8)
+       AND (%(name)s::text IS NULL OR w.name = %(name)s::text)
+    ) AS listed
+     WHERE %(status)s::text IS NULL OR status = %(status)s::text
+     ORDER BY id DESC LIMIT %(limit)s
+    """
+    )
+
+    WORKFLOW_LOCK: LiteralString = """
+    SELECT id FROM {schema}.workflows WHERE id = %(id)s FOR UPDATE
+    """
+
+    JOB_LIST_OF_WORKFLOW: LiteralString = """
+    SELECT id, task, queue, state, attempts, max_attempts, waiting_on, created_at, started_at, finished_at,
+           released_at, last_error_class, last_error
+      FROM {schema}.outbox WHERE workflow_id = %(id)s ORDER BY id
+    """
+
+    WORKFLOW_EDGE_LIST: LiteralString = """
+    SELECT parent_id, child_id, on_failure, failure::text FROM {schema}.workflow_edges
+     WHERE workflow_id = %(id)s ORDER BY parent_id, child_id
+    """
+
+    # Cancel every job of a workflow that has not started; locked in id order. The
+    # release trigger cancels (or counts down) their dependents in the same statement.
+    JOB_CANCEL_OF_WORKFLOW: LiteralString = """
+    WITH locked AS MATERIALIZED (
+        SELECT ctid FROM {schema}.outbox
+         WHERE workflow_id = %(id)s AND state IN ('waiting', 'pending', 'queued', 'retrying')
+         ORDER BY id
+           FOR UPDATE
+    )
+    UPDATE {schema}.outbox
+       SET state = 'cancelled', finished_at = now(), waiting_on = NULL,
+           cancel_requested_at = coalesce(cancel_requested_at, now())
+     WHERE ctid = ANY(ARRAY(SELECT ctid FROM locked))
+    RETURNING id
+    """
+
+    # Its running jobs are asked to stop (cooperative, as JOB_REQUEST_CANCEL).
+    JOB_REQUEST_CANCEL_OF_WORKFLOW: LiteralString = """
+    UPDATE {schema}.outbox SET cancel_requested_at = coalesce(cancel_requested_at, now())
+     WHERE workflow_id = %(id)s AND state = 'running'
+    RETURNING id
+    """
+
+    WORKFLOW_SET_CANCELLED: LiteralString = """
+    UPDATE {schema}.workflows SET cancelled_at = coalesce(cancelled_at, now()) WHERE id = %(id)s
+    """
+
+    # Retry: every job of the workflow locked (id order), its dead, cancelled and expired
+    # jobs waiting again with a fresh budget and their end uncounted, the recorded failures
+    # cleared, then every waiting job's counters recounted from its parents' states (a
+    # parent that has not succeeded will end again and count then), and those waiting
+    # for nothing made pending (the relay publishes them).
+    JOB_LOCK_OF_WORKFLOW: LiteralString = """
+    SELECT id FROM {schema}.outbox WHERE workflow_id = %(id)s ORDER BY id FOR UPDATE
+    """
+
+    JOB_RESET_FAILED_OF_WORKFLOW: LiteralString = """
+    UPDATE {schema}.outbox
+       SET state = 'waiting', attempts = 0, available_at = now(), published_at = NULL, stream_id = NULL,
+           claimed_by = NULL, lease_until = NULL, started_at = NULL, finished_at = NULL, discarded_at = NULL,
+           cancel_requested_at = NULL, result = NULL, result_expires_at = NULL, released_at = NULL
+     WHERE workflow_id = %(id)s AND state IN ('dead', 'cancelled', 'expired')
+    RETURNING id
+    """
+
+    WORKFLOW_EDGE_CLEAR_FAILURES: LiteralString = """
+    UPDATE {schema}.workflow_edges SET failure = NULL WHERE workflow_id = %(id)s AND failure IS NOT NULL
+    """
+
+    WORKFLOW_JOIN_RECOUNT: LiteralString = """
+    UPDATE {schema}.workflow_joins j
+       SET remaining = (SELECT count(*) FROM {schema}.workflow_edges e JOIN {schema}.outbox p ON p.id = e.parent_id
+                         WHERE e.child_id = j.job_id AND e.shard = j.shard AND p.released_at IS NULL)
+     WHERE j.job_id IN (SELECT id FROM {schema}.outbox WHERE workflow_id = %(id)s AND state = 'waiting')
+    """
+
+    JOB_RECOUNT_WAITING_OF_WORKFLOW: LiteralString = """
+    WITH counts AS (
+        SELECT o.id,
+               (SELECT count(*) FROM {schema}.workflow_edges e JOIN {schema}.outbox p ON p.id = e.parent_id
+                 WHERE e.child_id = o.id AND e.shard IS NULL AND p.released_at IS NULL)
+               + (SELECT count(*) FROM {schema}.workflow_joins j WHERE j.job_id = o.id AND j.remaining > 0) AS n
+          FROM {schema}.outbox o
+         WHERE o.workflow_id = %(id)s AND o.state = 'waiting'
+    )
+    UPDATE {schema}.outbox o
+       SET waiting_on = c.n, state = CASE WHEN c.n = 0 THEN 'pending' ELSE 'waiting' END
+      FROM counts c WHERE o.id = c.id
+    RETURNING o.id, o.state
+    """
+
+    # The gauges of /metrics: workflows with a job not ended, and the waiting jobs by queue.
+    WORKFLOW_COUNT_ACTIVE: LiteralString = """
+    SELECT count(DISTINCT workflow_id) FROM {schema}.outbox
+     WHERE workflow_id IS NOT NULL AND state IN ('waiting', 'pending', 'queued', 'running', 'retrying')
+    """
+
+    JOB_COUNT_WAITING_BY_QUEUE: LiteralString = """
+    SELECT queue, count(*) FROM {schema}.outbox WHERE state = 'waiting' GROUP BY queue ORDER BY queue
+    """
+
+    WORKFLOW_SET_RETRIED: LiteralString = """
+    UPDATE {schema}.workflows SET retried_at = now(), cancelled_at = NULL WHERE id = %(id)s
+    """
+
     # --- audit_log --------------------------------------------------------------------------------
 
     AUDIT_INSERT: LiteralString = """

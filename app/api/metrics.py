@@ -93,6 +93,26 @@ class LimitCollector(Collector):
         yield from families.values()
 
 
+class WorkflowCollector(Collector):
+    """Workflow gauges (set just before each scrape): workflows with a job not ended, waiting jobs by queue."""
+
+    def __init__(self) -> None:
+        self.active: int | None = None
+        self.waiting: Sequence[tuple[str, int]] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        if self.active is None:
+            return
+        active = GaugeMetricFamily("postbox_workflows_active", "Workflows with a job that has not ended.")
+        active.add_metric([], float(self.active))
+        waiting = GaugeMetricFamily(
+            "postbox_queue_waiting_jobs", "Jobs of workflows waiting for their upstream jobs.", labels=["queue"]
+        )
+        for queue, count in self.waiting:
+            waiting.add_metric([queue], float(count))
+        yield from (active, waiting)
+
+
 class ApiMetrics:
     """One registry per app (so several apps in one process do not collide)."""
 
@@ -135,6 +155,8 @@ class ApiMetrics:
         self.registry.register(self.queues)
         self.limits = LimitCollector()
         self.registry.register(self.limits)
+        self.workflows = WorkflowCollector()
+        self.registry.register(self.workflows)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -28,6 +28,7 @@ from postbox.app.api.state import (
 from postbox.app.services import limits as limit_service
 from postbox.app.services import queues as queue_service
 from postbox.app.services import workers as worker_service
+from postbox.app.services import workflows as workflow_service
 from postbox.app.services.results import as_dict
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,12 @@ async def metrics(request: Request) -> Response:
             )
             collector.queues = [as_dict(q) for q in stats]
             found = await worker_service.list_workers(conn, heartbeat_interval=st.settings.heartbeat_interval)
+            try:  # the workflow gauges (docs/workflows.md); their failure leaves the others
+                st.metrics.workflows.active, st.metrics.workflows.waiting = await workflow_service.gauges(conn)
+            except Exception as exc:
+                log.warning("workflow gauges unavailable: %s", type(exc).__name__)
+                st.metrics.workflows.active = None
+                await conn.rollback()
             try:  # the flow-control gauges (GET /api/v1/limits); their failure leaves the queue gauges
                 st.metrics.limits.limits = limit_service.gauges(await limit_service.list_limits(conn))
             except Exception as exc:

@@ -235,3 +235,14 @@ async def retry_workflow(conn: AsyncConnection[Any], workflow_id: int, actor: Ac
         await conn.execute(statements.OUTBOX_NOTIFY)
         await record_audit(conn, actor, "workflow.retry", f"workflow:{workflow_id}", {"retried": len(reset)})
     return WorkflowChange(await _get_summary(conn, workflow_id), [], [], sorted(reset))
+
+
+async def gauges(conn: AsyncConnection[Any]) -> tuple[int, list[tuple[str, int]]]:
+    """For /metrics: workflows with a job not ended, and the waiting jobs by queue."""
+    statements = sql.active()
+    row = await (await conn.execute(statements.WORKFLOW_COUNT_ACTIVE)).fetchone()
+    waiting = [
+        (str(q), int(n)) for q, n in await (await conn.execute(statements.JOB_COUNT_WAITING_BY_QUEUE)).fetchall()
+    ]
+    await _end_read(conn)
+    return (int(row[0]) if row else 0), waiting

@@ -70,6 +70,8 @@ ALTER TABLE {schema}.outbox
     ADD COLUMN waiting_on  integer,      -- while waiting: counters not yet at zero (parents, or shards of them)
     ADD COLUMN released_at timestamptz;  -- when this job's end was counted for its dependents
 CREATE INDEX outbox_workflow ON {schema}.outbox (workflow_id, id) WHERE workflow_id IS NOT NULL;
+-- The waiting jobs by queue (metrics, GET /api/v1/workflows counts): a small part of the outbox.
+CREATE INDEX outbox_waiting ON {schema}.outbox (queue, workflow_id) WHERE state = 'waiting';
 
 -- 'waiting': a workflow's job whose upstream jobs have not all ended. Checked without
 -- a scan under an exclusive lock (NOT VALID), then validated under a weaker one.
@@ -226,7 +228,7 @@ UPDATE {schema}.outbox SET state = 'cancelled', finished_at = now(),
 ALTER TABLE {schema}.outbox DROP CONSTRAINT outbox_state_check;
 ALTER TABLE {schema}.outbox ADD CONSTRAINT outbox_state_check CHECK (state IN
     ('pending','queued','running','retrying','succeeded','dead','cancelled','expired'));
-DROP INDEX {schema}.outbox_workflow;
+DROP INDEX {schema}.outbox_workflow, {schema}.outbox_waiting;
 ALTER TABLE {schema}.outbox DROP COLUMN workflow_id, DROP COLUMN waiting_on, DROP COLUMN released_at;
 """
 

@@ -65,6 +65,7 @@ WORKFLOW_OBJECTS = {
     ("postbox", "workflow_joins", "r"),
     ("postbox", "workflow_joins_pkey", "i"),
     ("postbox", "outbox_workflow", "i"),
+    ("postbox", "outbox_waiting", "i"),
     ("postbox", "workflow_job_ended", "function"),
     ("postbox", "workflow_release", "function"),
 }
@@ -331,6 +332,7 @@ def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: s
         "outbox_unique_key",
         "outbox_flow_wait",
         "outbox_workflow",
+        "outbox_waiting",
     }
     assert indexes["outbox_live_state"] == (
         "CREATE INDEX outbox_live_state ON postbox.outbox USING btree (state, queue) WHERE (state = ANY "

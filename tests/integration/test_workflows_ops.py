@@ -173,3 +173,13 @@ def test_postbox_workflows_list_get_cancel_retry(
     assert workflows_cli.main(["get", "0"]) == 2
     assert workflows_cli.main(["get", "99999"]) == 1
     assert [row[1] for row in audit_rows(conn)] == ["workflow.cancel", "workflow.retry"]
+
+
+def test_metrics_count_active_workflows_and_waiting_jobs(settings: Settings, conn: psycopg.Connection[Any]) -> None:
+    first, second = diamond(conn), diamond(conn, "second")
+    end(conn, second.jobs[0], "cancelled")
+    with make_client(settings) as client:
+        text = client.get("/metrics").text
+    assert "postbox_workflows_active 1.0" in text  # the second's jobs were all cancelled with its head
+    assert 'postbox_queue_waiting_jobs{queue="wtest"} 3.0' in text  # the first's b, c and d
+    assert len(first.jobs) == 4
