@@ -28,13 +28,17 @@ BEST = "j50-p0.05"
 # redis-py >= 6 caps a pool at 100 connections unless told otherwise (the redis-py < 6 that arq
 # pins allowed 2**31), and a caller past the cap gets MaxConnectionsError instead of waiting:
 # arq's own knob, RedisSettings.max_connections, sized for the 500 concurrent enqueue calls.
+# Opening those 500 connections at once can take more than arq's 1 s connect timeout on a
+# loaded machine (TimeoutError), so the timeout is arq's RedisSettings.conn_timeout at 10 s.
 MAX_CONNECTIONS = 500
+CONNECT_TIMEOUT_S = 10
 _probe = Probe()
 
 
 def _settings(cfg: PeerConfig) -> Any:
     settings = load("arq.connections").RedisSettings.from_dsn(cfg.redis_url)
     settings.max_connections = MAX_CONNECTIONS
+    settings.conn_timeout = CONNECT_TIMEOUT_S
     return settings
 
 
