@@ -950,7 +950,7 @@ class Statements(schema.Templates):
     # results live in the outbox row.
     JOB_DELETE_FINISHED: LiteralString = """
     WITH doomed AS (
-        SELECT id FROM {schema}.outbox
+        SELECT id, workflow_id FROM {schema}.outbox
          WHERE finished_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(age)s::float8)
            AND state IN ('succeeded', 'cancelled', 'expired')
          ORDER BY finished_at
@@ -961,6 +961,17 @@ class Statements(schema.Templates):
         RETURNING o.id
     ), history AS (
         DELETE FROM {schema}.job_attempts a USING gone g WHERE a.outbox_id = g.id
+    ), workflow_edges_gone AS (
+        -- a workflow's job deleted: the edges into it and its join counters go with it (it has ended)
+        DELETE FROM {schema}.workflow_edges e USING gone g WHERE e.child_id = g.id
+    ), workflow_joins_gone AS (
+        DELETE FROM {schema}.workflow_joins j USING gone g WHERE j.job_id = g.id
+    ), workflows_gone AS (
+        -- and the workflow once no job of it is left
+        DELETE FROM {schema}.workflows w
+         WHERE w.id IN (SELECT workflow_id FROM doomed WHERE workflow_id IS NOT NULL)
+           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.workflow_id = w.id AND o.id NOT IN (SELECT id FROM doomed))
     )
     SELECT id FROM gone
     """

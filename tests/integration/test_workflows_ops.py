@@ -183,3 +183,28 @@ def test_metrics_count_active_workflows_and_waiting_jobs(settings: Settings, con
     assert "postbox_workflows_active 1.0" in text  # the second's jobs were all cancelled with its head
     assert 'postbox_queue_waiting_jobs{queue="wtest"} 3.0' in text  # the first's b, c and d
     assert len(first.jobs) == 4
+
+
+def test_retention_deletes_a_workflows_rows_with_its_last_jobs(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    from postbox import retention
+
+    done, live = diamond(conn, "done"), diamond(conn, "live")
+    for job in done.jobs:
+        end(conn, job, "succeeded")
+    end(conn, live.jobs[0], "succeeded")
+    conn.execute("UPDATE postbox.outbox SET finished_at = now() - interval '30 days' WHERE finished_at IS NOT NULL")
+    conn.commit()
+    report = retention.prune(conn, settings.model_copy(update={"retention_finished_days": 7}))
+    assert report.finished == 5  # the four jobs of the first, the head of the second
+
+    def left(table: str, key: str, workflow_id: int) -> int:
+        row = conn.execute(f"SELECT count(*) FROM postbox.{table} WHERE {key} = %s", (workflow_id,)).fetchone()
+        conn.commit()
+        return int(row[0]) if row else -1
+
+    assert [left("workflows", "id", w.id) for w in (done, live)] == [0, 1]
+    # the live workflow keeps its edges: its waiting job still counts and reads them
+    assert [left("workflow_edges", "workflow_id", w.id) for w in (done, live)] == [0, 4]
+    assert states(conn, live.jobs[1:]) == [("pending", 0), ("pending", 0), ("waiting", 2)]
