@@ -19,7 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "relay": ("postbox.relay.cli:main", "relay run: publish committed jobs from the outbox to Redis"),
     "worker": ("postbox.worker.cli:main", "worker run: consume jobs and run their handlers"),
     "api": ("postbox.app.api_cli:main", "api run: the REST API, /metrics and the web dashboard at /"),
-    "jobs": ("postbox.app.admin.jobs_cli:main", "jobs get|list|cancel|enqueue"),
+    "jobs": ("postbox.app.admin.jobs_cli:main", "jobs get|list|cancel|enqueue|move"),
     "dlq": ("postbox.app.admin.dlq_cli:main", "dlq list|show|requeue|discard|purge"),
     "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume"),
     "workers": ("postbox.app.admin.workers_cli:main", "workers list"),

@@ -1842,6 +1842,44 @@ class Statements(schema.Templates):
      WHERE id = %(id)s AND attempts = %(attempt)s AND claimed_by = %(worker)s AND state = 'running'
     """
 
+    # Move waiting jobs (app/services/moves.py): a new priority and/or due time for the
+    # pending, queued or retrying rows named by id and/or matching the filter, locked in id
+    # order (as claims lock them; a row a worker claimed meanwhile fails the lock's recheck
+    # and is left alone). A published row goes back to pending, unpublished: the relay
+    # publishes it again, once, to the stream of its new priority when it is due (its old
+    # entry is dropped after the commit, or skipped by the claim when not due).
+    JOB_MOVE_WAITING: LiteralString = """
+    WITH target AS (
+        SELECT o.id, o.priority AS old_priority, o.available_at AS old_available_at,
+               o.published_at IS NOT NULL AS was_published, o.stream_id AS old_stream_id
+          FROM {schema}.outbox o
+         WHERE o.state IN ('pending', 'queued', 'retrying') AND o.claimed_by IS NULL
+           AND (%(ids)s::int8[] IS NULL OR o.id = ANY(%(ids)s::int8[]))
+           AND (%(queue)s::text IS NULL OR o.queue = %(queue)s::text)
+           AND (%(task)s::text IS NULL OR o.task = %(task)s::text)
+           AND (%(state)s::text IS NULL OR o.state = %(state)s::text)
+         ORDER BY o.id
+         LIMIT %(limit)s
+           FOR UPDATE OF o
+    )
+    UPDATE {schema}.outbox o
+       SET priority = coalesce(%(priority)s::int, o.priority),
+           available_at = coalesce(%(run_at)s::timestamptz,
+                                   now() + make_interval(secs => %(delay)s::float8),
+                                   o.available_at),
+           state = CASE WHEN o.state = 'queued' THEN 'pending' ELSE o.state END,
+           published_at = NULL,
+           stream_id = NULL
+      FROM target t
+     WHERE o.id = t.id
+    RETURNING o.id, o.queue, o.task, o.state, o.priority, o.available_at, t.old_priority, t.old_available_at,
+              t.was_published, t.old_stream_id
+    """
+
+    JOB_GET_STATES: LiteralString = """
+    SELECT id, state FROM {schema}.outbox WHERE id = ANY(%(ids)s::int8[])
+    """
+
     JOB_SET_PROGRESS: LiteralString = """
     UPDATE {schema}.outbox
        SET progress = %(progress)s::jsonb

@@ -1,4 +1,4 @@
-"""``postbox jobs get|list|cancel|enqueue``."""
+"""``postbox jobs get|list|cancel|enqueue|move``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from postbox.app.admin.common import (
     to_json,
 )
 from postbox.app.services import jobs as job_service
+from postbox.app.services import moves
 from postbox.app.services.events import publish_event
 from postbox.app.services.results import as_dict
 from postbox.errors import TaskModuleError, UnknownTaskError
@@ -32,7 +33,7 @@ LIST_COLUMNS = ("id", "task", "queue", "priority", "state", "attempts", "max_att
 
 
 def parser() -> Parser:
-    p = Parser(prog="postbox jobs", description="Look up, list, cancel and enqueue jobs.")
+    p = Parser(prog="postbox jobs", description="Look up, list, cancel, enqueue and move jobs.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     get = sub.add_parser("get", help="one job with its attempt history")
     get.add_argument("id", type=positive_id)
@@ -55,7 +56,19 @@ def parser() -> Parser:
     enq.add_argument("--dedup-key")
     enq.add_argument("--keep-result", action="store_true", default=None)
     enq.add_argument("--tasks", help="comma-separated task modules (default: POSTBOX_TASKS)")
-    for each in (get, lst, cancel, enq):
+    move = sub.add_parser(
+        "move",
+        help="change the priority or run time of waiting jobs (one by id, or all matching --queue/--task/--state)",
+    )
+    move.add_argument("id", type=positive_id, nargs="?", help="one job (else the filter)")
+    move.add_argument("--queue")
+    move.add_argument("--task")
+    move.add_argument("--state", help="pending, queued or retrying")
+    move.add_argument("--priority", type=int, help="the new priority, 0-9")
+    move.add_argument("--delay", type=float, help="run this many seconds from now")
+    move.add_argument("--run-at", type=datetime.fromisoformat, help="run at this ISO time with a timezone")
+    move.add_argument("--limit", type=int, default=1000, help="move at most this many (a filter)")
+    for each in (get, lst, cancel, enq, move):
         each.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
@@ -135,6 +148,34 @@ async def cmd_enqueue(s: Session, a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_move(s: Session, a: argparse.Namespace) -> int:
+    change = {"priority": a.priority, "run_at": a.run_at, "delay": a.delay}
+    if a.id is not None:
+        if a.queue or a.task or a.state:
+            raise UsageError("give a job id or a filter (--queue/--task/--state), not both")
+        one = await moves.move_job(s.conn, a.id, cli_actor(), **change)
+        result = moves.MoveResult(moved=[one], refused=[], more=False)
+    else:
+        result = await moves.move_jobs(
+            s.conn, cli_actor(), queue=a.queue, task=a.task, state=a.state, limit=a.limit, **change
+        )
+    await moves.drop_old_entries(s.redis, s.settings.redis_prefix, result.moved)
+    if a.json:
+        print(to_json(as_dict(result)))
+        return EXIT_OK
+    for job in result.moved:
+        print(
+            f"job {job.id} moved: priority {job.old_priority} -> {job.priority},"
+            f" due {job.old_available_at.isoformat()} -> {job.available_at.isoformat()}"
+            + (" (published: goes back through the outbox)" if job.was_published else "")
+        )
+    if not result.moved:
+        print("no waiting job matched")
+    if result.more:
+        print(f"\nmore may match: run the command again (--limit {a.limit})")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str]) -> int:
-    commands = {"get": cmd_get, "list": cmd_list, "cancel": cmd_cancel, "enqueue": cmd_enqueue}
+    commands = {"get": cmd_get, "list": cmd_list, "cancel": cmd_cancel, "enqueue": cmd_enqueue, "move": cmd_move}
     return run("postbox jobs", parser(), argv, commands)

@@ -25,6 +25,7 @@ from postbox.app.api import (
     routes_dlq,
     routes_jobs,
     routes_limits,
+    routes_moves,
     routes_queues,
     routes_schedules,
     routes_sessions,
@@ -119,6 +120,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
     app.include_router(routes_system.router)
     app.include_router(routes_schedules.router, prefix="/api/v1")  # periodic jobs (routes_schedules.py)
     for router in (
+        routes_moves.router,  # moving waiting jobs: before routes_jobs' /jobs/{job_id} paths
         routes_jobs.router,
         routes_queues.queues,
         routes_queues.workers,

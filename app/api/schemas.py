@@ -272,3 +272,47 @@ class AuditEntry(BaseModel):
 class AuditPage(BaseModel):
     items: list[AuditEntry]
     next_cursor: str | None
+
+
+class MoveRequest(BaseModel):
+    """A new priority and/or run time for one waiting job (at least one of them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: int | None = Field(default=None, ge=0, le=9, description="The new priority, 0-9 (9 highest).")
+    run_at: datetime | None = Field(default=None, description="Run at this time (timezone-aware).")
+    delay_seconds: float | None = Field(default=None, ge=0, le=31_622_400, description="Run this long from now.")
+
+
+class MoveManyRequest(MoveRequest):
+    """The same change for the waiting jobs named by ``ids`` and/or matching the filter."""
+
+    ids: list[int] | None = Field(default=None, min_length=1, max_length=1000, description="Jobs by id.")
+    queue: str | None = Field(default=None, pattern=QUEUE_PATTERN, description="Only jobs of this queue.")
+    task: str | None = Field(default=None, min_length=1, max_length=200, description="Only jobs of this task.")
+    state: str | None = Field(default=None, description="Only jobs in this state: pending, queued or retrying.")
+    limit: int = Field(default=1000, ge=1, le=10_000, description="Move at most this many (by id order).")
+
+
+class MovedJob(BaseModel):
+    id: int
+    queue: str
+    task: str
+    state: str = Field(description="pending (a published job goes back through the outbox) or retrying.")
+    priority: int
+    available_at: datetime
+    old_priority: int
+    old_available_at: datetime
+    was_published: bool = Field(description="It had an entry in its old stream: dropped, published again once.")
+
+
+class MoveRefusal(BaseModel):
+    id: int
+    state: str | None = Field(description="The job's state; null when there is no such job.")
+    reason: str
+
+
+class MoveResult(BaseModel):
+    moved: list[MovedJob]
+    refused: list[MoveRefusal] = Field(description="Jobs named by id that did not move, each with the reason.")
+    more: bool = Field(description="The filter moved `limit` jobs: there may be more, call again.")

@@ -669,6 +669,16 @@ function jobPage(id) {
     if (!TERMINAL.has(job.state)) {
       buttons.push(h("button", { class: "danger", id: "job-cancel", disabled: !session.can_act, onclick: () => single("cancel", job) }, "Cancel…"));
     }
+    if (["pending", "queued", "retrying"].includes(job.state)) {
+      // Move a waiting job: a new priority and/or a delay from now (POST /api/v1/jobs/{id}/move, audited).
+      const priority = h("input", { id: "move-priority", type: "number", min: 0, max: 9, value: job.priority, size: 2 });
+      const delay = h("input", { id: "move-delay", type: "number", min: 0, step: "any", placeholder: "run in … s", size: 8 });
+      buttons.push(
+        h("label", {}, " priority ", priority),
+        h("label", {}, " delay (s) ", delay),
+        h("button", { id: "job-move", disabled: !session.can_act, onclick: () => move(job, priority.value, delay.value) }, "Move…"),
+      );
+    }
     if (job.state === "dead") {
       buttons.push(h("button", { class: "danger", id: "job-requeue", disabled: !session.can_act, onclick: () => single("requeue", job) }, "Requeue…"));
       if (!job.discarded_at) buttons.push(h("button", { class: "danger", id: "job-discard", disabled: !session.can_act, onclick: () => single("discard", job) }, "Discard…"));
@@ -722,6 +732,15 @@ function jobPage(id) {
       h("h2", {}, "Timeline"),
       h("ol", { class: "timeline", id: "timeline" }, timeline(job)),
     );
+  }
+  async function move(job, priority, delay) {
+    const body = {};
+    if (priority !== "" && Number(priority) !== job.priority) body.priority = Number(priority);
+    if (delay !== "") body.delay_seconds = Number(delay);
+    if (!Object.keys(body).length) return banner("move: change the priority or give a delay");
+    const what = [body.priority !== undefined ? `priority ${job.priority} → ${body.priority}` : "", body.delay_seconds !== undefined ? `run in ${body.delay_seconds} s` : ""].filter(Boolean).join(", ");
+    if (!(await confirmDialog(`Move job ${job.id} (${job.task}): ${what}?`))) return;
+    if (await act("move", () => api(`api/v1/jobs/${job.id}/move`, { method: "POST", body }))) await refresh();
   }
   async function single(action, job) {
     if (!(await confirmDialog(`${action} job ${job.id} (${job.task})?`))) return;
