@@ -798,7 +798,7 @@ class Statements(schema.Templates):
     JOB_CANCEL_WAITING: LiteralString = """
     UPDATE {schema}.outbox
        SET state = 'cancelled', finished_at = now(), cancel_requested_at = coalesce(cancel_requested_at, now())
-     WHERE id = %(id)s AND state IN ('pending', 'queued', 'retrying')
+     WHERE id = %(id)s AND state IN ('pending', 'queued', 'retrying', 'waiting')
     RETURNING id, queue, task, state, attempts
     """
 

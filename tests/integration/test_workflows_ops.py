@@ -208,3 +208,16 @@ def test_retention_deletes_a_workflows_rows_with_its_last_jobs(
     # the live workflow keeps its edges: its waiting job still counts and reads them
     assert [left("workflow_edges", "workflow_id", w.id) for w in (done, live)] == [0, 4]
     assert states(conn, live.jobs[1:]) == [("pending", 0), ("pending", 0), ("waiting", 2)]
+
+
+def test_cancelling_one_waiting_job_cancels_what_waits_on_it(settings: Settings, conn: psycopg.Connection[Any]) -> None:
+    ids = diamond(conn)
+    b = ids.jobs[1]
+    with make_client(settings, api_key=API_KEY) as client:
+        done = client.post(f"/api/v1/jobs/{b}/cancel", headers={"X-API-Key": API_KEY})
+    assert done.status_code == 202, done.text
+    assert done.json()["state"] == "cancelled"
+    # d is cancelled in the same statement (policy cancel); c still waits for a
+    assert states(conn, ids.jobs) == [("pending", None), ("cancelled", 1), ("waiting", 1), ("cancelled", None)]
+    end(conn, ids.jobs[0], "succeeded")
+    assert states(conn, ids.jobs)[1:] == [("cancelled", 1), ("pending", 0), ("cancelled", None)]
