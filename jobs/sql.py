@@ -131,6 +131,25 @@ class Statements(schema.Templates):
             %(keep_result)s)
     """
 
+    # One job inserted and read back in one statement (the REST enqueue's fast path,
+    # app/api/routes_jobs.py: no dedup key, no unique rule, no depth limit): the
+    # columns of JOB_GET, as the row was inserted.
+    JOB_INSERT_RETURNING_JOB: LiteralString = """
+    WITH inserted AS (
+        INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, headers,
+                            expires_at, timeout_seconds, keep_result)
+        VALUES (%(queue)s, %(task)s, %(args)s::jsonb, %(priority)s,
+                coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay)s::float8)),
+                %(max_attempts)s, %(headers)s::jsonb, %(expires_at)s::timestamptz, %(timeout)s::float8,
+                %(keep_result)s)
+        RETURNING *
+    )
+    SELECT id, queue, task, priority, state, attempts, max_attempts, created_at, available_at, published_at,
+           started_at, finished_at, expires_at, cancel_requested_at, discarded_at, dedup_key, keep_result,
+           last_error_class, last_error, claimed_by, args, result, progress
+      FROM inserted
+    """
+
     JOB_INSERT_MANY: LiteralString = """
     INSERT INTO {schema}.outbox (queue, task, args, priority, available_at, max_attempts, dedup_key, headers,
                         expires_at, timeout_seconds, keep_result)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from psycopg import AsyncConnection
+from psycopg.rows import dict_row
 
+from postbox import sql
 from postbox.app.api import results
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
@@ -18,7 +21,7 @@ from postbox.app.services import jobs as job_service
 from postbox.app.services.audit import Actor
 from postbox.app.services.results import as_dict
 from postbox.errors import InvalidArgsError, InvalidOptionError, QueueFullError
-from postbox.producer import Limits
+from postbox.producer import EnqueueOptions, JobRow, Limits, prepare
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
@@ -70,27 +73,37 @@ async def enqueue(
     async def announce(job: job_service.Job) -> None:
         await st.events.publish("enqueued", job_id=job.id, queue=job.queue, task=job.task)
 
+    limits = Limits(max_payload_bytes=st.settings.max_payload_bytes)
+    options: EnqueueOptions = {
+        "queue": body.queue,
+        "priority": body.priority,
+        "delay": body.delay_seconds,
+        "run_at": body.run_at,
+        "max_attempts": body.max_attempts,
+        "dedup_key": key,
+        "keep_result": body.keep_result,
+    }
+    row = None
+    if key is None and not st.settings.max_queue_depth:  # validated here (typed errors, nothing written)
+        row = prepare(body.task, body.args, registry=st.registry, limits=limits, **options)
     async with st.pool.connection() as conn:
-        try:
-            done = await job_service.enqueue(
-                conn,
-                body.task,
-                body.args,
-                registry=st.registry,
-                limits=Limits(max_payload_bytes=st.settings.max_payload_bytes),
-                max_queue_depth=st.settings.max_queue_depth,
-                before_commit=announce,
-                queue=body.queue,
-                priority=body.priority,
-                delay=body.delay_seconds,
-                run_at=body.run_at,
-                max_attempts=body.max_attempts,
-                dedup_key=key,
-                keep_result=body.keep_result,
-            )
-        except QueueFullError as exc:
-            st.metrics.enqueued.labels(exc.details["queue"], "queue_full").inc()
-            raise
+        if row is not None and row.unique_rule is None:
+            done = job_service.Enqueued(job=await _insert_returning_job(conn, row, announce), duplicate=False)
+        else:
+            try:
+                done = await job_service.enqueue(
+                    conn,
+                    body.task,
+                    body.args,
+                    registry=st.registry,
+                    limits=limits,
+                    max_queue_depth=st.settings.max_queue_depth,
+                    before_commit=announce,
+                    **options,
+                )
+            except QueueFullError as exc:
+                st.metrics.enqueued.labels(exc.details["queue"], "queue_full").inc()
+                raise
     job = done.job
     st.metrics.enqueued.labels(job.queue, "duplicate" if done.duplicate else "created").inc()
     if done.duplicate:
@@ -98,6 +111,25 @@ async def enqueue(
     else:
         log.info("enqueued", extra={"outbox_id": job.id, "task": job.task, "queue": job.queue})
     return {**as_dict(job), "duplicate": done.duplicate}
+
+
+async def _insert_returning_job(
+    conn: AsyncConnection[Any], row: JobRow, announce: Callable[[job_service.Job], Awaitable[None]]
+) -> job_service.Job:
+    """A job with nothing to look up first (no dedup key, no unique rule, no depth limit), in three round trips.
+
+    ``BEGIN``, the insert that returns the job's row (``JOB_INSERT_RETURNING_JOB``),
+    the ``enqueued`` event, ``COMMIT``: the general path (``job_service.enqueue``)
+    reads the row back with a fourth.
+    """
+    async with conn.transaction():
+        cur = conn.cursor(row_factory=dict_row)
+        await cur.execute(sql.active().JOB_INSERT_RETURNING_JOB, row.params())
+        found = await cur.fetchone()
+        assert found is not None  # INSERT ... RETURNING without ON CONFLICT: one row
+        job = job_service.Job(**job_service.job_fields(found, []))
+        await announce(job)  # before COMMIT: the enqueued event precedes the relay's published
+    return job
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first", responses=responses(400, 401, 422))

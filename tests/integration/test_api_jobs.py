@@ -30,6 +30,24 @@ def test_enqueue_returns_201_with_the_job(client: TestClient, conn: psycopg.Conn
     assert row == ("api_sum", "apiq", 8, {"a": 2, "b": 3})
 
 
+def test_enqueue_answer_is_the_job_as_stored(client: TestClient, conn: psycopg.Connection[Any]) -> None:
+    """The one-statement insert (no dedup key, no unique rule) answers with the row as GET reads it back."""
+    r = client.post(
+        "/api/v1/jobs",
+        json={"task": "api_sum", "args": {"a": 1, "b": 1}, "delay_seconds": 30, "max_attempts": 2, "keep_result": True},
+    )
+    assert r.status_code == 201
+    posted = r.json()
+    got = client.get(f"/api/v1/jobs/{posted['id']}").json()
+    assert {k: v for k, v in posted.items() if k != "duplicate"} == got
+    assert posted["max_attempts"] == 2 and posted["keep_result"] is True and posted["published_at"] is None
+    created, available = conn.execute(
+        "SELECT created_at, available_at FROM postbox.outbox WHERE id = %s", (posted["id"],)
+    ).fetchone() or (None, None)
+    assert created is not None and available is not None
+    assert (available - created).total_seconds() == 30  # the delay as the database applied it
+
+
 def test_idempotency_key_wins_over_dedup_key(client: TestClient, conn: psycopg.Connection[Any]) -> None:
     first = client.post(
         "/api/v1/jobs", json={"task": "api_echo", "dedup_key": "body-key"}, headers={"Idempotency-Key": "hdr-key"}
