@@ -1,0 +1,149 @@
+"""CPU per job, per role: ``python -m postbox_bench.cpu --task bench_noop --jobs 5000 --repeat 3``.
+
+One relay and one worker process (``--concurrency``, default 50) on a fresh
+sandbox; per repetition ``--jobs`` N jobs of ``--task`` are inserted in one
+transaction while both are up and idle, committed at once, and drained (every
+job succeeded). Each role's CPU time (all threads' scheduler nanoseconds from
+``/proc/<pid>/task/*/schedstat``) from just before the commit to the drain's
+end, divided by N:
+
+- ``worker``, ``relay``: the two postbox processes;
+- ``pg``: every PostgreSQL backend of the sandbox database except the bench's own
+  (the worker's pool, the relay's connections);
+- ``redis``: the redis-server process (all its threads; the sandbox's Redis
+  database is the only one the bench drives, other clients of the server count too).
+
+CPU time is what a process used, not how long it waited for a core, so these
+figures hold on a loaded machine where jobs/s do not. Run it twice with
+``PYTHONPATH`` pointing at two copies of the ``postbox`` package to compare
+code, alternating (A B A B) so drift hits both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, LiteralString
+
+import psycopg
+import redis as syncredis
+
+from postbox import enqueue_many
+from postbox_bench import outbox
+from postbox_bench import worker as bench_worker
+from postbox_bench.flow import FORGET_WORKERS, wait_registered
+from postbox_bench.procs import bench_env, children
+from postbox_bench.sandbox import sandbox
+from postbox_bench.schedules import LEADS, cpu_seconds
+from postbox_bench.tasks import EFFECTS_DDL
+
+BACKENDS: LiteralString = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)
+ROLES = ("worker", "relay", "pg", "redis")
+
+
+def _backends(conn: psycopg.Connection[Any]) -> dict[int, float]:
+    pids = [row[0] for row in conn.execute(BACKENDS).fetchall()]
+    conn.commit()
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            out[pid] = cpu_seconds(pid)
+        except OSError:
+            continue
+    return out
+
+
+def _py_spy(pid: int, path: str) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` at 500 Hz into ``path`` (collapsed stacks), until SIGINT."""
+    argv = ["py-spy", "record", "-p", str(pid), "-r", "500", "-f", "raw", "-o", path, "--nonblocking"]
+    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the jobs commit
+    return spy
+
+
+def _redis_pid(url: str) -> int | None:
+    client = syncredis.Redis.from_url(url)
+    try:
+        info = client.info("server")
+    finally:
+        client.close()
+    pid = int(info.get("process_id", 0))
+    return pid if pid and os.path.exists(f"/proc/{pid}") else None
+
+
+def measure(
+    task: str, jobs: int, repeat: int, concurrency: int, worker_env: dict[str, str], profile: str | None = None
+) -> list[dict[str, float]]:
+    """``repeat`` drains of ``jobs`` jobs: each a dict role -> µs of CPU per job."""
+    database_url = os.environ["POSTBOX_DATABASE_URL"]
+    redis_url = os.environ["POSTBOX_REDIS_URL"]
+    results: list[dict[str, float]] = []
+    with sandbox(database_url, redis_url) as box:
+        url = box.database()
+        env = bench_env(url, box.redis_url, box.prefix)
+        redis_pid = _redis_pid(box.redis_url)
+        with psycopg.connect(url) as conn:
+            conn.execute(EFFECTS_DDL)  # bench_effect's table
+            conn.commit()
+            for _ in range(repeat):
+                outbox.reset(conn)
+                conn.execute("TRUNCATE public.bench_effects")
+                conn.execute(FORGET_WORKERS)
+                conn.commit()
+                box.clean_redis_prefix()
+                with children(env) as kids:
+                    relay = kids.python("relay", ["postbox.relay", "run"]).pid
+                    worker = kids.python("worker", bench_worker.worker_argv(concurrency), worker_env).pid
+                    wait_registered(conn, kids, [worker])
+                    outbox.wait_until(lambda: outbox.scalar(conn, LEADS) == 1, 60, check=kids.check_alive)
+                    enqueue_many(conn, [{"task": task, "args": {"n": i}} for i in range(jobs)])
+                    pg_before = _backends(conn)
+                    before = {"worker": cpu_seconds(worker), "relay": cpu_seconds(relay)}
+                    before["redis"] = cpu_seconds(redis_pid) if redis_pid else 0.0
+                    spy = _py_spy(worker, f"{profile}.{len(results) + 1}") if profile else None
+                    conn.commit()
+                    try:
+                        if not bench_worker.drain(conn, kids, jobs):
+                            raise RuntimeError(f"{jobs} jobs not drained in time")
+                    finally:
+                        if spy is not None:
+                            spy.send_signal(signal.SIGINT)
+                            spy.wait(30)
+                    used = {
+                        "worker": cpu_seconds(worker) - before["worker"],
+                        "relay": cpu_seconds(relay) - before["relay"],
+                    }
+                    used["redis"] = cpu_seconds(redis_pid) - before["redis"] if redis_pid else 0.0
+                    used["pg"] = sum(v - pg_before.get(pid, 0.0) for pid, v in _backends(conn).items())
+                results.append({role: used[role] / jobs * 1e6 for role in ROLES})
+            outbox.reset(conn)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m postbox_bench.cpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", default="bench_noop")
+    p.add_argument("--jobs", type=int, default=5_000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--concurrency", type=int, default=50)
+    p.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE", help="extra worker environment")
+    p.add_argument("--profile", metavar="PATH", help="py-spy the worker: collapsed stacks to PATH.<rep>")
+    args = p.parse_args(argv)
+    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    for index, row in enumerate(
+        measure(args.task, args.jobs, args.repeat, args.concurrency, worker_env, args.profile), 1
+    ):
+        total = sum(row.values())
+        cells = "  ".join(f"{role} {row[role]:7.1f}" for role in ROLES)
+        print(f"{args.task} rep {index}: µs CPU/job  {cells}  total {total:7.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
