@@ -3,7 +3,7 @@
 // text (never as HTML).
 "use strict";
 
-const STATES = ["pending", "queued", "running", "retrying", "succeeded", "dead", "cancelled", "expired"];
+const STATES = ["waiting", "pending", "queued", "running", "retrying", "succeeded", "dead", "cancelled", "expired"];
 const TERMINAL = new Set(["succeeded", "dead", "cancelled", "expired"]);
 const PAGE_SIZE = 50;
 const main = document.getElementById("main");
@@ -882,6 +882,121 @@ function schedulesPage() {
   return { name: "schedules", refresh, onEvent: scheduleRefresh };
 }
 
+// ---- workflows: a list, and one workflow's jobs as layers of its graph -------------------
+
+function workflowsPage(params) {
+  const body = h("div", {});
+  const status = params.get("status") || "";
+  main.replaceChildren(
+    h("h1", {}, "Workflows"),
+    h(
+      "p",
+      { class: "filters" },
+      ["", "running", "succeeded", "failed", "cancelled"].map((s) =>
+        h("a", { href: `#/workflows${query({ status: s })}`, class: s === status ? "active" : null }, s || "all", " "),
+      ),
+    ),
+    body,
+  );
+  async function refresh() {
+    const data = await act("workflows", () => api(`api/v1/workflows${query({ status, limit: PAGE_SIZE })}`));
+    if (!data) return;
+    const ended = (c) => ["succeeded", "dead", "cancelled", "expired"].reduce((n, s) => n + (c[s] || 0), 0);
+    body.replaceChildren(
+      table(
+        [
+          { title: "id", num: true, cell: (w) => h("a", { href: `#/workflows/${w.id}` }, w.id) },
+          { title: "name", cell: (w) => w.name },
+          { title: "status", cell: (w) => badge(w.status, w.status === "failed" ? "dead" : w.status) },
+          { title: "progress", cell: (w) => `${num(ended(w.counts))} / ${num(w.jobs)}` },
+          { title: "created", cell: (w) => when(w.created_at) },
+          { title: "finished", cell: (w) => when(w.finished_at) },
+        ],
+        data.items,
+        (w) => ({ dataset: { workflow: w.id } }),
+      ),
+    );
+  }
+  return { name: "workflows", refresh, onEvent: scheduleRefresh };
+}
+
+function workflowPage(id) {
+  const body = h("div", {});
+  main.replaceChildren(h("h1", {}, `Workflow ${id}`), body);
+  let jobIds = new Set();
+  async function refresh() {
+    const data = await act("workflow", () => api(`api/v1/workflows/${encodeURIComponent(id)}`));
+    if (!data) return;
+    const w = data.workflow;
+    jobIds = new Set(data.jobs.map((j) => j.id));
+    const upstream = new Map();
+    for (const e of data.edges) {
+      if (!upstream.has(e.child)) upstream.set(e.child, []);
+      upstream.get(e.child).push(e);
+    }
+    // Layers: a job's depth is one more than its deepest upstream job's.
+    const depth = new Map();
+    for (const j of data.jobs) {
+      const ups = upstream.get(j.id) || [];
+      depth.set(j.id, ups.length ? 1 + Math.max(...ups.map((e) => depth.get(e.parent) ?? 0)) : 0);
+    }
+    const layers = [];
+    for (const j of data.jobs) (layers[depth.get(j.id)] ||= []).push(j);
+    const button = (verb, label, cls) =>
+      h(
+        "button",
+        {
+          class: cls,
+          disabled: !session.can_act,
+          onclick: async () => {
+            if (!(await confirmDialog(`${verb} workflow ${id}?`))) return;
+            if (await act(verb, () => api(`api/v1/workflows/${encodeURIComponent(id)}/${verb}`, { method: "POST" }))) await refresh();
+          },
+        },
+        label,
+      );
+    const ended = ["succeeded", "dead", "cancelled", "expired"].reduce((n, s) => n + (w.counts[s] || 0), 0);
+    body.replaceChildren(
+      h(
+        "p",
+        {},
+        `${w.name}: `,
+        badge(w.status, w.status === "failed" ? "dead" : w.status),
+        ` ${num(ended)} of ${num(w.jobs)} jobs ended; on failure: ${w.on_failure}; created ${when(w.created_at)} `,
+        w.status === "running" ? button("cancel", "Cancel…", "danger") : "",
+        " ",
+        w.status === "failed" || w.status === "cancelled" ? button("retry", "Retry…", "primary") : "",
+      ),
+      h("progress", { max: w.jobs, value: ended }),
+      ...layers.map((jobs, i) =>
+        h(
+          "section",
+          { class: "layer", dataset: { layer: i } },
+          h("h2", {}, i === 0 ? "First" : `Step ${i}`),
+          table(
+            [
+              { title: "id", num: true, cell: (j) => h("a", { href: `#/jobs/${j.id}` }, j.id) },
+              { title: "task", cell: (j) => j.task },
+              { title: "state", cell: (j) => badge(j.state) },
+              { title: "waits on", cell: (j) => (upstream.get(j.id) || []).map((e) => [h("a", { href: `#/jobs/${e.parent}` }, e.parent), e.on_failure === "cancel" ? "" : ` (${e.on_failure})`, " "]) },
+              { title: "attempts", num: true, cell: (j) => `${j.attempts}/${j.max_attempts}` },
+              { title: "finished", cell: (j) => when(j.finished_at) },
+              { title: "error", cell: (j) => j.last_error_class || "" },
+            ],
+            jobs,
+            (j) => ({ dataset: { job: j.id, state: j.state } }),
+          ),
+        ),
+      ),
+    );
+  }
+  // Live: any event of one of its jobs re-reads it (releases show as the released job's publish).
+  const onEvent = (evt) => {
+    if (!evt || evt.job_id === undefined || jobIds.has(evt.job_id)) scheduleRefresh();
+  };
+  return { name: "workflow", refresh, onEvent };
+}
+
 // ---- routing -------------------------------------------------------------------------------
 
 function route() {
@@ -901,6 +1016,8 @@ function route() {
   else if (parts[0] === "queues") page = queuesPage();
   else if (parts[0] === "workers") page = workersPage();
   else if (parts[0] === "schedules") page = schedulesPage();
+  else if (parts[0] === "workflows" && parts.length === 2) page = workflowPage(parts[1]);
+  else if (parts[0] === "workflows") page = workflowsPage(params);
   else if (parts[0] === "login") page = loginPage();
   else {
     main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, h("a", { href: "#/" }, "Overview")));
