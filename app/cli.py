@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schedules": ("postbox.app.admin.schedules_cli:main", "schedules list|pause|resume|trigger"),
     "sessions": ("postbox.app.admin.sessions_cli:main", "sessions list|revoke: the dashboard's login sessions"),
     "workflows": ("postbox.app.admin.workflows_cli:main", "workflows list|get|cancel|retry: chains, groups, fan-ins"),
+    "encryption": ("postbox.app.admin.encryption_cli:main", "encryption new-key|reencrypt: encrypted tasks' keys"),
     "limits": ("postbox.app.admin.limits_cli:main", "limits list|show|set|clear: flow-control limits and overrides"),
     "prune": ("postbox.app.prune_cli:main", "delete finished jobs past their retention"),
 }

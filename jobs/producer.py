@@ -23,7 +23,7 @@ from psycopg import AsyncConnection, Connection
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from postbox import connections, revision, sql, tracing
+from postbox import connections, encryption, revision, sql, tracing
 from postbox.connections import AsyncTarget, SyncTarget
 from postbox.errors import (
     ArgsOutOfRangeError,
@@ -174,7 +174,14 @@ def _args_payload(spec: TaskSpec, args: Mapping[str, Any] | None, limit: int) ->
             field="args",
             details={"size": len(payload), "limit": limit},
         )
-    return payload.decode()
+    return _sealed(spec, payload)
+
+
+def _sealed(spec: TaskSpec, payload: bytes) -> str:
+    """The args as stored: sealed for an encrypted task (postbox.encryption), else as they are."""
+    if not spec.encrypted:
+        return payload.decode()
+    return encryption.keyring().seal(spec.name, payload)
 
 
 def _template(spec: TaskSpec, **options: Unpack[EnqueueOptions]) -> JobRow:
@@ -197,6 +204,11 @@ def _template(spec: TaskSpec, **options: Unpack[EnqueueOptions]) -> JobRow:
     if expires_at is not None:
         _check_aware(expires_at, "expires_at")
     header_text = _headers_json(tracing.with_trace_context(headers))
+    if spec.encrypted and keep_result:
+        raise InvalidOptionError(
+            f"task {spec.name!r} is encrypted: its result would be stored in the clear, so it cannot be kept",
+            field="keep_result",
+        )
     if dedup_key is not None and (not isinstance(dedup_key, str) or not 0 < len(dedup_key) <= MAX_DEDUP_KEY):
         raise InvalidOptionError(f"dedup_key must be a string of 1-{MAX_DEDUP_KEY} characters", field="dedup_key")
     return JobRow(
@@ -474,7 +486,7 @@ def _prepare_batch(
                 _check_numbers(model.model_dump())
             if len(payload) > limit:
                 raise PayloadTooLargeError("over the limit")
-            plan[index] = _with_args(plan[index], payload.decode())
+            plan[index] = _with_args(plan[index], _sealed(spec, payload))
     return plan
 
 

@@ -50,6 +50,7 @@ class TaskSpec:
     limit: FlowLimit = field(default_factory=FlowLimit)  # flow control declared in code (postbox.flow)
     unique: Unique | None = None  # uniqueness rule (postbox.unique, docs/unique-jobs.md)
     max_snoozes: int = 100  # snoozes that do not count as attempts (postbox.Snooze, docs/job-control.md)
+    encrypted: bool = False  # args sealed at rest, opened only by the worker (postbox.encryption)
 
     @property
     def is_async(self) -> bool:
@@ -223,6 +224,7 @@ def task(
     partition_by: str | None = None,
     unique: Unique | None = None,
     max_snoozes: int = 100,
+    encrypted: bool = False,
     registry: Registry | None = None,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], Task[P, R]]: ...
 
@@ -243,6 +245,7 @@ def task(
     partition_by: str | None = None,
     unique: Unique | None = None,
     max_snoozes: int = 100,
+    encrypted: bool = False,
     registry: Registry | None = None,
 ) -> Any:
     """Register ``async def handler(ctx, **typed_args)`` (or a sync one) as a task.
@@ -263,6 +266,11 @@ def task(
     ``max_snoozes``: how many times a job of the task may raise (or return)
     :class:`~postbox.errors.Snooze` without consuming an attempt; later snoozes
     count as attempts, like ``RetryLater`` (docs/job-control.md).
+
+    ``encrypted``: the jobs' arguments are sealed by the producer with the
+    process's key (``POSTBOX_ENCRYPTION_KEYS``) and opened only by the worker
+    (:mod:`postbox.encryption`); not with ``unique`` (a key of sealed arguments
+    would never match).
     """
 
     def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -276,6 +284,11 @@ def task(
             )
         if timeout is not None and timeout <= 0:
             raise ValueError(f"task {task_name!r}: timeout must be > 0")
+        if encrypted and keep_result:
+            raise InvalidOptionError(
+                f"task {task_name!r}: an encrypted task's results are not encrypted, so they are not kept",
+                field="keep_result",
+            )
         limit = FlowLimit(
             concurrency=concurrency, rate=None if rate is None else Rate.parse(rate), partition_by=partition_by
         )
@@ -292,6 +305,11 @@ def task(
                     f"task {task_name!r}: unique must be a postbox.Unique, got {unique!r}", field="unique"
                 )
             unique.check_args(task_name, args_model)
+            if encrypted:  # (a rule's key is computed from the args as stored)
+                raise InvalidOptionError(
+                    f"task {task_name!r}: encrypted arguments cannot make a unique key (unique, debounce, throttle)",
+                    field="encrypted",
+                )
         spec = TaskSpec(
             name=task_name,
             fn=func,
@@ -306,6 +324,7 @@ def task(
             limit=limit,
             unique=unique,
             max_snoozes=max_snoozes,
+            encrypted=bool(encrypted),
         )
         (registry if registry is not None else default_registry).add(spec)
         func.__postbox_task__ = task_name  # type: ignore[attr-defined]

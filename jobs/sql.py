@@ -1899,6 +1899,21 @@ class Statements(schema.Templates):
     SELECT id, state FROM {schema}.outbox WHERE id = ANY(%(ids)s::int8[])
     """
 
+    # Encrypted tasks' args sealed under another key than the current one (postbox.encryption),
+    # by id from a cursor: what `postbox encryption reencrypt` seals again.
+    JOB_LIST_SEALED_WITH_OTHER_KEY: LiteralString = """
+    SELECT id, task, args::text FROM {schema}.outbox
+     WHERE id > %(after)s AND args ? '$postbox_encrypted'
+       AND args -> '$postbox_encrypted' ->> 'kid' IS DISTINCT FROM %(kid)s
+     ORDER BY id
+     LIMIT %(limit)s
+    """
+
+    # One row's args sealed again, only if they are still what was read (compare-and-set).
+    JOB_SET_SEALED_ARGS: LiteralString = """
+    UPDATE {schema}.outbox SET args = %(new)s::jsonb WHERE id = %(id)s AND args = %(old)s::jsonb
+    """
+
     JOB_SET_PROGRESS: LiteralString = """
     UPDATE {schema}.outbox
        SET progress = %(progress)s::jsonb

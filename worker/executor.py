@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 from psycopg_pool import AsyncConnectionPool
 
-from postbox import hooks, outcomes, sql, tracing
+from postbox import encryption, hooks, outcomes, sql, tracing
+from postbox.encryption import EncryptionError
 from postbox.errors import AlreadyProcessed, InvalidArgsError, JobCancelled, Snooze
 from postbox.outcomes import JobTimeout, Outcome
 from postbox.progress import Progress
@@ -87,8 +88,10 @@ class Executor:
             raw = orjson.loads(delivery.args)
             if not isinstance(raw, dict):
                 raise InvalidArgsError("args must be a JSON object")
+            if spec.encrypted:  # opened here, in the worker only (postbox.encryption)
+                raw = _opened(spec, raw)
             return {} if no_args and not raw else spec.call_args(raw)
-        except (InvalidArgsError, orjson.JSONDecodeError) as exc:
+        except (InvalidArgsError, orjson.JSONDecodeError, EncryptionError) as exc:
             return exc
 
     async def run(self, job: Job) -> Outcome:
@@ -282,6 +285,19 @@ class Executor:
         return outcomes.failed(
             exc, attempt=job.attempt, max_attempts=job.max_attempts, backoff=backoff, rand=self._rand
         )
+
+
+def _opened(spec: TaskSpec, raw: dict[str, Any]) -> dict[str, Any]:
+    """An encrypted task's args, opened with this worker's keys; refused when they were stored in the clear."""
+    if not encryption.is_sealed(raw):
+        raise InvalidArgsError(
+            f"task {spec.name!r} is encrypted but this job's args were stored in the clear"
+            " (enqueued by SQL postbox.enqueue(), which cannot encrypt?): refused, not run"
+        )
+    value = orjson.loads(encryption.keyring().open(spec.name, raw))
+    if not isinstance(value, dict):
+        raise InvalidArgsError("the opened args are not a JSON object")
+    return value
 
 
 def _abandoned(ctx: WorkerJobContext, why: str) -> None:

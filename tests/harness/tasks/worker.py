@@ -126,6 +126,12 @@ async def w_debounced(ctx: Any, doc: str, version: int) -> None:
     await _effect(ctx, f"{doc}:v{version}")
 
 
+@task(queue=QUEUE, retry=FAST, encrypted=True)
+async def w_secret(ctx: Any, card: str, n: int = 0) -> None:
+    """An encrypted task: records what it received (the worker opened the args)."""
+    await _effect(ctx, f"card:{card}:{n}")
+
+
 @task(queue=QUEUE, retry=FAST, timeout=0.2, max_attempts=2)
 async def w_too_slow(ctx: Any) -> None:
     await asyncio.sleep(5)
