@@ -304,3 +304,29 @@ def test_bench_cluster_drains_on_one_redis_and_on_a_three_primary_cluster_it_sta
     assert "timed out" not in figures["cluster.cluster"].label
     ratio = figures["cluster.ratio"].values[0]
     assert ratio == figures["cluster.cluster"].values[0] / figures["cluster.single"].values[0]
+
+
+def test_bench_cpu_prints_cpu_per_job_of_each_role(servers: Servers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m postbox_bench.cpu` at tiny sizes: every job drained, the worker's and PostgreSQL's CPU counted."""
+    from postbox_bench import cpu as bench_cpu
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    rows = bench_cpu.measure("bench_effect", jobs=40, repeat=1, concurrency=10, worker_env={})
+    assert len(rows) == 1 and sorted(rows[0]) == sorted(bench_cpu.ROLES)
+    assert rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
+
+
+@pytest.mark.parametrize(
+    ("path", "variant"), [("enqueue", "general"), ("enqueue", "one-statement"), ("transaction", "pipeline")]
+)
+def test_bench_paths_runs_each_variant(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], path: str, variant: str
+) -> None:
+    from postbox_bench import paths as bench_paths
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    assert bench_paths.main([path, variant, "30"]) == 0
+    assert re.fullmatch(rf"{path} {variant}: client [\d,]+ µs/job, PostgreSQL [\d,]+ µs/job\n", capsys.readouterr().out)
+    assert bench_paths.main([path, "nope", "30"]) == 2
