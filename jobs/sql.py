@@ -507,7 +507,7 @@ class Statements(schema.Templates):
                finished_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL
                                   ELSE (SELECT at FROM clock) END,
                available_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying'
-                                   THEN now() + make_interval(secs => (%(delays)s::float8[])[f.i])
+                                   THEN (SELECT at FROM clock) + make_interval(secs => (%(delays)s::float8[])[f.i])
                                    ELSE j.available_at END,
                published_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE j.published_at END,
                claimed_by = NULL,
