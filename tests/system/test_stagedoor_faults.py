@@ -78,10 +78,11 @@ class Cluster:
     def start(self, kind: str, *args: str) -> str:
         self.counter += 1
         name = f"{kind}-{self.counter}"
-        command = ["stagedoor", "api"] if kind == "api" else [kind]  # the demo's API serves the order routes
+        # The example's API (`stagedoor api run`) serves the order routes; relays and workers are postbox's.
+        module = "postbox_examples" if kind == "api" else "postbox.app"
         with open(self.logs / f"{name}.log", "wb") as out:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "postbox.app", *command, "run", *args],
+                [sys.executable, "-m", module, kind, "run", *args],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
