@@ -98,7 +98,7 @@ CREATE TABLE {schema}.workflow_joins (
     shard     smallint NOT NULL,
     remaining integer  NOT NULL,
     PRIMARY KEY (job_id, shard)
-);
+) WITH (fillfactor = 10);
 
 CREATE FUNCTION {schema}.workflow_job_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -111,27 +111,39 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION {schema}.workflow_release() RETURNS trigger LANGUAGE plpgsql AS $$
+-- Generic plans: each statement below is planned once per connection, not at every call
+-- (a custom plan for its arrays cost more than running it: ~0.7 ms a call, ~0.2 ms generic).
+CREATE FUNCTION {schema}.workflow_release() RETURNS trigger LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     _prefix text := TG_RELID || ':';
     _noted text[];
+    _others text;
     _ended bigint[];
     _failed bigint[];
     _doomed bigint[];
-    _released bigint;
+    _children bigint[];
+    _shards smallint[];
+    _counts integer[];
     _heads bigint[];
     _steps integer[];
+    _released bigint;
+    _set text;
 BEGIN
-    PERFORM set_config('postbox.workflow_busy', 'on', true);
+    -- Assignments of set_config() are simple expressions (no statement run); the UPDATEs of
+    -- the outbox below are made with 'postbox.workflow_busy' on, so their own statement
+    -- trigger does not run: the jobs they end are noted and handled by this loop.
     LOOP
         _noted := string_to_array(rtrim(coalesce(current_setting('postbox.workflow_ended', true), ''), ','), ',');
-        SELECT array_agg(DISTINCT abs(v)), array_agg(DISTINCT -v) FILTER (WHERE v < 0) INTO _ended, _failed
-          FROM (SELECT substr(x, length(_prefix) + 1)::int8 AS v FROM unnest(_noted) x
-                 WHERE starts_with(x, _prefix)) noted;
+        EXIT WHEN coalesce(cardinality(_noted), 0) = 0;
+        SELECT array_agg(DISTINCT abs(v)) FILTER (WHERE v IS NOT NULL),
+               array_agg(DISTINCT -v) FILTER (WHERE v < 0),
+               string_agg(x, ',') FILTER (WHERE v IS NULL)
+          INTO _ended, _failed, _others
+          FROM (SELECT x, CASE WHEN starts_with(x, _prefix) THEN substr(x, length(_prefix) + 1)::int8 END AS v
+                  FROM unnest(_noted) x) noted;
         -- another schema's outbox keeps its ids for its own trigger
-        PERFORM set_config('postbox.workflow_ended',
-                           coalesce((SELECT string_agg(x, ',') || ',' FROM unnest(_noted) x
-                                      WHERE NOT starts_with(x, _prefix)), ''), true);
+        _set := set_config('postbox.workflow_ended', coalesce(_others || ',', ''), true);
         EXIT WHEN _ended IS NULL;
 
         _doomed := '{{}}';
@@ -151,38 +163,48 @@ BEGIN
         -- second's snapshot, taken once the locks are held, sees every committed count.
         IF cardinality(_doomed) > 0 THEN
             PERFORM 1 FROM {schema}.outbox WHERE id = ANY(_doomed) ORDER BY id FOR UPDATE;
+            _set := set_config('postbox.workflow_busy', 'on', true);
             UPDATE {schema}.outbox
                SET state = 'cancelled', finished_at = clock_timestamp(), waiting_on = NULL,
                    last_error_class = 'UpstreamFailed',
                    last_error = 'an upstream job of this workflow ended dead, cancelled or expired'
              WHERE id = ANY(_doomed) AND state = 'waiting';  -- noted by the row trigger: handled next turn
+            _set := set_config('postbox.workflow_busy', '', true);
         END IF;
 
-        -- Count down: the shards of wide joins first, then the waiting rows.
-        PERFORM 1 FROM {schema}.workflow_joins j
-          JOIN {schema}.workflow_edges e ON e.child_id = j.job_id AND e.shard = j.shard
-         WHERE e.parent_id = ANY(_ended) AND e.shard IS NOT NULL AND e.child_id <> ALL(_doomed)
-         ORDER BY j.job_id, j.shard
-           FOR UPDATE OF j;
-        WITH counted AS (
-            SELECT e.child_id, e.shard, count(*)::int AS n
-              FROM {schema}.workflow_edges e
-             WHERE e.parent_id = ANY(_ended) AND e.child_id <> ALL(_doomed)
-             GROUP BY e.child_id, e.shard
-        ), emptied AS (
-            UPDATE {schema}.workflow_joins j SET remaining = j.remaining - c.n
-              FROM counted c WHERE j.job_id = c.child_id AND j.shard = c.shard
+        -- Count down: what each dependent gets, per shard (NULL: on its own row), read by the
+        -- ended jobs' edges alone; then the shards of wide joins, then the waiting rows.
+        SELECT array_agg(child_id ORDER BY child_id, shard), array_agg(shard ORDER BY child_id, shard),
+               array_agg(n ORDER BY child_id, shard)
+          INTO _children, _shards, _counts
+          FROM (SELECT e.child_id, e.shard, count(*)::int AS n FROM {schema}.workflow_edges e
+                 WHERE e.parent_id = ANY(_ended) AND e.child_id <> ALL(_doomed)
+                 GROUP BY e.child_id, e.shard) counted;
+        CONTINUE WHEN _children IS NULL;
+        IF cardinality(_children) > 1 THEN  -- one row alone needs no order
+            PERFORM 1 FROM {schema}.workflow_joins j
+              JOIN unnest(_children, _shards) AS u(child, shard) ON j.job_id = u.child AND j.shard = u.shard
+             ORDER BY j.job_id, j.shard
+               FOR UPDATE OF j;
+        END IF;
+        WITH emptied AS (
+            UPDATE {schema}.workflow_joins j SET remaining = j.remaining - u.n
+              FROM unnest(_children, _shards, _counts) AS u(child, shard, n)
+             WHERE j.job_id = u.child AND j.shard = u.shard
             RETURNING j.job_id, j.remaining
         ), steps AS (
-            SELECT child_id AS job_id, n FROM counted WHERE shard IS NULL
+            SELECT child AS job_id, n FROM unnest(_children, _shards, _counts) AS u(child, shard, n)
+             WHERE shard IS NULL
             UNION ALL
             SELECT job_id, 1 FROM emptied WHERE remaining = 0
         )
         SELECT array_agg(job_id ORDER BY job_id), array_agg(n ORDER BY job_id) INTO _heads, _steps
           FROM (SELECT job_id, sum(n)::int AS n FROM steps GROUP BY job_id) s;
-        _released := 0;
         IF _heads IS NOT NULL THEN
-            PERFORM 1 FROM {schema}.outbox WHERE id = ANY(_heads) ORDER BY id FOR UPDATE;
+            IF cardinality(_heads) > 1 THEN
+                PERFORM 1 FROM {schema}.outbox WHERE id = ANY(_heads) ORDER BY id FOR UPDATE;
+            END IF;
+            _set := set_config('postbox.workflow_busy', 'on', true);
             WITH released AS (
                 UPDATE {schema}.outbox o
                    SET waiting_on = o.waiting_on - s.n,
@@ -195,12 +217,12 @@ BEGIN
                 RETURNING o.state
             )
             SELECT count(*) FILTER (WHERE state = 'pending') INTO _released FROM released;
-        END IF;
-        IF _released > 0 THEN
-            PERFORM pg_notify('postbox_outbox', '');
+            _set := set_config('postbox.workflow_busy', '', true);
+            IF _released > 0 THEN
+                PERFORM pg_notify('postbox_outbox', '');
+            END IF;
         END IF;
     END LOOP;
-    PERFORM set_config('postbox.workflow_busy', '', true);
     RETURN NULL;
 END;
 $$;

@@ -19,7 +19,7 @@ import postbox
 from postbox import sql
 from postbox.relay import Relay
 from postbox.settings import Settings
-from postbox.workflow import chain, chord, enqueue_workflow_async, group
+from postbox.workflow import chain, chord, enqueue_workflow_async, group, shard_count
 from tests.harness.tasks import workflow as w
 from tests.harness.wait import wait_until_async
 from tests.harness.worker import fetch, fetchval, running_worker
@@ -122,7 +122,7 @@ async def test_a_wide_fan_in_under_many_workers_releases_its_callback_exactly_on
     callback = ids.jobs[-1]
     assert await fetch(
         aconn, "SELECT count(*), sum(remaining) FROM postbox.workflow_joins WHERE job_id = %s", (callback,)
-    ) == [(16, n)]
+    ) == [(shard_count(n), n)]
     settings = wsettings.model_copy(update={"concurrency": 20})
     async with running_worker(settings), running_worker(settings), running_worker(settings):
         await all_ended(aconn, ids.id, within=60)

@@ -18,7 +18,7 @@ import pytest
 from postbox.errors import InvalidArgsError, InvalidOptionError
 from postbox.registry import Registry, task
 from postbox.unique import Unique
-from postbox.workflow import SHARDS, WorkflowError, chain, chord, group, plan, prepare_workflow
+from postbox.workflow import SHARDS, WorkflowError, chain, chord, group, plan, prepare_workflow, shard_count
 
 ROOT = Path(__file__).resolve().parents[2]
 registry = Registry()
@@ -85,6 +85,9 @@ def test_a_wide_join_counts_in_sixteen_shards_a_narrow_one_on_its_row() -> None:
     assert max(shards.count(s) for s in range(SHARDS)) - min(shards.count(s) for s in range(SHARDS)) <= 1
     narrow = plan(group(resize.s(size=i) for i in range(SHARDS)) | publish.s())
     assert narrow.shards() == [None] * SHARDS and narrow.waiting_on()[-1] == SHARDS
+    assert [shard_count(n) for n in (1, 16, 17, 10_000)] == [0, 0, 16, 16]
+    huge = plan(group(resize.s(size=i) for i in range(1000)) | publish.s())
+    assert huge.waiting_on()[-1] == 16 and sorted(set(huge.shards())) == list(range(16))
 
 
 def test_bad_declarations_are_typed_errors_naming_the_problem() -> None:
