@@ -128,7 +128,15 @@ def test_workflows_under_killed_frozen_workers_and_lost_redis_end_with_each_call
                 )
             )
 
-        wait_until(lambda: unended() == 0, 120, message=lambda: f"every job ended ({unended()} left)\n{fleet.logs()}")
+        def left() -> str:
+            rows = db.execute(
+                "SELECT id, task, state, attempts, waiting_on, published_at IS NOT NULL, claimed_by"
+                " FROM postbox.outbox WHERE workflow_id IS NOT NULL"
+                " AND state NOT IN ('succeeded', 'dead', 'cancelled', 'expired') ORDER BY id"
+            ).fetchall()
+            return f"{len(rows)} left: {rows[:12]}"
+
+        wait_until(lambda: unended() == 0, 120, message=lambda: f"every job ended ({left()})\n{fleet.logs()[-4000:]}")
 
         # No effect twice: one wf_log row per job at most.
         duplicates = one(db, "SELECT count(*) FROM (SELECT job_id FROM wf_log GROUP BY job_id HAVING count(*) > 1) d")
