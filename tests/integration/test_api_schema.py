@@ -38,6 +38,7 @@ from postbox.occurrences import Timing
 from postbox.periodic import Schedule
 from postbox.settings import Settings
 from postbox_examples.stagedoor.cli import create_demo_app
+from tests.harness.api import insert_job, make_dead
 
 # Hypothesis flags any change of the global `random` state during a draw as a strategy using
 # `random` (HypothesisDeprecationWarning, an error here). These strategies use none; the live
