@@ -48,7 +48,6 @@ from tests.harness.api import insert_job, make_dead
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Do not use the `random` module inside strategies:hypothesis.errors.HypothesisDeprecationWarning"
 )
-from tests.harness.api import insert_job, make_dead
 
 CHECKS = [
     not_a_server_error,
