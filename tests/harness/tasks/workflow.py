@@ -9,7 +9,6 @@ of its dependents.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import orjson
@@ -85,12 +84,4 @@ async def wf_rollback_once(ctx: Any, label: str) -> None:
 @task(queue=QUEUE, retry=FAST, max_attempts=5)
 async def wf_slow(ctx: Any, label: str, seconds: float) -> None:
     await asyncio.sleep(seconds)
-    await _log(ctx, label)
-
-
-@task(queue=QUEUE, retry=FAST, max_attempts=3)
-async def wf_crash_once(ctx: Any, label: str) -> None:
-    """Kills its worker on attempt 1 (system tests); commits its effect on a later attempt."""
-    if ctx.attempt == 1 and os.environ.get("WF_CRASH") == "1":
-        os._exit(1)
     await _log(ctx, label)
