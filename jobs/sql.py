@@ -903,6 +903,13 @@ class Statements(schema.Templates):
     SELECT task, queue, args, headers FROM {schema}.outbox WHERE id = %(id)s
     """
 
+    # An inline run's retry is due at once: JOB_RECORD_OUTCOMES counts its due time
+    # from clock_timestamp(), later than the test transaction's now() that the
+    # claim compares with, so it is moved back to now().
+    JOB_RETRY_DUE_NOW: LiteralString = """
+    UPDATE {schema}.outbox SET available_at = now() WHERE id = %(id)s AND state = 'retrying' AND available_at > now()
+    """
+
     # --- job_attempts: the history of ended attempts ----------------------------------------------
 
     # An isolated run (a takeover, run alone) writes its attempt's row when it starts:

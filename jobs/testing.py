@@ -490,6 +490,8 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
     statement, params = _record(ctx, outcome)
     if statement is not None:
         await conn.execute(statement, params)
+    if outcome.state == "retrying":
+        await conn.execute(sql.active().JOB_RETRY_DUE_NOW, {"id": job_id})
     return _job_run(job_id, name, attempt, value if keep_result else None, outcome)
 
 
@@ -520,6 +522,8 @@ def _run_one_sync(conn: Connection[Any], job_id: int, registry: Registry) -> Job
     statement, params = _record(ctx, outcome)
     if statement is not None:
         conn.execute(statement, params)
+    if outcome.state == "retrying":
+        conn.execute(sql.active().JOB_RETRY_DUE_NOW, {"id": job_id})
     return _job_run(job_id, name, attempt, value if keep_result else None, outcome)
 
 
