@@ -60,7 +60,7 @@ def fibonacci(ctx: JobContext, n: int = 25) -> int:
     return _fib(n)
 
 
-@task(queue=QUEUE, max_attempts=10)
+@task(queue=QUEUE, max_attempts=10, keep_result=True)
 async def flaky(ctx: JobContext, failures: int = 2) -> int:
     """Fail the first ``failures`` attempts, then succeed; returns the attempt that succeeded."""
     if ctx.attempt <= failures:
