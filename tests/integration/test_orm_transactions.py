@@ -89,9 +89,10 @@ async def orms(database_url: str, aconn: psycopg.AsyncConnection[Any]) -> AsyncI
     try:
         yield found
     finally:
-        await found.close()
-        for eng in (orm.engine, orm.async_engine):
-            eng.cache_clear()
+        try:
+            await found.close()
+        finally:
+            await orm.dispose()  # the engines the worker's handlers made: their pooled connections closed
 
 
 def django_database(database_url: str) -> None:

@@ -129,9 +129,9 @@ def test_a_job_enqueued_in_the_applications_transaction_runs(
     finally:
         for proc in procs:
             proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=60)
-    assert [proc.returncode for proc in procs] == [0, 0]
+        # communicate() reaps each process and closes its stderr pipe
+        errors = [proc.communicate(timeout=60)[1] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], errors
 
 
 def test_another_distribution_with_a_top_level_app_package_leaves_postbox_alone(venv: Path, tmp_path: Path) -> None:

@@ -130,12 +130,18 @@ def test_terminating_the_leaders_session_moves_leadership(
         # the old leader noticed, and stands by on a new session
         wait_until(lambda: "lost leadership" in log_text(tmp_path, leader), 5, message="lost leadership logged")
         wait_until(lambda: roles(conn)[f"relay-t{leader}"][0] == "standby", 5, message="old leader stands by")
+        # a standby logs what it waits on (docs/operations.md), after the lost leadership
+        wait_until(
+            lambda: ": standby: waiting for " in log_text(tmp_path, leader).partition("lost leadership")[2],
+            5,
+            message="the old leader logs what it waits on",
+        )
         new_pid = leader_pid(conn, settings.relay_lock_key)
         assert new_pid not in (None, old_pid)
         assert all(p.poll() is None for p in procs)
     assert took < 5.0
     old_log = log_text(tmp_path, leader)
-    assert old_log.index("lost leadership") < old_log.rindex(": standby ")
+    assert old_log.index("lost leadership") < old_log.rindex(": standby: waiting for the leader lock ")
     assert publish_counts(conn) == {i: 1 for i in before + after}
     assert asyncio.run(stream_id_counts(settings)) == Counter({i: 1 for i in before + after})
 

@@ -117,11 +117,12 @@ def test_worker_process_serves_metrics_and_stops_on_sigint(child_env: dict[str, 
             assert f'postbox_worker_jobs_total{{outcome="succeeded",queue="{t.QUEUE}",task="w_noop"}} 1.0' in body
             assert "postbox_worker_in_flight 0.0" in body
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(20) == 0
+        _, stderr = proc.communicate(timeout=20)
+        assert proc.returncode == 0, stderr
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+        proc.communicate(timeout=10)  # reaps the process and closes its stderr pipe
 
 
 def test_task_modules_import_from_the_current_directory(child_env: dict[str, str], tmp_path: Path) -> None:
@@ -154,8 +155,8 @@ def test_task_modules_import_from_the_current_directory(child_env: dict[str, str
         assert (tmp_path / "imported").read_text() == "shop.tasks"
     finally:
         worker.terminate()
-        worker.wait(timeout=60)
-    assert worker.returncode == 0
+        output = worker.communicate(timeout=60)[0]  # reaps the process and closes its stdout pipe
+    assert worker.returncode == 0, output
 
 
 def test_a_task_module_that_fails_to_import_shows_its_traceback(child_env: dict[str, str], tmp_path: Path) -> None:

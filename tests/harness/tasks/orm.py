@@ -63,13 +63,32 @@ _url: str | None = None
 _lock = threading.Lock()
 
 
+_engines: dict[str, Engine] = {}
+_async_engines: dict[str, AsyncEngine] = {}
+
+
 def use(database_url: str) -> None:
-    """Point the handlers at ``database_url`` (a psycopg URL); drops the engines made for another."""
+    """Point the handlers at ``database_url`` (a psycopg URL); the engines made for another are disposed first."""
     global _url
     with _lock:
+        if _async_engines:
+            raise RuntimeError("await orm.dispose() before pointing the handlers at another database")
         _url = database_url
-        engine.cache_clear()
-        async_engine.cache_clear()
+        for eng in _engines.values():
+            eng.dispose()
+        _engines.clear()
+
+
+async def dispose() -> None:
+    """Close the pooled connections of the engines the handlers made (on the loop that used them), and forget them."""
+    with _lock:
+        made, async_made = list(_engines.values()), list(_async_engines.values())
+        _engines.clear()
+        _async_engines.clear()
+    for eng in made:
+        eng.dispose()
+    for aeng in async_made:
+        await aeng.dispose()
 
 
 def database_url() -> str:
@@ -80,14 +99,20 @@ def sqlalchemy_url(driver: str) -> str:
     return f"postgresql+{driver}://" + database_url().split("://", 1)[1]
 
 
-@functools.cache
 def engine(driver: str = "psycopg") -> Engine:
-    return create_engine(sqlalchemy_url(driver), pool_pre_ping=True)
+    """This process's engine for ``driver`` (made once, until :func:`use` or :func:`dispose`)."""
+    with _lock:
+        if driver not in _engines:
+            _engines[driver] = create_engine(sqlalchemy_url(driver), pool_pre_ping=True)
+        return _engines[driver]
 
 
-@functools.cache
 def async_engine(driver: str = "psycopg") -> AsyncEngine:
-    return create_async_engine(sqlalchemy_url(driver))
+    """This process's async engine for ``driver`` (made once, until :func:`dispose`)."""
+    with _lock:
+        if driver not in _async_engines:
+            _async_engines[driver] = create_async_engine(sqlalchemy_url(driver))
+        return _async_engines[driver]
 
 
 def django_settings(url: str) -> dict[str, Any]:
