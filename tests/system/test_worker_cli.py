@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import postbox
-from postbox import migrate
+from postbox import migrate, revision
 from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
 
@@ -66,15 +66,15 @@ def test_a_database_older_than_the_code_is_refused_before_anything_is_written(
 
     done = start()
     assert done.returncode == 2, done.stderr
-    assert "postbox worker: the database has no postbox schema (revision 0007_commit_time needed)" in done.stderr
+    assert f"postbox worker: the database has no postbox schema (revision {revision.REQUIRED} needed)" in done.stderr
     assert "Traceback" not in done.stderr
 
     migrate.upgrade(empty_database_url, "0005_fenced_success")
     done = start()
     assert done.returncode == 2, done.stderr
     assert (
-        "the database's postbox schema is at revision 0005_fenced_success; this postbox needs 0007_commit_time:"
-        " run `postbox migrate`"
+        "the database's postbox schema is at revision 0005_fenced_success;"
+        f" this postbox needs {revision.REQUIRED}: run `postbox migrate`"
     ) in done.stderr
     with psycopg.connect(empty_database_url) as conn:
         written = conn.execute(
