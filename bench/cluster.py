@@ -90,6 +90,17 @@ class Server:
     """One ``redis-server`` without persistence on a free loopback port."""
 
     def __init__(self, binary: str, folder: Path, cluster: bool) -> None:
+        # A free port is free when picked, not when redis-server binds it: another process may
+        # take it (or the cluster bus port) in between. Such a start is retried on new ports.
+        for tries_left in range(4, -1, -1):
+            try:
+                self._start(binary, folder, cluster)
+                return
+            except RuntimeError as exc:
+                if tries_left == 0 or "Address already in use" not in str(exc):
+                    raise
+
+    def _start(self, binary: str, folder: Path, cluster: bool) -> None:
         self.port = _free_port()
         self.folder = folder / str(self.port)
         self.folder.mkdir(parents=True)
