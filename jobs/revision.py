@@ -28,7 +28,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0011_fair_queues"
+REQUIRED = "0012_workflow_events"
 
 
 def order(revision: str) -> int | None:
