@@ -27,12 +27,15 @@ import os
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from postbox.errors import PostboxError, SettingsError
+
+if TYPE_CHECKING:
+    from pydantic import SecretStr
 
 ENVELOPE = "$postbox_encrypted"
 ENV_VAR = "POSTBOX_ENCRYPTION_KEYS"
@@ -46,17 +49,21 @@ class EncryptionError(PostboxError):
 
 @dataclass(frozen=True)
 class Keyring:
-    """Named AES keys; the first one seals, every one opens."""
+    """Named AES keys; the first one seals, every one opens.
 
-    keys: tuple[tuple[str, bytes], ...]
+    Its repr and every message it raises name key ids only, never a key (nor a
+    key id that does not look like one: it may be a key typed in its place).
+    """
+
+    keys: tuple[tuple[str, bytes], ...] = field(repr=False)
 
     def __post_init__(self) -> None:
         if not self.keys:
             raise SettingsError(f"{ENV_VAR}: no key given")
         seen: set[str] = set()
-        for kid, key in self.keys:
+        for n, (kid, key) in enumerate(self.keys, 1):
             if not KID_RE.match(kid):
-                raise SettingsError(f"{ENV_VAR}: key id {kid!r} must match {KID_RE.pattern}")
+                raise SettingsError(f"{ENV_VAR}: the id of key #{n} must match {KID_RE.pattern}")
             if kid in seen:
                 raise SettingsError(f"{ENV_VAR}: key id {kid!r} is given twice")
             if len(key) != 32:
@@ -65,21 +72,30 @@ class Keyring:
                 )
             seen.add(kid)
 
+    def __repr__(self) -> str:
+        return f"Keyring(kids={self.kids!r})"
+
+    @property
+    def kids(self) -> tuple[str, ...]:
+        """The key ids, the encrypting one first."""
+        return tuple(kid for kid, _ in self.keys)
+
     @classmethod
     def parse(cls, text: str) -> Keyring:
-        """``kid:base64key[,kid:base64key...]``; raises :class:`SettingsError` naming the setting."""
+        """``kid:base64key[,kid:base64key...]``; raises :class:`SettingsError` naming the setting (not the keys)."""
         pairs = []
-        for part in (p.strip() for p in text.split(",")):
-            if not part:
-                continue
+        for n, part in enumerate((p.strip() for p in text.split(",") if p.strip()), 1):
             kid, sep, encoded = part.partition(":")
+            kid = kid.strip()
             if not sep:
-                raise SettingsError(f"{ENV_VAR}: each key is kid:base64key, got one without ':'")
+                raise SettingsError(f"{ENV_VAR}: key #{n} is not kid:base64key (no ':')")
+            if not KID_RE.match(kid):
+                raise SettingsError(f"{ENV_VAR}: the id of key #{n} must match {KID_RE.pattern}")
             try:
                 key = base64.b64decode(encoded.strip(), validate=True)
             except (binascii.Error, ValueError):
-                raise SettingsError(f"{ENV_VAR}: key {kid.strip()!r} is not valid base64") from None
-            pairs.append((kid.strip(), key))
+                raise SettingsError(f"{ENV_VAR}: key {kid!r} is not valid base64") from None
+            pairs.append((kid, key))
         return cls(tuple(pairs))
 
     @property
@@ -137,31 +153,58 @@ def new_key() -> str:
 
 
 _configured: Keyring | None = None
+_followed: Keyring | None = None
+_following = False
 
 
 def use_keys(keys: str | Keyring | None) -> None:
-    """Set this process's keyring (tests, or an application configuring it in code); None: back to the environment."""
-    global _configured
+    """Set this process's keyring (tests, or an application configuring it in code); None: back to the settings."""
+    global _configured, _followed, _following
     _configured = Keyring.parse(keys) if isinstance(keys, str) else keys
+    _followed, _following = None, False
     _from_env.cache_clear()
 
 
-def keyring() -> Keyring:
-    """This process's keyring: the one set by :func:`use_keys`, else ``POSTBOX_ENCRYPTION_KEYS``.
+def follow_settings(keys: SecretStr | None) -> None:
+    """The loaded settings' ``encryption_keys`` become this process's keyring (:func:`postbox.settings.load_settings`).
 
-    Raises :class:`EncryptionError` when there is none, naming the setting.
+    Unless :func:`use_keys` set one. The setting is validated by then: a bad value stopped the process at start.
     """
-    if _configured is not None:
-        return _configured
-    found = _from_env(os.environ.get(ENV_VAR, ""))
+    global _followed, _following
+    text = "" if keys is None else keys.get_secret_value()
+    _followed, _following = (None if is_blank(text) else Keyring.parse(text)), True
+
+
+def keyring() -> Keyring:
+    """This process's keyring: the one set by :func:`use_keys`, else the settings' ``POSTBOX_ENCRYPTION_KEYS``.
+
+    A process that has not loaded its settings (a producer in an application)
+    reads the variable from the environment, checked the same way. Raises
+    :class:`EncryptionError` when there is none, naming the setting.
+    """
+    found = keyring_or_none()
     if found is None:
         raise EncryptionError(f"no encryption key: set {ENV_VAR} (kid:base64key, the first one encrypts)")
     return found
 
 
+def keyring_or_none() -> Keyring | None:
+    """:func:`keyring`, or None when this process has no key."""
+    if _configured is not None:
+        return _configured
+    if _following:
+        return _followed
+    return _from_env(os.environ.get(ENV_VAR, ""))
+
+
 @functools.lru_cache(maxsize=4)
 def _from_env(text: str) -> Keyring | None:
-    return Keyring.parse(text) if text.strip() else None
+    return None if is_blank(text) else Keyring.parse(text)
+
+
+def is_blank(text: str) -> bool:
+    """Whether a value of the setting gives no key at all (empty, spaces, commas): unset."""
+    return not text.replace(",", "").strip()
 
 
 def _aesgcm() -> Any:

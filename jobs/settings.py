@@ -13,10 +13,11 @@ import re
 import sys
 from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
-from postbox import schema
+from postbox import encryption, schema
+from postbox.encryption import Keyring
 from postbox.errors import SettingsError
 
 QUEUE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -31,6 +32,7 @@ class Settings(BaseSettings):
         extra="ignore",
         validate_default=True,
         populate_by_name=True,
+        hide_input_in_errors=True,  # an error never repeats a value: it may be a key or a password
     )
 
     # --- connections -----------------------------------------------------------
@@ -236,6 +238,18 @@ class Settings(BaseSettings):
         ),
     )
 
+    # --- encryption ------------------------------------------------------------
+    encryption_keys: SecretStr | None = Field(
+        default=None,
+        description=(
+            "Keys of encrypted tasks (@task(encrypted=True)): kid:base64key pairs, comma-separated, each key 32 "
+            "random bytes (postbox encryption new-key). The first one encrypts, every one decrypts: rotate by "
+            "putting a new key first, then postbox encryption reencrypt, then dropping the old one "
+            "(docs/job-control.md). A secret: never shown in logs, errors or settings dumps. Unset: encrypted "
+            "tasks cannot be enqueued or run."
+        ),
+    )
+
     # --- retention -------------------------------------------------------------
     retention_finished_days: float = Field(
         default=7.0, ge=0, description="Days finished (succeeded, cancelled, expired) jobs are kept."
@@ -336,6 +350,17 @@ class Settings(BaseSettings):
                 raise ValueError(f"{part!r} is not an IP address or network (e.g. 10.0.0.0/8)") from None
         return ",".join(networks)
 
+    @field_validator("encryption_keys")
+    @classmethod
+    def _check_encryption_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or encryption.is_blank(value.get_secret_value()):
+            return None
+        try:
+            Keyring.parse(value.get_secret_value())
+        except SettingsError as exc:  # its message names key ids, never a key
+            raise ValueError(str(exc).split(": ", 1)[1]) from None
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _check_level(cls, value: str) -> str:
@@ -377,11 +402,13 @@ def libpq_url(url: str) -> str:
 def load_settings(**overrides: Any) -> Settings:
     """Read settings from the environment; raise :class:`SettingsError` naming each bad setting.
 
-    The settings' schema becomes this process's schema, unless :func:`postbox.schema.use` chose one.
+    The settings' schema becomes this process's schema, unless :func:`postbox.schema.use` chose one;
+    their encryption keys its keyring, unless :func:`postbox.encryption.use_keys` set one.
     """
     try:
         settings = Settings(**overrides)
         schema.follow_settings(settings.schema_name)
+        encryption.follow_settings(settings.encryption_keys)
         return settings
     except ValidationError as exc:
         problems = []

@@ -131,6 +131,7 @@ def type_text(field: FieldInfo) -> str:
     annotation = field.annotation
     text = getattr(annotation, "__name__", None) or str(annotation)
     text = str(annotation) if "|" in str(annotation) or "[" in str(annotation) else text
+    text = text.replace("pydantic.types.SecretStr", "secret str")  # a secret: masked wherever it is shown
     return text.replace("typing.", "").replace("NoneType", "None")
 
 
