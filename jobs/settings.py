@@ -95,6 +95,22 @@ class Settings(BaseSettings):
         default=0.5, gt=0, le=60, description="Relay poll interval in seconds (NOTIFY wakes it sooner)."
     )
     relay_batch_size: int = Field(default=1000, ge=1, le=50_000, description="Rows the relay publishes per batch.")
+    fair_window: int = Field(
+        default=500,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Jobs a fair queue keeps published and unfinished at most, unless its declaration says "
+            "(docs/job-control.md#fair-queues): at least the queue's worker concurrency; a newly "
+            "waiting key's job starts after at most about this many of the queue's jobs."
+        ),
+    )
+    fair_poll_interval: float = Field(
+        default=0.02,
+        gt=0,
+        le=10,
+        description="Seconds between the relay's refills of a fair queue's window while jobs wait in it.",
+    )
     relay_lock_key: int = Field(
         default=0x706F7374626F78, description="Advisory lock key that elects the leading relay."
     )

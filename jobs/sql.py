@@ -230,13 +230,15 @@ class Statements(schema.Templates):
     # Due, unpublished rows in id order. Never a "last id" cursor: a transaction
     # that commits late carries a lower id, and this scan still finds it. ``after``
     # is 0 except inside one burst, where it skips the batch still being marked.
+    # A fair queue's rows leave this list once the relay gave them their key
+    # (JOB_SET_FAIR_KEY); the fair queue's window takes them (JOB_GET_FAIR_DUE).
     JOB_GET_DUE_UNPUBLISHED: LiteralString = """
     SELECT id, queue, task, args::text, headers::text, priority, attempts,
            (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
            coalesce(expires_at < now(), false) AS expired
       FROM {schema}.outbox
      WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
-       AND id > %(after)s
+       AND fair_key IS NULL AND id > %(after)s
      ORDER BY id
      LIMIT %(limit)s
     """
@@ -328,12 +330,15 @@ class Statements(schema.Templates):
 
     # Candidates for the "is its entry still there" sweep: published rows without an
     # outcome that have waited a while (queued), or whose claim went stale (running).
+    # A running row that names no entry (claimed from a worker's parking, or before the
+    # claim recorded its entry) has none that could bring it back: it is a candidate too.
     JOB_GET_INFLIGHT: LiteralString = """
     SELECT id, queue, task, args::text, headers::text, priority, attempts,
            (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms, stream_id
       FROM {schema}.outbox
-     WHERE id > %(after)s AND stream_id IS NOT NULL
-       AND ((state = 'queued' AND published_at < now() - make_interval(secs => %(min_age)s))
+     WHERE id > %(after)s
+       AND ((state = 'queued' AND stream_id IS NOT NULL
+             AND published_at < now() - make_interval(secs => %(min_age)s))
             OR (state = 'running' AND lease_until < now()))
      ORDER BY id
      LIMIT %(limit)s
@@ -379,6 +384,137 @@ class Statements(schema.Templates):
     SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked)
     """
 
+    # --- fair_queues, outbox.fair_key: fair queues (relay/fairness.py; docs/job-control.md) --------
+
+    FAIR_QUEUE_LIST: LiteralString = """
+    SELECT queue, key_arg, window_size FROM {schema}.fair_queues ORDER BY queue
+    """
+
+    FAIR_QUEUE_GET: LiteralString = """
+    SELECT queue, key_arg, window_size, updated_at, updated_by FROM {schema}.fair_queues WHERE queue = %(queue)s
+    """
+
+    # Returns the key argument it replaced (NULL: the queue was not fair), as the
+    # statement's snapshot saw it (a locking read would skip the row this statement updates).
+    FAIR_QUEUE_UPSERT: LiteralString = """
+    WITH old AS (SELECT key_arg FROM {schema}.fair_queues WHERE queue = %(queue)s)
+    INSERT INTO {schema}.fair_queues AS f (queue, key_arg, window_size, updated_by)
+    VALUES (%(queue)s, %(by)s, %(window)s, %(actor)s)
+    ON CONFLICT (queue) DO UPDATE
+       SET key_arg = excluded.key_arg, window_size = excluded.window_size, updated_at = now(),
+           updated_by = excluded.updated_by
+    RETURNING (SELECT key_arg FROM old)
+    """
+
+    FAIR_QUEUE_DELETE: LiteralString = """
+    DELETE FROM {schema}.fair_queues WHERE queue = %(queue)s RETURNING key_arg
+    """
+
+    # A fair queue's key argument changed: its keyed, unfinished jobs take their new key.
+    JOB_REKEY_FAIR: LiteralString = """
+    UPDATE {schema}.outbox SET fair_key = coalesce(args ->> %(by)s::text, '')
+     WHERE queue = %(queue)s AND fair_key IS NOT NULL AND state IN ('pending', 'queued', 'running', 'retrying')
+       AND fair_key IS DISTINCT FROM coalesce(args ->> %(by)s::text, '')
+    """
+
+    # A queue is fair no more (or its declaration is gone): its unfinished jobs lose their
+    # keys, so the waiting ones are in the relay's id-ordered list again. ``queue`` NULL:
+    # every queue without a declaration (the relay's safety net, e.g. a job moved to
+    # another queue while it waited).
+    JOB_CLEAR_FAIR_KEYS: LiteralString = """
+    UPDATE {schema}.outbox o SET fair_key = NULL
+     WHERE o.fair_key IS NOT NULL AND o.state IN ('pending', 'queued', 'running', 'retrying')
+       AND (o.queue = %(queue)s::text
+            OR (%(queue)s::text IS NULL
+                AND NOT EXISTS (SELECT 1 FROM {schema}.fair_queues f WHERE f.queue = o.queue)))
+    """
+
+    # The rows of fair queues among a batch the relay selected: each takes its key (the
+    # declared argument's value as text, '' without it) and leaves the id-ordered list.
+    # Rows of queues not (or no longer) fair are not returned: the relay publishes them.
+    # Locked in id order first, like the marks.
+    JOB_SET_FAIR_KEY: LiteralString = """
+    WITH locked AS MATERIALIZED (
+        SELECT o.ctid FROM {schema}.outbox o
+         WHERE o.id = ANY(%(ids)s::int8[]) AND o.published_at IS NULL AND o.state IN ('pending', 'retrying')
+           AND o.fair_key IS NULL AND o.queue IN (SELECT f.queue FROM {schema}.fair_queues f)
+         ORDER BY o.id
+           FOR UPDATE
+    )
+    UPDATE {schema}.outbox o
+       SET fair_key = coalesce(o.args ->> (SELECT f.key_arg FROM {schema}.fair_queues f WHERE f.queue = o.queue), '')
+     WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked))
+    RETURNING o.id
+    """
+
+    # A fair queue's window: its published, unfinished jobs per key.
+    JOB_COUNT_FAIR_INFLIGHT: LiteralString = """
+    SELECT fair_key, count(*) FROM {schema}.outbox
+     WHERE queue = %(queue)s AND fair_key IS NOT NULL AND state IN ('queued', 'running')
+     GROUP BY fair_key
+    """
+
+    # Up to ``room`` due jobs of a fair queue, keys in turn: each key's jobs in its own
+    # order (priority, then id), ranked 1, 2, 3 ... after the jobs it already has in
+    # flight; the lowest turns first. A key with nothing in flight goes first, and one
+    # with k in flight waits until the others have k too (max-min fair shares). Keys are
+    # found by a skip scan of outbox_fair_waiting (one probe per key); each key offers at
+    # most ``room`` jobs, fewer when many keys wait (about 20,000 candidates in all).
+    JOB_GET_FAIR_DUE: LiteralString = """
+    WITH RECURSIVE keys AS (
+        (SELECT o.fair_key AS k FROM {schema}.outbox o
+          WHERE o.queue = %(queue)s AND o.fair_key IS NOT NULL AND o.published_at IS NULL
+            AND o.state IN ('pending', 'retrying')
+          ORDER BY o.fair_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT o.fair_key FROM {schema}.outbox o
+                 WHERE o.queue = %(queue)s AND o.fair_key > keys.k AND o.published_at IS NULL
+                   AND o.state IN ('pending', 'retrying')
+                 ORDER BY o.fair_key LIMIT 1)
+          FROM keys WHERE keys.k IS NOT NULL
+    ), live AS MATERIALIZED (
+        SELECT k FROM keys WHERE k IS NOT NULL
+    ), busy AS (
+        SELECT b.k, b.n FROM unnest(%(keys)s::text[], %(busy)s::int8[]) AS b(k, n)
+    ), offer AS (
+        SELECT least(%(room)s::int8, greatest(1, 20000 / greatest(1, (SELECT count(*) FROM live)))) AS n
+    )
+    SELECT c.id, c.queue, c.task, c.args::text, c.headers::text, c.priority, c.attempts, c.enq_ms, c.expired
+      FROM live
+      LEFT JOIN busy ON busy.k = live.k
+     CROSS JOIN LATERAL (
+           SELECT w.*, row_number() OVER (ORDER BY w.priority DESC, w.id) AS rn
+             FROM (SELECT o.id, o.queue, o.task, o.args, o.headers, o.priority, o.attempts,
+                          (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms,
+                          coalesce(o.expires_at < now(), false) AS expired
+                     FROM {schema}.outbox o
+                    WHERE o.queue = %(queue)s AND o.fair_key = live.k AND o.published_at IS NULL
+                      AND o.state IN ('pending', 'retrying') AND o.available_at <= now()
+                    ORDER BY o.priority DESC, o.id
+                    LIMIT (SELECT n FROM offer)) w) c
+     ORDER BY coalesce(busy.n, 0) + c.rn, c.priority DESC, c.id
+     LIMIT %(room)s
+    """
+
+    # What an operator sees of a fair queue: per key, jobs waiting (due or not) and in
+    # flight, the most waiting first.
+    JOB_COUNT_FAIR_KEYS: LiteralString = """
+    SELECT fair_key,
+           count(*) FILTER (WHERE published_at IS NULL AND state IN ('pending', 'retrying')) AS waiting,
+           count(*) FILTER (WHERE state IN ('queued', 'running')) AS in_flight
+      FROM {schema}.outbox
+     WHERE queue = %(queue)s AND fair_key IS NOT NULL AND state IN ('pending', 'queued', 'running', 'retrying')
+     GROUP BY fair_key
+     ORDER BY waiting DESC, fair_key
+     LIMIT %(limit)s
+    """
+
+    # Jobs of a fair queue not keyed yet (enqueued since the relay last looked).
+    JOB_COUNT_FAIR_UNKEYED: LiteralString = """
+    SELECT count(*) FROM {schema}.outbox
+     WHERE queue = %(queue)s AND fair_key IS NULL AND published_at IS NULL AND state IN ('pending', 'retrying')
+    """
+
     # --- outbox: claims and outcomes (postbox.worker, postbox.testing) ----------------------------
     # The claim and outcome rules are the cross-component contract: a delivery runs
     # only if its row is claimable; only the claimant of the current attempt (the
@@ -399,10 +535,19 @@ class Statements(schema.Templates):
     # isolated (returned ``isolate``: the worker runs it alone, so a crash then is
     # its own). Never for a worker taking over its own run: the fence must tell the
     # two runs apart.
+    #
+    # ``entries`` (aligned with ``ids``; NULL for a delivery with no stream entry) are
+    # the stream entries the claimed deliveries came in: a run's row names the entry
+    # pending in its worker's consumer, which is what recovers the run if the worker
+    # dies. A claim can commit before the relay's mark of the same publish (the mark
+    # then skips the row): without this, the row named no entry (a first publish) or an
+    # older one, and once its worker died and Redis lost the entry, the relay's sweep
+    # (JOB_GET_INFLIGHT) could not see that the entry was gone: the job stayed running.
     JOB_CLAIM_ATTEMPTS: LiteralString = """
     WITH locked AS (
         SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
                o.started_at AS old_started_at, x.refund, x.spared,
+               (%(entries)s::text[])[array_position(%(ids)s::int8[], o.id)] AS entry,
                CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
                     WHEN o.attempts - x.spared >= o.max_attempts AND NOT x.refund THEN 'dead'
                     ELSE 'running' END AS verdict
@@ -432,6 +577,7 @@ class Statements(schema.Templates):
                started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
                finished_at = CASE WHEN l.verdict = 'running' THEN NULL ELSE now() END,
                published_at = coalesce(o.published_at, now()),
+               stream_id = CASE WHEN l.verdict = 'running' THEN coalesce(l.entry, o.stream_id) ELSE o.stream_id END,
                -- a claim that beats the relay's mark stands in for it: the publish is counted here
                publish_count = o.publish_count + (o.published_at IS NULL)::int,
                last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted'
@@ -1734,7 +1880,92 @@ class Statements(schema.Templates):
     """
 
     WORKFLOW_SET_RETRIED: LiteralString = """
-    UPDATE {schema}.workflows SET retried_at = now(), cancelled_at = NULL WHERE id = %(id)s
+    UPDATE {schema}.workflows SET retried_at = now(), cancelled_at = NULL, ended_at = NULL WHERE id = %(id)s
+    """
+
+    # A dead letter of a workflow requeued (postbox.app.services.dlq): its end is counted
+    # again, and the jobs its death cancelled (by a 'cancel' edge, down a chain of such
+    # cancels) wait for it again, when nothing else that failed still cancels them
+    # (postbox.workflow.resumable). JOB_LIST_CANCELLED_DOWNSTREAM reads what that decision
+    # needs: every edge into each job its death cancelled, with the parent's state.
+    JOB_GET_WORKFLOW_ID: LiteralString = """
+    SELECT workflow_id FROM {schema}.outbox WHERE id = %(id)s
+    """
+
+    JOB_LIST_CANCELLED_DOWNSTREAM: LiteralString = """
+    WITH RECURSIVE down(id) AS (
+        SELECT %(id)s::int8
+        UNION
+        SELECT e.child_id FROM down d JOIN {schema}.workflow_edges e ON e.parent_id = d.id
+          JOIN {schema}.outbox c ON c.id = e.child_id
+         WHERE c.state = 'cancelled' AND c.last_error_class = 'UpstreamFailed'
+    )
+    SELECT e.child_id, e.parent_id, e.on_failure, p.state, p.last_error_class
+      FROM {schema}.workflow_edges e JOIN {schema}.outbox p ON p.id = e.parent_id
+     WHERE e.child_id IN (SELECT id FROM down WHERE id <> %(id)s::int8)
+     ORDER BY e.child_id, e.parent_id
+    """
+
+    JOB_RESUME_CANCELLED: LiteralString = """
+    UPDATE {schema}.outbox
+       SET state = 'waiting', attempts = 0, available_at = now(), published_at = NULL, stream_id = NULL,
+           claimed_by = NULL, lease_until = NULL, started_at = NULL, finished_at = NULL, discarded_at = NULL,
+           cancel_requested_at = NULL, result = NULL, result_expires_at = NULL, released_at = NULL
+     WHERE id = ANY(%(ids)s::int8[]) AND state = 'cancelled'
+    RETURNING id
+    """
+
+    JOB_CLEAR_RELEASED: LiteralString = """
+    UPDATE {schema}.outbox SET released_at = NULL WHERE id = %(id)s
+    """
+
+    WORKFLOW_EDGE_CLEAR_FAILURES_OF_PARENTS: LiteralString = """
+    UPDATE {schema}.workflow_edges SET failure = NULL WHERE parent_id = ANY(%(ids)s::int8[]) AND failure IS NOT NULL
+    """
+
+    WORKFLOW_CLEAR_ENDED: LiteralString = """
+    UPDATE {schema}.workflows SET ended_at = NULL WHERE id = %(id)s
+    """
+
+    # Workflow events (postbox.relay.workflow_events): migration 0012's trigger NOTIFYs
+    # releases and cascade cancels on postbox_workflow; the ends of jobs come on
+    # postbox_results (the workers' outcome batches and claims).
+    WORKFLOW_LISTEN: LiteralString = "LISTEN postbox_workflow"
+    RESULTS_LISTEN: LiteralString = "LISTEN postbox_results"
+
+    JOB_LIST_WORKFLOW_IDS: LiteralString = """
+    SELECT DISTINCT workflow_id FROM {schema}.outbox WHERE id = ANY(%(ids)s::int8[]) AND workflow_id IS NOT NULL
+    """
+
+    WORKFLOW_LIST_UNENDED: LiteralString = """
+    SELECT id FROM {schema}.workflows WHERE ended_at IS NULL AND id > %(after)s ORDER BY id LIMIT %(limit)s
+    """
+
+    # Marks ended, once, those of these workflows whose jobs have all ended, with the
+    # status _WORKFLOW_WITH_COUNTS gives them. A workflow locked by a retry or a requeue is
+    # skipped: that transaction sets it running, or it is checked again at the next hint.
+    WORKFLOW_MARK_ENDED: LiteralString = """
+    WITH candidates AS (
+        SELECT id FROM {schema}.workflows
+         WHERE id = ANY(%(ids)s::int8[]) AND ended_at IS NULL
+         ORDER BY id
+           FOR UPDATE SKIP LOCKED
+    ), ended AS (
+        UPDATE {schema}.workflows w SET ended_at = clock_timestamp()
+          FROM candidates c
+         WHERE w.id = c.id
+           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                            WHERE o.workflow_id = w.id
+                              AND o.state IN ('waiting', 'pending', 'queued', 'running', 'retrying'))
+        RETURNING w.id, w.name, w.jobs
+    )
+    SELECT e.id, e.name, e.jobs,
+           CASE WHEN bool_or(o.state IN ('dead', 'expired')) THEN 'failed'
+                WHEN bool_or(o.state = 'cancelled') THEN 'cancelled'
+                ELSE 'succeeded' END AS status
+      FROM ended e JOIN {schema}.outbox o ON o.workflow_id = e.id
+     GROUP BY e.id, e.name, e.jobs
+     ORDER BY e.id
     """
 
     # --- audit_log --------------------------------------------------------------------------------

@@ -33,6 +33,12 @@ class RelayMetrics:
             "Rows published again because Redis lost them (data loss or a missing entry).",
             registry=self.registry,
         )
+        self.fair_in_flight = Gauge(
+            "postbox_relay_fair_in_flight",
+            "Jobs of a fair queue published and unfinished, as of the relay's last fill of its window.",
+            ["queue"],
+            registry=self.registry,
+        )
         self.is_leader = Gauge("postbox_relay_is_leader", "1 while this relay leads, else 0.", registry=self.registry)
         self._server: Any = None
 

@@ -51,6 +51,7 @@ class BatchResult:
     published: list[int] = field(default_factory=list)  # ids XADDed and marked (or claimed meanwhile)
     expired: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)  # XADD refused; retried next batch
+    keyed: list[int] = field(default_factory=list)  # rows of fair queues, handed to their window (relay/fairness.py)
     marked: int = 0  # rows the UPDATE changed (a row a worker claimed first is not counted)
 
 
@@ -96,6 +97,9 @@ class Publisher:
         self.emit_events = emit_events  # None: only while someone subscribes (checked every second)
         self.monotonic = monotonic
         self.before_mark = before_mark  # test hook: runs between the XADDs and the mark
+        # Fair queues (relay/fairness.py): takes a batch's rows of fair queues out of it
+        # (they wait for their queue's window); None while no queue is fair.
+        self.divert: Callable[[AsyncConnection[Any], list[Row]], Awaitable[list[int]]] | None = None
         self._statistics_checked = -1e9
         self.term: int | None = None  # the leader's term, checked by every mark (None: no lock, tools only)
         self._subscribed = False
@@ -232,14 +236,32 @@ class Publisher:
         await conn.execute(sql.active().JOB_ANALYZE)
         return True
 
-    async def _expire(self, conn: AsyncConnection[Any], rows: list[Row]) -> tuple[BatchResult, list[Row]]:
-        """Move rows past their ``expires_at`` to ``expired``; return the batch's result and the rows to send."""
+    async def _expire(
+        self, conn: AsyncConnection[Any], rows: list[Row], *, divert: bool = True
+    ) -> tuple[BatchResult, list[Row]]:
+        """Move rows past their ``expires_at`` to ``expired``; return the batch's result and the rows to send.
+
+        Rows of fair queues are keyed and left to their queue's window (:attr:`divert`).
+        """
         result = BatchResult(selected=len(rows))
         result.expired = [row[0] for row in rows if row[8]]
         if result.expired:
             await conn.execute(sql.active().JOB_MARK_EXPIRED, {"ids": result.expired})
-            return result, [row for row in rows if not row[8]]
+            rows = [row for row in rows if not row[8]]
+        if divert and self.divert is not None and rows:
+            result.keyed = await self.divert(conn, rows)
+            if result.keyed:
+                keyed = set(result.keyed)
+                rows = [row for row in rows if row[0] not in keyed]
         return result, rows
+
+    async def publish_rows(self, conn: AsyncConnection[Any], rows: list[Row]) -> BatchResult:
+        """Publish rows selected elsewhere (a fair queue's window, relay/fairness.py): expire, XADD, mark."""
+        result, live = await self._expire(conn, rows, divert=False)
+        if live:
+            ids, sids, result.failed = await self.xadd_rows(live)
+            await self._mark(conn, result, ids, sids)
+        return result
 
     async def _mark(self, conn: AsyncConnection[Any], result: BatchResult, ids: list[int], sids: list[str]) -> None:
         if ids and self.before_mark is not None:

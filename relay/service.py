@@ -41,6 +41,7 @@ from psycopg import AsyncConnection
 from redis.exceptions import RedisError
 
 from postbox import redis_conn, revision, sql
+from postbox.relay.fairness import FairQueues, FillResult
 from postbox.relay.leader import LeaderSession, LeadershipLost
 from postbox.relay.metrics import RelayMetrics
 from postbox.relay.notifier import Notifier
@@ -307,6 +308,14 @@ class Relay:
             before_mark=self.signals.before_mark,
         )
         publisher.term = session.term  # every mark checks that no newer leader was recorded
+        # Fair queues (relay/fairness.py): their rows wait for their queue's window.
+        fair = FairQueues(
+            publisher,
+            default_window=self.settings.fair_window,
+            poll_interval=self.settings.fair_poll_interval,
+            on_fill=self._record_fill,
+        )
+        await fair.refresh(conn, force=True)
         reconciler = Reconciler(
             redis,
             self.settings.redis_prefix,
@@ -347,6 +356,7 @@ class Relay:
                     results = await publisher.publish_burst(
                         conn, keep_going=lambda: not self.stopping, on_batch=self._record
                     )
+                    await fair.step(conn)
                     await reconciler.step(conn)
                     await reconciler.sweep(conn)
                 except RedisError as exc:
@@ -378,7 +388,7 @@ class Relay:
                 due = await publisher.next_due(conn)
                 if due is not None:
                     timeout = min(timeout, max(0.001, due))
-                for hint in (reconciler.wait_hint(), schedules.wait_hint()):
+                for hint in (reconciler.wait_hint(), schedules.wait_hint(), fair.wait_hint()):
                     if hint is not None:
                         timeout = min(timeout, max(0.001, hint))
                 await self._wait(wake, timeout)
@@ -403,6 +413,10 @@ class Relay:
             self.metrics.published.inc(len(result.published))
             if self.signals.published is not None:
                 self.signals.published.put_nowait(result.published)
+
+    def _record_fill(self, fill: FillResult) -> None:
+        self.metrics.fair_in_flight.labels(fill.queue).set(fill.in_flight + len(fill.batch.published))
+        self._record(fill.batch)
 
     def _on_republished(self, ids: list[int]) -> None:
         self.republished_total += len(ids)

@@ -38,6 +38,7 @@ EXPECTED_TABLES = {
     "limits",
     "limit_slots",
     "limit_rates",
+    "fair_queues",
     "sessions",
     "workflows",
     "workflow_edges",
@@ -68,6 +69,18 @@ WORKFLOW_OBJECTS = {
     ("postbox", "outbox_waiting", "i"),
     ("postbox", "workflow_job_ended", "function"),
     ("postbox", "workflow_release", "function"),
+    ("postbox", "workflow_job_left_waiting", "function"),  # 0012's (workflow events): below 0009, gone too
+}
+
+# What migration 0012 creates (its column and trigger are not objects of pg_class).
+WORKFLOW_EVENT_OBJECTS = {("postbox", "workflow_job_left_waiting", "function")}
+
+# What migration 0011 creates (outbox_unpublished_id is rebuilt under its own name).
+FAIR_OBJECTS = {
+    ("postbox", "fair_queues", "r"),
+    ("postbox", "fair_queues_pkey", "i"),
+    ("postbox", "outbox_fair_waiting", "i"),
+    ("postbox", "outbox_fair_inflight", "i"),
 }
 
 # Everything a database holds outside the system schemas, by kind.
@@ -105,7 +118,7 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0001_postbox")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | {
         ("postbox", "schedules", "r"),
         ("postbox", "schedules_pkey", "i"),
         ("postbox", "schedules_due", "i"),
@@ -134,7 +147,7 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0004_unique_jobs")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | {
         ("postbox", "require_current_attempt", "function"),
         ("postbox", "begin_processed", "function"),  # 0006's, which calls it
         ("postbox", "record_success", "function"),
@@ -154,7 +167,7 @@ def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url:
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0005_fenced_success")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | {
+    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | {
         ("postbox", "begin_processed", "function"),
         ("postbox", "record_success", "function"),
     }
@@ -234,7 +247,7 @@ def test_0009_downgrades_to_0008_dropping_only_the_workflow_objects(empty_databa
             " VALUES ('q', 't', 'waiting', 1, 1)"
         )
     migrate.downgrade(empty_database_url, "0008_sessions")
-    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS
+    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS | FAIR_OBJECTS
     assert objects(empty_database_url) - everything == set()
     with psycopg.connect(empty_database_url) as conn:
         # a waiting job has no meaning without workflows: cancelled, saying why
@@ -266,7 +279,7 @@ def test_0010_downgrades_to_0009_dropping_the_progress_column_and_the_debounce(e
         conn.execute("INSERT INTO postbox.outbox (queue, task, progress) VALUES ('q', 't', '{\"done\": 1}')")
     migrate.downgrade(empty_database_url, "0009_workflows")
     assert state(empty_database_url) == (False, False, False)
-    assert objects(empty_database_url) == everything
+    assert objects(empty_database_url) == everything - FAIR_OBJECTS - WORKFLOW_EVENT_OBJECTS  # 0011's, 0012's go too
     with psycopg.connect(empty_database_url) as conn:  # 0004's functions again: a plain unique rule still works
         conn.execute(
             "INSERT INTO postbox.tasks (name, queue, priority, max_attempts, keep_result, unique_rule)"
@@ -295,6 +308,7 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("record_success", "function"),
         ("workflow_job_ended", "function"),
         ("workflow_release", "function"),
+        ("workflow_job_left_waiting", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),
@@ -333,7 +347,11 @@ def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: s
         "outbox_flow_wait",
         "outbox_workflow",
         "outbox_waiting",
+        "outbox_fair_waiting",
+        "outbox_fair_inflight",
     }
+    # fair queues' keyed rows leave the relay's id-ordered list (0011)
+    assert indexes["outbox_unpublished_id"].endswith("AND (fair_key IS NULL))")
     assert indexes["outbox_live_state"] == (
         "CREATE INDEX outbox_live_state ON postbox.outbox USING btree (state, queue) WHERE (state = ANY "
         "(ARRAY['pending'::text, 'queued'::text, 'running'::text, 'retrying'::text, 'dead'::text]))"
@@ -596,3 +614,61 @@ def test_an_applications_alembic_check_ignores_postboxs_schema(empty_database_ur
     without = alembic("check", WITH_POSTBOX_HOOKS="0")
     assert without.returncode != 0
     assert "remove_table" in without.stderr + without.stdout and "outbox" in without.stderr + without.stdout
+
+
+def test_0011_downgrades_to_0010_returning_keyed_jobs_to_the_relays_list(empty_database_url: str) -> None:
+    """0011 adds fair_queues, outbox.fair_key and two indexes; down, a keyed waiting job is a plain one again."""
+
+    def unpublished_index(url: str) -> str:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'outbox_unpublished_id'").fetchone()
+        assert row is not None
+        return str(row[0])
+
+    migrate.upgrade(empty_database_url, "0011_fair_queues")
+    everything = objects(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        conn.execute("INSERT INTO postbox.fair_queues (queue, key_arg) VALUES ('q', 'tenant_id')")
+        conn.execute("INSERT INTO postbox.outbox (queue, task, fair_key) VALUES ('q', 't', 'a')")
+    assert "fair_key IS NULL" in unpublished_index(empty_database_url)
+    migrate.downgrade(empty_database_url, "0010_job_control")
+    assert everything - objects(empty_database_url) == FAIR_OBJECTS
+    assert "fair_key" not in unpublished_index(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute(
+            "SELECT count(*) FROM postbox.outbox WHERE published_at IS NULL AND state = 'pending'"
+        ).fetchone() == (1,)
+    migrate.upgrade(empty_database_url, "0011_fair_queues")
+    assert objects(empty_database_url) == everything
+
+
+def test_0012_downgrades_to_0011_dropping_the_workflow_events_trigger_and_ended_at(empty_database_url: str) -> None:
+    def state(url: str) -> tuple[int, int]:
+        with psycopg.connect(url) as conn:
+            column = conn.execute(
+                "SELECT count(*) FROM information_schema.columns"
+                " WHERE table_schema = 'postbox' AND table_name = 'workflows' AND column_name = 'ended_at'"
+            ).fetchone()
+            trigger = conn.execute(
+                "SELECT count(*) FROM pg_trigger WHERE tgname = 'outbox_workflow_left_waiting'"
+            ).fetchone()
+        assert column is not None and trigger is not None
+        return int(column[0]), int(trigger[0])
+
+    migrate.upgrade(empty_database_url, "0011_fair_queues")
+    with psycopg.connect(empty_database_url) as conn:  # a workflow that ended before 0012, one that has not
+        conn.execute("INSERT INTO postbox.workflows (name, jobs) VALUES ('old', 1), ('open', 1)")
+        conn.execute(
+            "INSERT INTO postbox.outbox (queue, task, state, workflow_id) VALUES ('q', 't', 'succeeded', 1),"
+            " ('q', 't', 'pending', 2)"
+        )
+    before = objects(empty_database_url)
+    migrate.upgrade(empty_database_url)
+    assert state(empty_database_url) == (1, 1)
+    assert objects(empty_database_url) - before == WORKFLOW_EVENT_OBJECTS
+    with psycopg.connect(empty_database_url) as conn:  # the ended one is not announced by the first relay
+        ended = conn.execute("SELECT name, ended_at IS NOT NULL FROM postbox.workflows ORDER BY id").fetchall()
+    assert ended == [("old", True), ("open", False)]
+    migrate.downgrade(empty_database_url, "0011_fair_queues")
+    assert state(empty_database_url) == (0, 0)
+    assert objects(empty_database_url) == before

@@ -1,0 +1,159 @@
+"""Fair queues: the relay fills each fair queue's window with its keys' jobs in turn.
+
+A queue declared fair (``postbox.fairness.declare``; table ``fair_queues``)
+names an argument of its jobs, ``tenant_id`` say; a job's value of it is its
+*key*. The relay publishes everything else in id order (:mod:`postbox.relay.publisher`),
+but not a fair queue's jobs: when its id-ordered scan meets one, it writes the
+job's key on its row (``outbox.fair_key``), which moves the row from the relay's
+list to the fair queue's own index (:meth:`FairQueues.divert`). Then, for each
+fair queue, it keeps at most a *window* of jobs published and unfinished
+(``queued`` or ``running``) and fills the room left with the waiting jobs of
+the keys with the fewest in flight first, each key's jobs in priority then id
+order (:meth:`FairQueues.step`; the statement ``JOB_GET_FAIR_DUE``).
+
+So a key with a backlog of 100,000 jobs has at most a window of them in its
+stream; a key that starts waiting later gets the next free places of the window
+(it has none in flight), and its jobs start after at most about a window of the
+queue's jobs, not after the backlog.
+
+Everything is counted from PostgreSQL at each fill: a Redis flush or a worker
+killed mid-job loses no accounting (a stale run still counts until its job is
+published again and ends), and a relay that takes over the lead starts from the
+rows. While jobs wait in a full window the relay looks again every
+``fair_poll_interval`` (a finished job does not wake the relay).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import AsyncConnection
+
+from postbox import pgarray, sql
+from postbox.relay.publisher import BatchResult, Publisher, Row
+
+log = logging.getLogger(__name__)
+
+REFRESH_INTERVAL = 1.0  # seconds between reads of the declarations (fair_queues)
+SAFETY_INTERVAL = 30.0  # seconds between sweeps for keyed jobs of queues that are fair no more
+
+
+@dataclass(frozen=True)
+class FairQueue:
+    """One declaration: the queue, the argument that keys its jobs, its window (None: the setting)."""
+
+    queue: str
+    by: str
+    window: int | None = None
+
+
+def room(window: int, in_flight: dict[str, int]) -> int:
+    """How many jobs a fill may publish: the window less the jobs in flight (never below 0)."""
+    return max(0, window - sum(in_flight.values()))
+
+
+@dataclass
+class FillResult:
+    """What one fill of one queue did."""
+
+    queue: str
+    in_flight: int
+    room: int
+    batch: BatchResult = field(default_factory=BatchResult)
+
+
+class FairQueues:
+    """The leader's fair-queue duty: key the fair queues' rows, fill their windows."""
+
+    def __init__(
+        self,
+        publisher: Publisher,
+        *,
+        default_window: int,
+        poll_interval: float,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_fill: Callable[[FillResult], None] | None = None,
+    ) -> None:
+        self.publisher = publisher
+        self.default_window = default_window
+        self.poll_interval = poll_interval
+        self.monotonic = monotonic
+        self.on_fill = on_fill
+        self.queues: dict[str, FairQueue] = {}
+        self._refreshed = -1e9
+        self._swept = -1e9
+        self._waiting: set[str] = set()  # queues whose last fill was full: more may wait
+
+    def window(self, queue: FairQueue) -> int:
+        return queue.window or self.default_window
+
+    async def refresh(self, conn: AsyncConnection[Any], *, force: bool = False) -> None:
+        """Read the declarations (every ``REFRESH_INTERVAL``); the publisher diverts only while some exist."""
+        now = self.monotonic()
+        if not force and now - self._refreshed < REFRESH_INTERVAL:
+            return
+        self._refreshed = now
+        rows = await (await conn.execute(sql.active().FAIR_QUEUE_LIST)).fetchall()
+        self.queues = {row[0]: FairQueue(row[0], row[1], row[2]) for row in rows}
+        self._waiting &= set(self.queues)
+        self.publisher.divert = self.divert if self.queues else None
+        if now - self._swept >= SAFETY_INTERVAL:
+            # Keyed jobs of a queue that is fair no more (its declaration was removed
+            # another way than postbox.fairness.clear, or the job moved queue): back
+            # to the id-ordered list, so that nothing waits for a window nobody fills.
+            self._swept = now
+            cur = await conn.execute(sql.active().JOB_CLEAR_FAIR_KEYS, {"queue": None})
+            if cur.rowcount:
+                log.warning("fair keys cleared from jobs of queues that are not fair", extra={"count": cur.rowcount})
+
+    async def divert(self, conn: AsyncConnection[Any], rows: list[Row]) -> list[int]:
+        """Key the rows of fair queues among a selected batch; return their ids (not to be published now)."""
+        ids = [row[0] for row in rows if row[1] in self.queues]
+        if not ids:
+            return []
+        cur = await conn.execute(sql.active().JOB_SET_FAIR_KEY, {"ids": pgarray.ints(ids)})
+        keyed = [row[0] for row in await cur.fetchall()]
+        if keyed:
+            self._waiting.update(row[1] for row in rows if row[1] in self.queues)
+        return keyed
+
+    async def step(self, conn: AsyncConnection[Any]) -> list[FillResult]:
+        """Fill every fair queue's window once; returns what each fill did."""
+        await self.refresh(conn)
+        results = []
+        for queue in self.queues.values():
+            results.append(await self.fill(conn, queue))
+        return results
+
+    async def fill(self, conn: AsyncConnection[Any], queue: FairQueue) -> FillResult:
+        """Publish up to the room left in ``queue``'s window, keys in turn."""
+        statements = sql.active()
+        rows = await (await conn.execute(statements.JOB_COUNT_FAIR_INFLIGHT, {"queue": queue.queue})).fetchall()
+        busy = {str(row[0]): int(row[1]) for row in rows}
+        free = room(self.window(queue), busy)
+        result = FillResult(queue.queue, sum(busy.values()), free)
+        if free > 0:
+            params = {
+                "queue": queue.queue,
+                "room": free,
+                "keys": pgarray.words(list(busy)),
+                "busy": pgarray.ints(list(busy.values())),
+            }
+            due = await (await conn.execute(statements.JOB_GET_FAIR_DUE, params)).fetchall()
+            if len(due) < free:
+                self._waiting.discard(queue.queue)
+            else:
+                self._waiting.add(queue.queue)
+            if due:
+                result.batch = await self.publisher.publish_rows(conn, due)
+        if self.on_fill is not None:
+            self.on_fill(result)
+        return result
+
+    def wait_hint(self) -> float | None:
+        """Seconds until the next fill is worth it: ``poll_interval`` while a window may hold back jobs."""
+        return self.poll_interval if self._waiting else None
