@@ -4,7 +4,10 @@ Events are a best-effort view for humans and dashboards; PostgreSQL stays the
 truth. The relay emits ``published``; workers ``started``, ``progress`` (a
 running job's ``ctx.progress()``, with its ``progress``: ``done``, ``total``,
 ``note``), ``succeeded``, ``retrying``, ``dead``, ``cancelled``, ``expired``; the API ``enqueued`` (for
-its own enqueues) and ``cancelled``. Channel: :func:`postbox.streams.events_channel`.
+its own enqueues) and ``cancelled``. The leading relay forwards what workflows do inside PostgreSQL's
+triggers (``postbox.relay.workflow_events``): ``released`` (a job of a workflow stops waiting),
+``cancelled`` with ``cause: "upstream"`` (cancelled by its failure policy), and ``workflow_finished``
+(no ``job_id``; its ``status``). Channel: :func:`postbox.streams.events_channel`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,17 @@ from typing import Any, Literal
 import orjson
 
 EventType = Literal[
-    "enqueued", "published", "started", "progress", "succeeded", "retrying", "dead", "cancelled", "expired"
+    "enqueued",
+    "published",
+    "started",
+    "progress",
+    "succeeded",
+    "retrying",
+    "dead",
+    "cancelled",
+    "expired",
+    "released",
+    "workflow_finished",
 ]
 EVENT_TYPES: tuple[str, ...] = (
     "enqueued",
@@ -28,16 +41,18 @@ EVENT_TYPES: tuple[str, ...] = (
     "dead",
     "cancelled",
     "expired",
+    "released",
+    "workflow_finished",
 )
-TERMINAL_EVENTS = frozenset({"succeeded", "dead", "cancelled", "expired"})
+TERMINAL_EVENTS = frozenset({"succeeded", "dead", "cancelled", "expired", "workflow_finished"})
 
 
 def event(
     type_: EventType,
     *,
-    job_id: int,
-    queue: str,
-    task: str,
+    job_id: int | None,
+    queue: str | None,
+    task: str | None,
     attempt: int = 0,
     worker_id: str | None = None,
     ts: float | None = None,

@@ -521,3 +521,49 @@ async def read_upstream(conn: AsyncConnection[Any], job_id: int, *, wait: float 
             )
         )
     return Upstream(tuple(jobs))
+
+
+# --- a dead letter requeued ---------------------------------------------------------------------
+
+FAILED_STATES = frozenset({"dead", "cancelled", "expired"})
+
+
+@dataclass(frozen=True)
+class InboundEdge:
+    """An edge into a job that the death of a requeued job cancelled: its parent, policy and state."""
+
+    child: int
+    parent: int
+    on_failure: str
+    parent_state: str
+
+
+def resumable(requeued: int, edges: Iterable[InboundEdge]) -> list[int]:
+    """The jobs that wait again when the dead job ``requeued`` goes back to the outbox.
+
+    ``edges``: every edge into each job its death cancelled, down a chain of such
+    cancels. Such a job is resumed unless one of its ``cancel`` edges comes from a
+    parent that failed (dead, cancelled or expired) and is not resumed itself: that
+    failure still cancels it, and a job waiting on a parent that will never end
+    again would wait forever. Dropping one job can doom the jobs below it, so the
+    rule is applied until nothing changes. Returns the ids in order.
+    """
+    inbound: dict[int, list[InboundEdge]] = {}
+    for edge in edges:
+        inbound.setdefault(edge.child, []).append(edge)
+    kept = set(inbound)
+    changed = True
+    while changed:
+        changed = False
+        for child in sorted(kept):
+            blocked = any(
+                e.on_failure == "cancel"
+                and e.parent_state in FAILED_STATES
+                and e.parent != requeued
+                and e.parent not in kept
+                for e in inbound[child]
+            )
+            if blocked:
+                kept.discard(child)
+                changed = True
+    return sorted(kept)

@@ -48,6 +48,7 @@ from postbox.relay.notifier import Notifier
 from postbox.relay.publisher import BatchResult, Publisher
 from postbox.relay.reconciler import Reconciler
 from postbox.relay.scheduler import ScheduleDuty
+from postbox.relay.workflow_events import WorkflowEvents
 from postbox.retention import PruneDuty
 from postbox.settings import Settings
 from postbox.startup import hide_password
@@ -65,6 +66,7 @@ class RelaySignals:
     standby: asyncio.Event | None = None  # (re)entered standby
     lost_leadership: asyncio.Event | None = None
     listening: asyncio.Event | None = None  # LISTEN (re)established
+    workflow_events_listening: asyncio.Event | None = None  # the workflow events' LISTEN (re)established
     redis_loss: asyncio.Event | None = None  # a Redis data loss was detected
     stopped: asyncio.Event | None = None
     before_mark: Callable[[list[int]], Awaitable[None]] | None = None  # awaited between XADD and mark
@@ -79,6 +81,7 @@ class RelaySignals:
             standby=asyncio.Event(),
             lost_leadership=asyncio.Event(),
             listening=asyncio.Event(),
+            workflow_events_listening=asyncio.Event(),
             redis_loss=asyncio.Event(),
             stopped=asyncio.Event(),
         )
@@ -128,6 +131,7 @@ class Relay:
         self.republished_total = 0
         self.session: LeaderSession | None = None
         self.notifier: Notifier | None = None
+        self.workflow_events: WorkflowEvents | None = None
         self.reconciler: Reconciler | None = None
         self._stop = asyncio.Event()
         self._wake: asyncio.Event | None = None
@@ -300,6 +304,17 @@ class Relay:
             wake.set()
         self.notifier = Notifier(self.database_url, wake, on_listening=lambda: _fire(self.signals.listening))
         listener = asyncio.create_task(self.notifier.run(), name=f"{self.id}-listener")
+        # Workflow events (relay/workflow_events.py): releases, cascade cancels and ended
+        # workflows, forwarded from PostgreSQL's NOTIFYs on a connection of their own.
+        self.workflow_events = WorkflowEvents(
+            self.database_url,
+            redis,
+            self.settings.redis_prefix,
+            self.settings.schema_name,
+            emit_events=self.emit_events,
+            on_listening=lambda: _fire(self.signals.workflow_events_listening),
+        )
+        forwarder = asyncio.create_task(self.workflow_events.run(), name=f"{self.id}-workflow-events")
         publisher = Publisher(
             redis,
             self.settings.redis_prefix,
@@ -396,9 +411,13 @@ class Relay:
             self._wake = None
             await prune.stop()
             listener.cancel()
+            forwarder.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await forwarder
             self.notifier = None
+            self.workflow_events = None
 
     async def _wait(self, wake: asyncio.Event, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -70,7 +70,9 @@ async def cmd_show(s: Session, a: argparse.Namespace) -> int:
 
 async def cmd_requeue(s: Session, a: argparse.Namespace) -> int:
     outcome = as_dict(await dlq.requeue_dead(s.conn, a.id, cli_actor()))
-    print(to_json(outcome) if a.json else f"job {a.id} requeued (state pending, attempts reset)")
+    resumed = outcome["resumed"]
+    waiting = f"; {len(resumed)} job(s) of its workflow wait for it again: {resumed}" if resumed else ""
+    print(to_json(outcome) if a.json else f"job {a.id} requeued (state pending, attempts reset){waiting}")
     return EXIT_OK
 
 

@@ -235,6 +235,10 @@ class RequeueResult(BaseModel):
     task: str
     state: str
     attempts: int
+    resumed: list[int] = Field(
+        default_factory=list,
+        description="A workflow's jobs that this job's death had cancelled, waiting for it again",
+    )
 
 
 class DiscardResult(BaseModel):

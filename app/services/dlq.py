@@ -5,7 +5,7 @@ Requeue, discard and purge run in one transaction with their audit row.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +13,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
 from postbox import sql
+from postbox.app.services import workflows
 from postbox.app.services.audit import Actor, record_audit
 from postbox.app.services.checks import check_job_id, check_queue_name, encode_cursor
 from postbox.app.services.errors import ConfirmationRequiredError, ConflictError, InvalidInputError, NotFoundError
@@ -43,12 +44,18 @@ class RequeueResult:
     task: str
     state: str
     attempts: int
+    resumed: list[int] = field(default_factory=list)  # a workflow's jobs its death had cancelled, waiting again
 
 
 @dataclass(frozen=True)
-class DiscardResult(RequeueResult):
+class DiscardResult:
     """A dead letter marked discarded."""
 
+    id: int
+    queue: str
+    task: str
+    state: str
+    attempts: int
     discarded_at: datetime
 
 
@@ -87,16 +94,22 @@ async def get_dead(conn: AsyncConnection[Any], job_id: int) -> DeadLetter:
 
 
 async def requeue_dead(conn: AsyncConnection[Any], job_id: int, actor: Actor) -> RequeueResult:
-    """Send a dead letter back through the outbox: pending, attempts reset, history kept; audited."""
+    """Send a dead letter back through the outbox: pending, attempts reset, history kept; audited.
+
+    A job of a workflow also resumes, in the same transaction, the jobs its death
+    cancelled (``resumed``; postbox.app.services.workflows.resume_after_requeue).
+    """
     check_job_id(job_id)
     async with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        workflow_id = await workflows.lock_for_requeue(conn, job_id)
         await _lock_dead(cur, job_id)
         await cur.execute(sql.active().JOB_ATTEMPT_ARCHIVE, {"id": job_id})
         await cur.execute(sql.active().JOB_REQUEUE_DEAD, {"id": job_id})
         row = await cur.fetchone()
         assert row is not None
-        await record_audit(conn, actor, "dlq.requeue", f"job:{job_id}")
-    return RequeueResult(**row)
+        resumed = await workflows.resume_after_requeue(conn, workflow_id, job_id) if workflow_id is not None else []
+        await record_audit(conn, actor, "dlq.requeue", f"job:{job_id}", {"resumed": resumed} if resumed else None)
+    return RequeueResult(**row, resumed=resumed)
 
 
 async def discard_dead(conn: AsyncConnection[Any], job_id: int, actor: Actor) -> DiscardResult:

@@ -9,6 +9,8 @@ the running ones to stop. Retrying gives the dead, cancelled and expired jobs a
 fresh budget, recounts what every waiting job waits for from its upstream
 jobs' states, and makes pending what waits for nothing: the workflow resumes
 where it failed, and what succeeded does not run again (docs/workflows.md).
+Requeueing one dead letter of a workflow (postbox.app.services.dlq) resumes, in
+the same transaction, the jobs its death cancelled (:func:`resume_after_requeue`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from postbox.app.services.audit import Actor, record_audit
 from postbox.app.services.checks import check_limit, check_text, decode_cursor, encode_cursor
 from postbox.app.services.errors import ConflictError, InvalidInputError, NotFoundError
 from postbox.app.services.results import Page, page
+from postbox.workflow import InboundEdge, resumable
 
 STATUSES = ("running", "succeeded", "failed", "cancelled")
 MAX_BIGINT = 2**63 - 1
@@ -235,6 +238,47 @@ async def retry_workflow(conn: AsyncConnection[Any], workflow_id: int, actor: Ac
         await conn.execute(statements.OUTBOX_NOTIFY)
         await record_audit(conn, actor, "workflow.retry", f"workflow:{workflow_id}", {"retried": len(reset)})
     return WorkflowChange(await _get_summary(conn, workflow_id), [], [], sorted(reset))
+
+
+async def lock_for_requeue(conn: AsyncConnection[Any], job_id: int) -> int | None:
+    """Inside a dead letter's requeue: the job's workflow id, its row and jobs locked as a retry locks them.
+
+    ``None`` (nothing locked) for a job outside any workflow, or one that does not exist.
+    """
+    statements = sql.active()
+    row = await (await conn.execute(statements.JOB_GET_WORKFLOW_ID, {"id": job_id})).fetchone()
+    if row is None or row[0] is None:
+        return None
+    workflow_id = int(row[0])
+    await _lock(conn, workflow_id)
+    await conn.execute(statements.JOB_LOCK_OF_WORKFLOW, {"id": workflow_id})
+    return workflow_id
+
+
+async def resume_after_requeue(conn: AsyncConnection[Any], workflow_id: int, job_id: int) -> list[int]:
+    """In the requeue's transaction, after the dead letter is pending again: resume what its death cancelled.
+
+    Its end counts again for its dependents; the jobs its death cancelled (by
+    ``cancel`` edges) wait again unless another failure still cancels them
+    (:func:`postbox.workflow.resumable`); every waiting job of the workflow is
+    recounted from its upstream jobs' states, as a retry does. Returns the
+    resumed jobs' ids.
+    """
+    statements = sql.active()
+    rows = await (await conn.execute(statements.JOB_LIST_CANCELLED_DOWNSTREAM, {"id": job_id})).fetchall()
+    edges = [InboundEdge(child=r[0], parent=r[1], on_failure=r[2], parent_state=r[3]) for r in rows]
+    chosen = resumable(job_id, edges)
+    resumed: list[int] = []
+    if chosen:
+        cur = await conn.execute(statements.JOB_RESUME_CANCELLED, {"ids": chosen})
+        resumed = sorted(r[0] for r in await cur.fetchall())
+    await conn.execute(statements.JOB_CLEAR_RELEASED, {"id": job_id})
+    await conn.execute(statements.WORKFLOW_EDGE_CLEAR_FAILURES_OF_PARENTS, {"ids": [job_id, *resumed]})
+    params = {"id": workflow_id}
+    await conn.execute(statements.WORKFLOW_JOIN_RECOUNT, params)
+    await conn.execute(statements.JOB_RECOUNT_WAITING_OF_WORKFLOW, params)
+    await conn.execute(statements.WORKFLOW_CLEAR_ENDED, params)
+    return resumed
 
 
 async def gauges(conn: AsyncConnection[Any]) -> tuple[int, list[tuple[str, int]]]:

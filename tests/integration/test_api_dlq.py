@@ -58,7 +58,9 @@ def test_requeue_resets_attempts_and_keeps_history(client: TestClient, conn: psy
     make_dead(conn, job, attempts=2)
     r = client.post(f"/api/v1/dlq/{job}/requeue")
     assert r.status_code == 200
-    assert r.json() == {"id": job, "queue": "apiq", "task": "api_echo", "state": "pending", "attempts": 0}
+    assert r.json() == {
+        "id": job, "queue": "apiq", "task": "api_echo", "state": "pending", "attempts": 0, "resumed": []
+    }  # fmt: skip
     row = conn.execute(
         "SELECT state, attempts, published_at, finished_at, claimed_by FROM postbox.outbox WHERE id = %s", (job,)
     ).fetchone()

@@ -990,9 +990,11 @@ function workflowPage(id) {
       ),
     );
   }
-  // Live: any event of one of its jobs re-reads it (releases show as the released job's publish).
+  // Live: any event of one of its jobs (its releases and cascade cancels too) or of the workflow re-reads it.
   const onEvent = (evt) => {
-    if (!evt || evt.job_id === undefined || jobIds.has(evt.job_id)) scheduleRefresh();
+    if (!evt || evt.job_id === undefined || jobIds.has(evt.job_id) || String(evt.workflow_id) === String(id)) {
+      scheduleRefresh();
+    }
   };
   return { name: "workflow", refresh, onEvent };
 }
