@@ -139,8 +139,9 @@ async def events(
     websocket: WebSocket,
     job_id: int | None = Query(default=None),
     queue: str | None = Query(default=None),
+    workflow_id: int | None = Query(default=None),
 ) -> None:
-    """Job lifecycle events as JSON text frames; optional filters ``job_id`` and ``queue``."""
+    """Job lifecycle events as JSON text frames; optional filters ``job_id``, ``queue`` and ``workflow_id``."""
     st: ApiState = websocket.app.state.postbox
     settings = st.settings
     given = websocket.headers.get("x-api-key") or websocket.query_params.get("api_key")
@@ -157,9 +158,16 @@ async def events(
         auth_failed(st, "missing", "WEBSOCKET", websocket.url.path, client, None)
         await websocket.close(code=1008, reason="missing or invalid API key")
         return
+    # As GET /api/v1/jobs/{id}: a handler's progress note only to a reader allowed job contents.
+    keyed = bool(settings.api_key) and (given is not None or websocket.scope.get(SCOPE_SESSION) is not None)
+    contents = keyed or settings.api_public_args or (settings.api_key is None and settings.api_insecure)
 
     def accept(evt: dict[str, Any]) -> bool:
-        return (job_id is None or evt.get("job_id") == job_id) and (queue is None or evt.get("queue") == queue)
+        return (
+            (job_id is None or evt.get("job_id") == job_id)
+            and (queue is None or evt.get("queue") == queue)
+            and (workflow_id is None or evt.get("workflow_id") == workflow_id)
+        )
 
     buffer = ClientBuffer(accept=accept)
     try:
@@ -180,7 +188,7 @@ async def events(
             if evt is None:
                 await websocket.close(code=WS_OVERFLOW, reason="client too slow: event buffer overflowed")
                 break
-            await websocket.send_json(evt)
+            await websocket.send_json(evt if contents else _without_note(evt))
     except (WebSocketDisconnect, RuntimeError):
         pass
     finally:
@@ -188,6 +196,14 @@ async def events(
         receiver.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await receiver
+
+
+def _without_note(evt: dict[str, Any]) -> dict[str, Any]:
+    """A ``progress`` event with its note withheld (the numbers are not sensitive; the note may be)."""
+    progress = evt.get("progress")
+    if isinstance(progress, dict) and progress.get("note") is not None:
+        return {**evt, "progress": {**progress, "note": None}}
+    return evt
 
 
 async def _drain_incoming(websocket: WebSocket) -> None:

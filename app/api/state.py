@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from fastapi import Depends, Header, Request
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from postbox import encryption
 from postbox.app.api.errors import ApiError
 from postbox.app.api.events_hub import EventHub, EventPublisher
 from postbox.app.api.metrics import ApiMetrics
@@ -251,7 +253,8 @@ SENSITIVE_PROCESS_FIELDS = ("host", "pid")
 def redacted(item: dict[str, Any], allowed: bool, fields: tuple[str, ...] = ("args", "result")) -> dict[str, Any]:
     """``item`` with ``fields`` and its sensitive fields (errors, tracebacks, dedup key) null unless ``allowed``.
 
-    ``redacted`` says whether anything was withheld.
+    ``redacted`` says whether anything was withheld. An allowed reader sees an
+    encrypted task's args opened when this process has their key, else sealed.
     """
     item["redacted"] = not allowed
     if not allowed:
@@ -259,6 +262,23 @@ def redacted(item: dict[str, Any], allowed: bool, fields: tuple[str, ...] = ("ar
         for name in fields:
             if name in item:
                 item[name] = None
+    elif "args" in fields:
+        opened_args(item)
+    return item
+
+
+def opened_args(item: dict[str, Any]) -> dict[str, Any]:
+    """``item`` (a job) with its sealed args opened, when this process has the key (:mod:`postbox.encryption`).
+
+    Without the key, or when they do not open (altered, another task's), the envelope stays: never a guess.
+    """
+    args, task = item.get("args"), item.get("task")
+    keys = encryption.keyring_or_none() if isinstance(task, str) and encryption.is_sealed(args) else None
+    if keys is not None and isinstance(args, dict):
+        try:
+            item["args"] = orjson.loads(keys.open(str(task), args))
+        except encryption.EncryptionError as exc:
+            log.warning("job %s: its args stay sealed: %s", item.get("id"), exc)
     return item
 
 

@@ -19,7 +19,7 @@ from postbox.app.admin import encryption_cli
 from postbox.app.services import sealing
 from postbox.encryption import Keyring
 from postbox.settings import Settings
-from tests.harness.api import make_client
+from tests.harness.api import API_KEY, make_client
 from tests.harness.publish import publish_due
 from tests.harness.tasks import worker as t
 from tests.harness.worker import enqueue, fetch, finished, running_worker
@@ -48,9 +48,17 @@ async def test_args_are_sealed_at_rest_and_opened_only_by_the_worker(
     await publish_due(aconn, redis, wsettings.redis_prefix)
     entries = await redis.xrange(f"{wsettings.redis_prefix}:{{{t.QUEUE}}}:p5")
     assert entries and all(SECRET.encode() not in b"".join(fields.values()) for _, fields in entries)
-    with make_client(settings) as client:  # the API shows the envelope, never the plaintext
-        shown = client.get(f"/api/v1/jobs/{job_id}").text
-    assert SECRET not in shown and "$postbox_encrypted" in shown
+    # The API: without the API key, null; with it, opened when the API process has the encryption key,
+    # else the envelope (docs/job-control.md).
+    with make_client(settings, api_key=API_KEY) as client:
+        anonymous = client.get(f"/api/v1/jobs/{job_id}").json()
+        keyed = client.get(f"/api/v1/jobs/{job_id}", headers={"X-API-Key": API_KEY}).json()
+        encryption.use_keys(K2)  # an API without k1
+        sealed = client.get(f"/api/v1/jobs/{job_id}", headers={"X-API-Key": API_KEY}).json()
+        encryption.use_keys(K1)
+    assert (anonymous["redacted"], anonymous["args"]) == (True, None)
+    assert keyed["args"] == {"card": SECRET, "n": 1}
+    assert sealed["args"] == envelope
     async with running_worker(wsettings) as worker:
         assert await finished(worker, 1) == [(job_id, "succeeded")]
     assert await fetch(aconn, "SELECT label FROM worker_effects") == [(f"card:{SECRET}:1",)]
