@@ -1,7 +1,7 @@
 """``postbox-bench <scenario>``: measure postbox (and peers) here.
 
 Scenarios: enqueue, relay, worker, latency (``all`` runs these four), and
-schedules, flow, exactly-once, workflow, rest, growth, cluster (each on its own: minutes each;
+schedules, flow, exactly-once, workflow, fair, rest, growth, cluster (each on its own: minutes each;
 cluster starts Redis servers of its own).
 
 Runs against the PostgreSQL and Redis named by POSTBOX_DATABASE_URL /
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
 # not part of `all`: minutes each
-EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "workflow", "rest", "growth", "cluster")
+EXTRA_SCENARIOS = ("schedules", "flow", "exactly-once", "workflow", "fair", "rest", "growth", "cluster")
 GROWTH_PARTS = ("drain", "queues", "steady", "processes")
 
 
@@ -90,6 +90,12 @@ def parser() -> argparse.ArgumentParser:
         choices=("bench_noop", "bench_tx"),
         default="bench_noop",
         help="bench workflow: the jobs' task (bench_tx: each in ctx.transaction(); default bench_noop)",
+    )
+    p.add_argument(
+        "--fair-window",
+        type=_positive_int,
+        default=None,
+        help="bench fair: the fair queue's window (default POSTBOX_FAIR_WINDOW)",
     )
     p.add_argument("--relay-rate", type=_positive_int, default=500, help="steady rate for relay latency (default 500)")
     p.add_argument("--duration", type=_positive_float, default=5.0, help="seconds per timed run (default 5)")
@@ -167,6 +173,10 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
         from postbox_bench.workflow import run as run_workflow
 
         return run_workflow
+    if name == "fair":
+        from postbox_bench.fair import run as run_fair
+
+        return run_fair
     if name == "rest":
         from postbox_bench.rest import run as run_rest
 
@@ -245,6 +255,7 @@ def main(argv: Sequence[str]) -> int:
             "steady_rate": args.steady_rate,
             "growth": args.growth,
             "workflow_task": args.workflow_task,
+            "fair_window": args.fair_window,
         },
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]

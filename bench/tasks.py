@@ -38,6 +38,12 @@ async def bench_noop(ctx: Any, n: int = 0) -> None:
 
 
 @task(queue=QUEUE)
+async def bench_tenant(ctx: Any, tenant_id: str, n: int = 0) -> None:
+    """``bench fair``: a no-op of one tenant (the fair queue's key)."""
+    return None
+
+
+@task(queue=QUEUE)
 async def bench_tx(ctx: Any, n: int = 0) -> None:
     async with ctx.transaction():
         pass

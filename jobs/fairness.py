@@ -61,7 +61,8 @@ def validate(queue: str, by: str, window: int | None) -> None:
         raise InvalidOptionError(f"invalid queue name {queue!r}", field="queue")
     if not isinstance(by, str) or not 1 <= len(by) <= MAX_ARG:
         raise InvalidOptionError(f"by must name an argument (1-{MAX_ARG} characters)", field="by")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW):
+    whole = isinstance(window, int) and not isinstance(window, bool)
+    if window is not None and (not whole or not 1 <= window <= MAX_WINDOW):
         raise InvalidOptionError(f"window must be a whole number 1..{MAX_WINDOW:,} (or None)", field="window")
 
 

@@ -15,6 +15,7 @@ import pytest
 import redis as syncredis
 
 from postbox_bench import exactly_once as bench_exactly_once
+from postbox_bench import fair as bench_fair
 from postbox_bench import flow as bench_flow
 from postbox_bench import growth as bench_growth
 from postbox_bench import pgbench
@@ -195,6 +196,31 @@ def test_bench_exactly_once_runs_pgbench_and_postbox_on_the_same_jobs(servers: S
     else:
         assert figures["exactly_once.ratio_pgqueuer"].values == []
         assert "[skipped: PgQueuer not installed" in figures["exactly_once.ratio_pgqueuer"].label
+
+
+def test_bench_fair_measures_the_late_tenants_wait_with_and_without_fairness(servers: Servers) -> None:
+    """`bench fair` at a tiny size: both runs drain every job once; the fair one's window keeps B ahead."""
+    params = Params(jobs=3_000, repeat=1, batch=3_000, concurrency=8, extra={"fair_window": 16})
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = {f.key: f for f in bench_fair.run(box, url, params, Progress(quiet=True))}
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM postbox.fair_queues").fetchone() == (0,)
+    assert sorted(figures) == [
+        "fair.b_p50", "fair.b_p99", "fair.rate", "fair.ratio", "plain.b_p50", "plain.b_p99", "plain.rate"
+    ]  # fmt: skip
+    assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
+    assert figures["fair.ratio"].values == [figures["fair.rate"].values[0] / figures["plain.rate"].values[0]]
+    assert str(figures["fair.ratio"].target) == ">= 0.80"
+    # B's jobs wait for A's 2,000 left (plain) or for a window of 16 (fair): not a timing bound, an order
+    assert figures["fair.b_p99"].values[0] < figures["plain.b_p50"].values[0]
+
+
+def test_bench_percentile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (bench_fair.percentile(values, 0.5), bench_fair.percentile(values, 0.99)) == (50.0, 99.0)
+    assert bench_fair.percentile([3.0], 0.99) == 3.0
 
 
 def test_bench_rest_drives_the_api_with_ab_and_pgbench_inserts(servers: Servers) -> None:

@@ -182,7 +182,12 @@ async def test_changing_the_argument_rekeys_the_waiting_jobs(conn: psycopg.Conne
 
 @pytest.mark.parametrize(
     ("queue", "by", "window", "field"),
-    [("Bad Queue", "t", None, "queue"), (QUEUE, "", None, "by"), (QUEUE, "t", 0, "window"), (QUEUE, "t", True, "window")],
+    [
+        ("Bad Queue", "t", None, "queue"),
+        (QUEUE, "", None, "by"),
+        (QUEUE, "t", 0, "window"),
+        (QUEUE, "t", True, "window"),
+    ],
 )
 def test_a_bad_declaration_is_refused_and_writes_nothing(
     conn: psycopg.Connection[Any], queue: str, by: str, window: Any, field: str
