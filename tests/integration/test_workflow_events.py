@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -20,11 +24,13 @@ import postbox
 from postbox import events
 from postbox.app.services import workflows
 from postbox.app.services.audit import Actor
+from postbox.relay.workflow_events import APPLICATION_NAME
 from postbox.settings import Settings
 from postbox.streams import events_channel
+from tests.harness.api import make_client
 from tests.harness.relay import running_relay
 from tests.harness.tasks import workflow as w
-from tests.harness.wait import wait_event, wait_until_async
+from tests.harness.wait import wait_event, wait_until, wait_until_async
 from tests.integration.test_workflows_ops import diamond
 
 WORKFLOW_TYPES = ("released", "cancelled", "workflow_finished")
@@ -76,6 +82,31 @@ async def subscribed(settings: Settings) -> AsyncIterator[Feed]:
             await reader
         await pubsub.aclose()
         await client.aclose()
+
+
+@contextlib.contextmanager
+def relay_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "postbox.relay", "run"], env=env, stdout=out, stderr=out)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def forwarding(conn: psycopg.Connection[Any]) -> bool:
+    """Whether a relay's workflow events connection has LISTENed (its sweep, which follows, has begun)."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+        (APPLICATION_NAME, "%ended_at%"),
+    ).fetchone()
+    conn.commit()
+    return row is not None and row[0] > 0
 
 
 def end(conn: psycopg.Connection[Any], job_id: int, state: str, *, commit: bool = True) -> None:
@@ -167,3 +198,33 @@ async def test_no_event_is_published_when_events_are_off_but_the_end_is_still_ma
         end(conn, ids.jobs[1], "succeeded")
         await wait_until_async(lambda: ended_at(conn, ids.id), 30, message="the workflow marked ended")
     assert feed.seen() == []
+
+
+def test_the_websocket_filtered_by_workflow_gets_its_releases_cascades_and_end_from_a_relay_process(
+    settings: Settings, child_env: dict[str, str], conn: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    mine = diamond(conn, "mine")
+    other = diamond(conn, "other")
+    a, b, c, d = mine.jobs
+    with (
+        make_client(settings) as client,
+        client.websocket_connect(f"/ws/events?workflow_id={mine.id}") as ws,
+        relay_process(child_env, tmp_path / "relay.log"),
+    ):
+        # the relay's forwarder LISTENs once it leads, then sweeps: what committed before is not announced
+        wait_until(lambda: forwarding(conn), 60, message="the relay's workflow events listening")
+        end(conn, other.jobs[0], "succeeded")
+        end(conn, a, "succeeded")
+        first = ws.receive_json()
+        assert (first["type"], first["workflow_id"]) == ("released", mine.id)
+        second = ws.receive_json()
+        assert {first["job_id"], second["job_id"]} == {b, c}
+        end(conn, other.jobs[1], "dead")  # the other's cascade: filtered out
+        end(conn, b, "dead")
+        third = ws.receive_json()
+        assert (third["type"], third["job_id"], third["cause"]) == ("cancelled", d, "upstream")
+        end(conn, c, "succeeded")
+        last = ws.receive_json()
+        assert (last["type"], last["workflow_id"], last["status"], last["job_id"]) == (
+            "workflow_finished", mine.id, "failed", None
+        )  # fmt: skip
