@@ -101,7 +101,9 @@ def scripts() -> tuple[str, str]:
     statements = sql.active()
     job_id = "(:id)::int8"
     one = f"ARRAY[{job_id}]"
-    claim = pgbench.render(statements.JOB_CLAIM_ATTEMPTS, {"ids": one, "worker": f"'{WORKER}'", "lease": "3600"})
+    claim = pgbench.render(
+        statements.JOB_CLAIM_ATTEMPTS, {"ids": one, "entries": "NULL", "worker": f"'{WORKER}'", "lease": "3600"}
+    )
     processed = pgbench.render(statements.PROCESSED_BEGIN, {"id": job_id})
     outcome = pgbench.render(statements.JOB_RECORD_SUCCESS, {"id": job_id, "worker": f"'{WORKER}'", "attempt": "1"})
     transaction = "\n".join(["BEGIN;", processed, _EFFECT, outcome, "COMMIT;"])

@@ -44,6 +44,14 @@ def words(values: Iterable[str]) -> str:
     return "{" + body + "}"
 
 
+def words_or_null(values: Iterable[str | None]) -> str:
+    """``{1-0,NULL}`` for a ``text[]`` cast: plain words as :func:`words`, None as NULL."""
+    items = list(values)
+    present = [item for item in items if item is not None]
+    words(present)  # the same check
+    return "{" + ",".join("NULL" if item is None else item for item in items) + "}"
+
+
 def texts_or_null(values: list[str | None]) -> list[str | None] | None:
     """None (SQL NULL: every element NULL) when no value is set, else the list for psycopg to adapt."""
     return None if all(value is None for value in values) else values

@@ -458,7 +458,7 @@ def run_enqueued_sync(
 
 
 def _claim_params(job_id: int) -> dict[str, Any]:
-    return {"ids": pgarray.ints([job_id]), "worker": INLINE_WORKER, "lease": LEASE_SECONDS}
+    return {"ids": pgarray.ints([job_id]), "entries": None, "worker": INLINE_WORKER, "lease": LEASE_SECONDS}
 
 
 async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) -> JobRun | None:

@@ -19,9 +19,10 @@ PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
 2. **Entry sweep** (:meth:`Reconciler.sweep`, every ``sweep_interval``): for a
    bounded slice of ``queued`` rows older than ``sweep_min_age`` and ``running``
    rows with a stale claim, check with XRANGE that the stream entry recorded in
-   ``stream_id`` still exists and is this job's (after a failover the stream's
-   ids start again from an older point, so an id can come back holding another
-   job); republish the rows whose entry is gone.
+   ``stream_id`` (by the publish, or by the claim: the entry the run came in)
+   still exists and is this job's (after a failover the stream's ids start again
+   from an older point, so an id can come back holding another job); republish
+   the rows whose entry is gone, and the running ones that name no entry.
 
 A finished row (succeeded, dead, cancelled, expired) is never selected, and
 each republish re-reads the state right before its XADD.
@@ -276,12 +277,15 @@ class Reconciler:
         self.sweep_cursor = rows[-1][0] if len(rows) == self.sweep_batch else 0
         if not rows:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for row in rows:
-            key = self.publisher_key(row)
-            pipe.xrange(key, min=row[8], max=row[8], count=1)
-        found = await pipe.execute(raise_on_error=False)
-        missing = [row for row, entries in zip(rows, found, strict=True) if not holds_job(entries, row[0])]
+        named = [row for row in rows if row[8] is not None]  # a running row naming no entry: missing
+        found: list[Any] = []
+        if named:
+            pipe = self.redis.pipeline(transaction=False)
+            for row in named:
+                pipe.xrange(self.publisher_key(row), min=row[8], max=row[8], count=1)
+            found = await pipe.execute(raise_on_error=False)
+        held = {row[0] for row, entries in zip(named, found, strict=True) if holds_job(entries, row[0])}
+        missing = [row for row in rows if row[0] not in held]
         if not missing:
             return []
         if await self.check(conn):

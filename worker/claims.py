@@ -4,6 +4,8 @@ One statement per read: claimable rows move to ``running`` with the attempt
 counted; rows that expired or used every attempt end at once; everything else
 is skipped (acknowledged without running) — except a reclaimed entry whose job
 is still running under a live claim, which stays pending for a later look. A
+claimed row records the entry its run came in (what recovers the run if this
+worker dies, even when the claim beat the relay's mark of that publish). A
 job taken over from a lost run comes back with ``isolate``: the worker runs it
 alone (see JOB_CLAIM_ATTEMPTS: a crash is charged to the job that caused it).
 """
@@ -45,9 +47,19 @@ async def claim_on(
     batch = ClaimBatch()
     if not deliveries:
         return batch
-    ids = sorted({d.job_id for d in deliveries})
+    entries: dict[int, str | None] = {}
+    for delivery in deliveries:  # the first delivery of a job is the one that runs
+        entry = delivery.entry_id
+        entries.setdefault(delivery.job_id, (entry.decode() if isinstance(entry, bytes) else str(entry)) or None)
+    ids = sorted(entries)
     cur = await conn.execute(
-        sql.active().JOB_CLAIM_ATTEMPTS, {"ids": pgarray.ints(ids), "worker": worker_id, "lease": lease}
+        sql.active().JOB_CLAIM_ATTEMPTS,
+        {
+            "ids": pgarray.ints(ids),
+            "entries": pgarray.words_or_null(entries[i] for i in ids),
+            "worker": worker_id,
+            "lease": lease,
+        },
     )
     rows = {row[0]: row for row in await cur.fetchall()}
     running: set[int] = set()
