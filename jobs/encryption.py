@@ -135,6 +135,25 @@ class Keyring:
             ) from None
 
 
+def result_context(job_id: int) -> str:
+    """What a kept result is bound to (its associated data): its job, so it opens for that job's result only."""
+    return f"postbox-result:{job_id}"
+
+
+def open_result(job_id: int, value: Any) -> Any:
+    """A kept result as the handler returned it: opened when sealed and this process has its key.
+
+    Without the key, or when it does not open, the envelope stays as it is (never a guess).
+    """
+    keys = keyring_or_none() if is_sealed(value) else None
+    if keys is None:
+        return value
+    try:
+        return orjson.loads(keys.open(result_context(job_id), value))
+    except EncryptionError:
+        return value
+
+
 def is_sealed(value: Any) -> bool:
     return isinstance(value, Mapping) and ENVELOPE in value
 

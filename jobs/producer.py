@@ -204,11 +204,6 @@ def _template(spec: TaskSpec, **options: Unpack[EnqueueOptions]) -> JobRow:
     if expires_at is not None:
         _check_aware(expires_at, "expires_at")
     header_text = _headers_json(tracing.with_trace_context(headers))
-    if spec.encrypted and keep_result:
-        raise InvalidOptionError(
-            f"task {spec.name!r} is encrypted: its result would be stored in the clear, so it cannot be kept",
-            field="keep_result",
-        )
     if dedup_key is not None and (not isinstance(dedup_key, str) or not 0 < len(dedup_key) <= MAX_DEDUP_KEY):
         raise InvalidOptionError(f"dedup_key must be a string of 1-{MAX_DEDUP_KEY} characters", field="dedup_key")
     return JobRow(

@@ -269,8 +269,9 @@ def task(
 
     ``encrypted``: the jobs' arguments are sealed by the producer with the
     process's key (``POSTBOX_ENCRYPTION_KEYS``) and opened only by the worker
-    (:mod:`postbox.encryption`); not with ``unique`` (a key of sealed arguments
-    would never match).
+    (:mod:`postbox.encryption`); a kept result (``keep_result``) is sealed by the
+    worker and opened by its readers that have the key; not with ``unique`` (a key
+    of sealed arguments would never match).
     """
 
     def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -284,11 +285,6 @@ def task(
             )
         if timeout is not None and timeout <= 0:
             raise ValueError(f"task {task_name!r}: timeout must be > 0")
-        if encrypted and keep_result:
-            raise InvalidOptionError(
-                f"task {task_name!r}: an encrypted task's results are not encrypted, so they are not kept",
-                field="keep_result",
-            )
         limit = FlowLimit(
             concurrency=concurrency, rate=None if rate is None else Rate.parse(rate), partition_by=partition_by
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, Connection
 
-from postbox import sql
+from postbox import encryption, sql
 from postbox.states import TERMINAL_STATES
 
 RESULTS_CHANNEL = "postbox_results"
@@ -46,8 +46,8 @@ def _from_row(job_id: int, row: tuple[Any, ...] | None) -> JobResult | None:
     if state == "dead" and isinstance(result, dict) and isinstance(result.get("error"), dict):
         failure = result["error"]
         return JobResult(job_id, state, None, failure.get("class") or error_class, failure.get("message") or error)
-    if state == "succeeded":
-        return JobResult(job_id, state, result)
+    if state == "succeeded":  # an encrypted task's result opened here, with this process's key
+        return JobResult(job_id, state, encryption.open_result(job_id, result))
     if state in ("dead", "cancelled", "expired"):
         return JobResult(job_id, state, None, error_class, error)
     return JobResult(job_id, state)

@@ -2152,6 +2152,20 @@ class Statements(schema.Templates):
     UPDATE {schema}.outbox SET args = %(new)s::jsonb WHERE id = %(id)s AND args = %(old)s::jsonb
     """
 
+    # Kept results of encrypted tasks sealed under another key than the current one (rotation), by id.
+    JOB_LIST_SEALED_RESULTS_WITH_OTHER_KEY: LiteralString = """
+    SELECT id, result::text FROM {schema}.outbox
+     WHERE id > %(after)s AND result ? '$postbox_encrypted'
+       AND result -> '$postbox_encrypted' ->> 'kid' IS DISTINCT FROM %(kid)s
+     ORDER BY id
+     LIMIT %(limit)s
+    """
+
+    # One row's result sealed again, only if it is still what was read (compare-and-set).
+    JOB_SET_SEALED_RESULT: LiteralString = """
+    UPDATE {schema}.outbox SET result = %(new)s::jsonb WHERE id = %(id)s AND result = %(old)s::jsonb
+    """
+
     JOB_SET_PROGRESS: LiteralString = """
     UPDATE {schema}.outbox
        SET progress = %(progress)s::jsonb

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Unpack, cast, 
 import orjson
 from psycopg import AsyncConnection, Connection
 
-from postbox import connections, sql
+from postbox import connections, encryption, sql
 from postbox.errors import EnqueueError, InvalidOptionError, UnsupportedConnectionError
 from postbox.producer import EnqueueOptions, JobRow, Limits, _unmigrated, _unmigrated_async, prepare
 from postbox.registry import Registry
@@ -490,6 +490,11 @@ class Upstream:
 RESULT_WAIT = 10.0  # seconds a job waits for a ctx.transaction() upstream job's result still being written
 
 
+def _kept(job_id: int, result: str | None) -> Any:
+    """An upstream job's kept result; an encrypted task's opened with this worker's key (postbox.encryption)."""
+    return None if result is None else encryption.open_result(job_id, orjson.loads(result))
+
+
 async def read_upstream(conn: AsyncConnection[Any], job_id: int, *, wait: float = RESULT_WAIT) -> Upstream:
     """The upstream jobs of ``job_id``, on ``conn`` (autocommit).
 
@@ -513,7 +518,7 @@ async def read_upstream(conn: AsyncConnection[Any], job_id: int, *, wait: float 
                 id=jid,
                 task=task,
                 state=state,
-                result=orjson.loads(result) if result is not None and state == "succeeded" else None,
+                result=_kept(jid, result) if state == "succeeded" else None,
                 error_class=error_class if state != "succeeded" else None,
                 error=error if state != "succeeded" else None,
                 on_failure=policy,

@@ -262,8 +262,11 @@ def redacted(item: dict[str, Any], allowed: bool, fields: tuple[str, ...] = ("ar
         for name in fields:
             if name in item:
                 item[name] = None
-    elif "args" in fields:
-        opened_args(item)
+    else:
+        if "args" in fields:
+            opened_args(item)
+        if "result" in fields and isinstance(item.get("id"), int):
+            item["result"] = encryption.open_result(item["id"], item.get("result"))
     return item
 
 

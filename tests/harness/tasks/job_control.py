@@ -44,3 +44,9 @@ async def jc_secret(ctx: Any, card: str, n: int = 0, seconds: float = 0.0) -> No
 async def jc_slow(ctx: Any, label: str, seconds: float = 0.0) -> None:
     await asyncio.sleep(seconds)
     await _effect(ctx, label)
+
+
+@task(queue=QUEUE, retry=FAST, encrypted=True, keep_result=True)
+async def jc_secret_result(ctx: Any, card: str, n: int = 0) -> dict[str, Any]:
+    """An encrypted task whose kept result holds the secret too (sealed by the worker)."""
+    return {"card": card, "n": n}
