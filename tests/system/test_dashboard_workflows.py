@@ -35,7 +35,10 @@ def test_a_workflows_jobs_and_edges_update_live_as_it_runs(
             conn,
             chain(
                 w.wf_slow.s(label="fetch", seconds=1.5),
-                group(w.wf_step.s(label=f"resize{i}") for i in range(3)),
+                # one slow branch: the fan-in's progress is seen half done (docs/dashboard/workflow.png)
+                group(
+                    w.wf_step.s(label="resize0"), w.wf_slow.s(label="resize1", seconds=6), w.wf_step.s(label="resize2")
+                ),
                 w.wf_collect.s(label="publish"),
             ),
             name="album-7",
@@ -61,6 +64,11 @@ def test_a_workflows_jobs_and_edges_update_live_as_it_runs(
             # no reload: the page follows the events feed
             expect(page.locator(f"tr[data-job='{fetch}']")).to_have_attribute("data-state", "running")
             _shot(page, "workflow-running")
+            expect(page.locator(f"tr[data-job='{resizes[0]}']")).to_have_attribute("data-state", "succeeded")
+            expect(page.locator(f"tr[data-job='{resizes[2]}']")).to_have_attribute("data-state", "succeeded")
+            expect(page.locator(f"tr[data-job='{resizes[1]}']")).to_have_attribute("data-state", "running")
+            expect(page.locator(f"tr[data-job='{publish}']")).to_have_attribute("data-state", "waiting")
+            _shot(page, "workflow")  # docs/dashboard/workflow.png: 3 of 5 ended, the fan-in waiting
             expect(page.locator(f"tr[data-job='{publish}']")).to_have_attribute("data-state", "succeeded")
             expect(page.locator("main p").first).to_contain_text("succeeded")
             expect(page.locator("main p").first).to_contain_text("5 of 5 jobs ended")
