@@ -84,10 +84,10 @@ class LabelledHistogram(Collector):
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        # outcome: started, succeeded, retried, dead, cancelled, expired, duplicate, skipped, lost, held
+        # outcome: started, succeeded, retried, snoozed, dead, cancelled, expired, duplicate, skipped, lost, held
         self.jobs = LabelledCounter(
             "postbox_worker_jobs",
-            "Job runs and deliveries by outcome (started, succeeded, retried, dead, cancelled, expired,"
+            "Job runs and deliveries by outcome (started, succeeded, retried, snoozed, dead, cancelled, expired,"
             " duplicate: effects already committed, skipped: delivery not run, lost: attempt superseded,"
             " held: held back by a concurrency or rate limit, published again when it may run).",
             ["queue", "task", "outcome"],
