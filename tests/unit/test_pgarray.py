@@ -26,3 +26,13 @@ def test_words_that_would_need_quoting_are_refused(bad: list[str]) -> None:
 def test_floats_must_be_finite_numbers(bad: object) -> None:
     with pytest.raises(ValueError):
         pgarray.floats([bad])  # type: ignore[list-item]
+
+
+def test_words_or_null_writes_none_as_null_and_checks_the_words() -> None:
+    assert pgarray.words_or_null(["1-0", None, "17-3"]) == "{1-0,NULL,17-3}"
+    assert pgarray.words_or_null([None]) == "{NULL}"
+    assert pgarray.words_or_null([]) == "{}"
+    with pytest.raises(ValueError):
+        pgarray.words_or_null(["a b", None])
+    with pytest.raises(ValueError):
+        pgarray.words_or_null(["NULL"])  # a word reading NULL would be taken for one
