@@ -6,14 +6,21 @@ client that is not ours: ``ab -k -c C -n N -p body.json -T application/json
 -H 'X-API-Key: ...'`` (``--clients`` C, default 10; ``--requests`` N, default
 3000) posting a one-job body (``{"task": "bench_noop", "args": {"n": 1}}``).
 req/s is ab's; p50 and p99 come from ab's percentile table (``-e``, ms, the
-whole run). Each request validates the body, inserts the job, publishes an
-event to Redis inside the transaction, commits and answers with the job.
+whole run). Each request checks the key, validates the body, inserts the job
+and answers with it; nobody subscribes to the events channel during the
+bench, so the insert runs alone in autocommit, without the ``enqueued`` event
+(with a subscriber: BEGIN, insert, event, COMMIT).
 
 In the same repetition, right after, the same ab run against the **bare
 route** (:mod:`postbox_bench.bare_api`: FastAPI + uvicorn + a psycopg-pool
 route that validates the same body and does one one-row INSERT, nothing
 else): the floor the REST figure is held to (``rest.ratio_bare``, postbox's
-req/s over the bare route's, target >= 0.8). Then pgbench with C clients for
+req/s over the bare route's, target >= 0.8). Then the same ab run against the
+bare route in its ``--outbox`` form (postbox's own enqueue statement, the
+outbox row with its indexes and trigger, instead of a two-column table): what
+separates the bare route from postbox in the database, so ``rest.ratio_outbox``
+(postbox's req/s over this route's) is what postbox's own Python costs. Then
+pgbench with C clients for
 ``--duration`` seconds, each transaction one ``INSERT`` of one row into a
 two-column table (``public.bench_rows``), autocommit: the database's limit
 (``rest.ratio``, ab's req/s over pgbench's tps, target >= 0.3). p99 is held to
@@ -23,8 +30,9 @@ CPU per request, per role: the API process's own (all its threads, from
 ``/proc/<pid>/task/*/schedstat``) and its PostgreSQL backends' (found by
 ``application_name``), over each ab run, divided by the requests
 (``rest.cpu_api``, ``rest.cpu_api_pg``; ``rest.cpu_bare``,
-``rest.cpu_bare_pg`` for the bare route). These hold under load where req/s
-does not.
+``rest.cpu_bare_pg`` for the bare route, ``rest.cpu_outbox``,
+``rest.cpu_outbox_pg`` for its outbox form). These hold under load where
+req/s does not.
 
 ab (Debian/Ubuntu: ``apt-get install apache2-utils``) or pgbench missing: the
 figures that need it are skipped with the reason in their label. A few
@@ -73,6 +81,7 @@ _KEEP_ALIVE = re.compile(r"^Keep-Alive requests:\s+(\d+)", re.MULTILINE)
 _COMPLETE = re.compile(r"^Complete requests:\s+(\d+)", re.MULTILINE)
 API_APP_NAME = "postbox-api"
 BARE_APP_NAME = bare_api.APPLICATION_NAME
+OUTBOX_APP_NAME = bare_api.OUTBOX_APPLICATION_NAME
 BACKENDS: LiteralString = "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
 
 
@@ -196,10 +205,25 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
     cpu_bare_pg = Figure(
         SCENARIO, "rest.cpu_bare_pg", "bare route's PostgreSQL backends CPU per request", "µs", higher_is_better=False
     )
+    outbox_rps = Figure(
+        SCENARIO, "rest.outbox_rps", f"bare route, postbox's enqueue INSERT, req/s (ab -k {label})", "req/s"
+    )
+    outbox_p99 = Figure(
+        SCENARIO, "rest.outbox_p99", f"bare route, postbox's INSERT, p99 (ab {label})", "ms", higher_is_better=False
+    )
+    ratio_outbox = Figure(SCENARIO, "rest.ratio_outbox", "REST req/s / that route's req/s (paired)", "x")
+    cpu_outbox = Figure(
+        SCENARIO, "rest.cpu_outbox", "that route's process CPU per request", "µs", higher_is_better=False
+    )
+    cpu_outbox_pg = Figure(
+        SCENARIO, "rest.cpu_outbox_pg", "that route's PostgreSQL backends CPU per request", "µs", higher_is_better=False
+    )
     insert = Figure(SCENARIO, "rest.pgbench_insert", f"pgbench one-row INSERT, {clients} clients, {seconds} s", "tx/s")
     ratio = Figure(SCENARIO, "rest.ratio", "REST req/s / pgbench INSERT tx/s (paired)", "x", target=Target(">=", 0.3))
+    outbox_figures = (outbox_rps, outbox_p99, ratio_outbox, cpu_outbox, cpu_outbox_pg)
     ab_figures = (rps, p50, p99, bare_rps, bare_p99, ratio_bare, cpu_api, cpu_api_pg, cpu_bare, cpu_bare_pg)
-    figures = [rps, p50, p99, bare_rps, bare_p99, ratio_bare, cpu_api, cpu_api_pg, cpu_bare, cpu_bare_pg, insert, ratio]
+    ab_figures += outbox_figures
+    figures = [*ab_figures, insert, ratio]
     have_ab = shutil.which("ab") is not None
     have_pgbench = pgbench.available()
     if not have_ab:
@@ -211,8 +235,9 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
         for figure in (insert, ratio):
             figure.label += f" [skipped: {pgbench.MISSING}]"
     key = secrets.token_urlsafe(24)
-    port, bare_port = free_port(), free_port()
+    port, bare_port, outbox_port = free_port(), free_port(), free_port()
     base, bare_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{bare_port}"
+    outbox_base = f"http://127.0.0.1:{outbox_port}"
     env = bench_env(database_url, box.redis_url, box.prefix, POSTBOX_API_KEY=key)
     folder = Path(tempfile.mkdtemp(prefix="postbox-bench-rest-"))
     body = folder / "body.json"
@@ -228,11 +253,14 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                     argv = ["postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port)]
                     api = kids.python("api", [*argv, "--tasks", "postbox_bench.tasks"])
                     bare = kids.python("bare", ["postbox_bench.bare_api", "--port", str(bare_port)])
-                    wait_healthy(base, kids)
-                    wait_healthy(bare_base, kids)
+                    bare_outbox = kids.python(
+                        "bare-outbox", ["postbox_bench.bare_api", "--port", str(outbox_port), "--outbox"]
+                    )
+                    for up in (base, bare_base, outbox_base):
+                        wait_healthy(up, kids)
                     warm = min(WARMUP_REQUESTS, requests)
-                    ab(f"{base}/api/v1/jobs", key, body, clients=clients, requests=warm)
-                    ab(f"{bare_base}/api/v1/jobs", key, body, clients=clients, requests=warm)
+                    for up in (base, bare_base, outbox_base):
+                        ab(f"{up}/api/v1/jobs", key, body, clients=clients, requests=warm)
                     progress.say("rest: API and bare route up and warmed")
                 for rep in range(params.repeat):
                     if have_ab:
@@ -285,6 +313,32 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                             f"rest rep {rep + 1}/{params.repeat}: bare route {measured[0]:,.0f} req/s, "
                             f"p99 {measured[2]:.1f} ms, CPU/request {own:,.0f} µs + PostgreSQL {pg:,.0f} µs; "
                             f"REST / bare {ratio_bare.values[-1]:.2f}"
+                        )
+                        before = outbox.scalar(conn, outbox.COUNT_UNFINISHED)
+                        measured, own, pg = _measured_ab(
+                            conn,
+                            bare_outbox.pid,
+                            OUTBOX_APP_NAME,
+                            f"{outbox_base}/api/v1/jobs",
+                            key,
+                            body,
+                            clients=clients,
+                            requests=requests,
+                        )
+                        kids.check_alive()
+                        if (added := outbox.scalar(conn, outbox.COUNT_UNFINISHED) - before) != requests:
+                            raise RuntimeError(f"ab answered {requests} requests but the outbox route inserted {added}")
+                        for figure, value in zip(
+                            (outbox_rps, outbox_p99, cpu_outbox, cpu_outbox_pg),
+                            (measured[0], measured[2], own, pg),
+                            strict=True,
+                        ):
+                            figure.values.append(value)
+                        ratio_outbox.values.append(rps.values[-1] / outbox_rps.values[-1])
+                        progress.say(
+                            f"rest rep {rep + 1}/{params.repeat}: outbox route {measured[0]:,.0f} req/s, "
+                            f"p99 {measured[2]:.1f} ms, CPU/request {own:,.0f} µs + PostgreSQL {pg:,.0f} µs; "
+                            f"REST / it {ratio_outbox.values[-1]:.2f}"
                         )
                     if have_pgbench:
                         result = pgbench.run(database_url, INSERT_SCRIPT, clients=clients, seconds=seconds)

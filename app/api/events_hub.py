@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from postbox.audience import Audience
 from postbox.events import TERMINAL_EVENTS, EventType, decode, encode, event
 from postbox.redis_conn import is_cluster
 from postbox.streams import events_channel
@@ -94,6 +95,10 @@ class EventHub:
     def remove(self, client: ClientBuffer) -> None:
         self.clients.discard(client)
 
+    def has_clients(self) -> bool:
+        """Whether a client of this process listens (its events must be published)."""
+        return bool(self.clients)
+
     def dispatch(self, evt: dict[str, Any]) -> None:
         for client in list(self.clients):
             client.push(evt)
@@ -148,8 +153,14 @@ class EventHub:
 class EventPublisher:
     """PUBLISHes the API's own events (enqueued, cancelled), never slowing a request for long.
 
-    Each publish gives up after ``timeout``; after a failure, publishing pauses for
-    ``mute`` seconds, so a Redis outage costs one short wait, not one per request.
+    With an ``audience`` (:class:`postbox.audience.Audience`), events are sent only
+    while someone subscribes to the events channel: a WebSocket client of this
+    process at once, another subscriber within the audience's interval (a second),
+    as the relay and the workers do. Without one, every event is sent.
+
+    Each publish (and each count of the audience) gives up after ``timeout``; after
+    a failure, publishing pauses for ``mute`` seconds, so a Redis outage costs one
+    short wait, not one per request.
     """
 
     def __init__(
@@ -160,16 +171,32 @@ class EventPublisher:
         timeout: float = 0.5,
         mute: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        audience: Audience | None = None,
     ) -> None:
         self.redis = redis
         self.channel = events_channel(prefix)
         self.timeout = timeout
         self.mute = mute
         self.clock = clock
+        self.audience = audience
         self.muted_until = 0.0
 
-    async def publish(self, type_: EventType, *, job_id: int, queue: str, task: str, attempt: int = 0) -> bool:
+    async def wanted(self) -> bool:
+        """Whether an event published now would be sent: not muted, and someone listens (or no audience kept)."""
         if self.clock() < self.muted_until:
+            return False
+        if self.audience is None:
+            return True
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self.audience.present()
+        except Exception as exc:  # unknown audience: as a failed publish
+            self._muted(exc)
+            return False
+
+    async def publish(self, type_: EventType, *, job_id: int, queue: str, task: str, attempt: int = 0) -> bool:
+        """True when the event was sent; False when muted, nobody listens, or Redis failed."""
+        if not await self.wanted():
             return False
         try:
             async with asyncio.timeout(self.timeout):
@@ -177,7 +204,10 @@ class EventPublisher:
                     self.channel, encode(event(type_, job_id=job_id, queue=queue, task=task, attempt=attempt))
                 )
         except Exception as exc:  # events are a view, never a dependency
-            self.muted_until = self.clock() + self.mute
-            log.warning("events muted for %.0fs: %s", self.mute, type(exc).__name__)
+            self._muted(exc)
             return False
         return True
+
+    def _muted(self, exc: BaseException) -> None:
+        self.muted_until = self.clock() + self.mute
+        log.warning("events muted for %.0fs: %s", self.mute, type(exc).__name__)

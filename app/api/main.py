@@ -41,8 +41,10 @@ from postbox.app.api.shedder import LoopLag, Shedder
 from postbox.app.api.state import ApiState, read_access, start_warnings
 from postbox.app.api.throttle import AuthThrottle
 from postbox.app.dashboard import install as install_dashboard
+from postbox.audience import Audience
 from postbox.registry import Registry, default_registry, load_task_modules
 from postbox.settings import Settings
+from postbox.streams import events_channel
 
 log = logging.getLogger(__name__)
 BODY_SLACK = 65_536  # JSON envelope allowed on top of the args limit: the body limit of every route
@@ -83,7 +85,11 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
             pool=pool,
             redis=client,
             hub=hub,
-            events=EventPublisher(client, settings.redis_prefix),
+            events=EventPublisher(
+                client,
+                settings.redis_prefix,
+                audience=Audience(client, events_channel(settings.redis_prefix), local=hub.has_clients),
+            ),
             metrics=metrics,
             head_revision=migrate.head_revision(),
             waiters=asyncio.Semaphore(results.MAX_WAITERS),

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
@@ -63,7 +64,7 @@ async def enqueue(
         str | None,
         Header(alias="Idempotency-Key", max_length=512, description="Dedup key; wins over the body's dedup_key."),
     ] = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | Response:
     st = api_state(request)
     _reject_nul(body.args)
     key = idempotency_key or body.dedup_key
@@ -88,7 +89,11 @@ async def enqueue(
         row = prepare(body.task, body.args, registry=st.registry, limits=limits, **options)
     async with st.pool.connection() as conn:
         if row is not None and row.unique_rule is None:
-            done = job_service.Enqueued(job=await _insert_returning_job(conn, row, announce), duplicate=False)
+            if await st.events.wanted():
+                job = await _insert_returning_job(conn, row, announce)
+            else:
+                job = await _insert_alone(conn, row)
+            done = job_service.Enqueued(job=job, duplicate=False)
         else:
             try:
                 done = await job_service.enqueue(
@@ -106,11 +111,39 @@ async def enqueue(
                 raise
     job = done.job
     st.metrics.enqueued.labels(job.queue, "duplicate" if done.duplicate else "created").inc()
-    if done.duplicate:
-        response.status_code = 200
-    else:
+    status = 200 if done.duplicate else 201
+    if not done.duplicate and log.isEnabledFor(logging.INFO):
         log.info("enqueued", extra={"outbox_id": job.id, "task": job.task, "queue": job.queue})
+    encoded = enqueued_json(job, done.duplicate)
+    if encoded is not None:  # returned as is: FastAPI does not validate a Response against the model
+        return Response(encoded, status_code=status, media_type="application/json")
+    response.status_code = status
     return {**as_dict(job), "duplicate": done.duplicate}
+
+
+# The answer's fields in EnqueuedJob's order; all but the last two are the job's own.
+ENQUEUED_FIELDS = tuple(EnqueuedJob.model_fields)
+JOB_FIELDS = tuple(name for name in ENQUEUED_FIELDS if name not in ("redacted", "duplicate"))
+
+
+def enqueued_json(job: job_service.Job, duplicate: bool) -> bytes | None:
+    """The ``EnqueuedJob`` body of a job without history or progress, the bytes the model would write; else None.
+
+    FastAPI validates a returned dict against the response model before writing it,
+    which costs more than the rest of the answer. A job without attempts or progress
+    (every new job) holds only JSON-native values and datetimes, which orjson writes
+    as pydantic does (``tests/unit/test_api_enqueued_json.py`` compares them). None for
+    anything else (history, progress, an integer orjson cannot hold): the model writes it.
+    """
+    if job.history or job.progress is not None:
+        return None
+    values = {name: getattr(job, name) for name in JOB_FIELDS}
+    values["redacted"] = False
+    values["duplicate"] = duplicate
+    try:
+        return orjson.dumps(values, option=orjson.OPT_UTC_Z)
+    except TypeError:  # orjson.JSONEncodeError: e.g. an integer wider than 64 bits in args
+        return None
 
 
 async def _insert_returning_job(
@@ -119,17 +152,36 @@ async def _insert_returning_job(
     """A job with nothing to look up first (no dedup key, no unique rule, no depth limit), in three round trips.
 
     ``BEGIN``, the insert that returns the job's row (``JOB_INSERT_RETURNING_JOB``),
-    the ``enqueued`` event, ``COMMIT``: the general path (``job_service.enqueue``)
-    reads the row back with a fourth.
+    the ``enqueued`` event (sent while someone listens), ``COMMIT``: the general
+    path (``job_service.enqueue``) reads the row back with a fourth.
     """
     async with conn.transaction():
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(sql.active().JOB_INSERT_RETURNING_JOB, row.params())
-        found = await cur.fetchone()
-        assert found is not None  # INSERT ... RETURNING without ON CONFLICT: one row
-        job = job_service.Job(**job_service.job_fields(found, []))
+        job = await _inserted(conn, row)
         await announce(job)  # before COMMIT: the enqueued event precedes the relay's published
     return job
+
+
+async def _insert_alone(conn: AsyncConnection[Any], row: JobRow) -> job_service.Job:
+    """The same job when nobody listens for its ``enqueued`` event: the insert is the whole transaction.
+
+    One statement in autocommit (atomic by itself), one round trip: no BEGIN, no
+    COMMIT, no event to send between them. The connection goes back to the pool
+    as it came (not autocommit).
+    """
+    await conn.set_autocommit(True)
+    try:
+        return await _inserted(conn, row)
+    finally:
+        if not conn.broken:  # a broken connection is discarded by the pool
+            await conn.set_autocommit(False)
+
+
+async def _inserted(conn: AsyncConnection[Any], row: JobRow) -> job_service.Job:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(sql.active().JOB_INSERT_RETURNING_JOB, row.params())
+    found = await cur.fetchone()
+    assert found is not None  # INSERT ... RETURNING without ON CONFLICT: one row
+    return job_service.Job(**job_service.job_fields(found, []))
 
 
 @router.get("", response_model=JobPage, summary="List jobs, newest first", responses=responses(400, 401, 422))

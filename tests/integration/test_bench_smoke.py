@@ -242,11 +242,16 @@ def test_bench_rest_drives_the_api_with_ab_and_pgbench_inserts(servers: Servers)
         "rest.cpu_api_pg",
         "rest.cpu_bare",
         "rest.cpu_bare_pg",
+        "rest.cpu_outbox",
+        "rest.cpu_outbox_pg",
+        "rest.outbox_p99",
+        "rest.outbox_rps",
         "rest.p50",
         "rest.p99",
         "rest.pgbench_insert",
         "rest.ratio",
         "rest.ratio_bare",
+        "rest.ratio_outbox",
         "rest.rps",
     ]
     assert all(len(f.values) == 1 and f.values[0] > 0 for f in figures.values())
@@ -255,6 +260,8 @@ def test_bench_rest_drives_the_api_with_ab_and_pgbench_inserts(servers: Servers)
     assert str(figures["rest.ratio"].target) == ">= 0.30"
     assert str(figures["rest.ratio_bare"].target) == ">= 0.80"
     assert figures["rest.ratio_bare"].values[0] == figures["rest.rps"].values[0] / figures["rest.bare_rps"].values[0]
+    rps, outbox_rps = figures["rest.rps"].values[0], figures["rest.outbox_rps"].values[0]
+    assert figures["rest.ratio_outbox"].values[0] == rps / outbox_rps
 
 
 def _growth_params(*parts: str) -> Params:
