@@ -6,7 +6,12 @@ entries are in hand; an empty stream costs one XLEN), so an available
 higher-priority entry always comes before a lower one and nothing beyond free
 capacity is taken. When the streams are drained the script also
 returns each stream's newest entry id; the consumer then blocks on a plain
-XREAD after those ids, a wake-up that consumes nothing from the group.
+XREAD after those ids, a wake-up that consumes nothing from the group. The
+wake-up names the streams that answered, and the worker's next read looks at
+those only (over 100 queues x 10 priorities a read of every stream cost about
+2 ms of Redis and a wake-up's XREAD another 1.7 ms of worker CPU, per job at
+low rates); an entry added to another stream meanwhile is newer than that
+stream's tail, so the next wait answers at once and nothing is missed.
 A group that vanished (Redis lost its data) is recreated from ``0`` once its
 stream holds an entry again (a read of an empty stream never asks for it).
 
@@ -105,6 +110,7 @@ class Consumer:
         self._cluster = redis_conn.is_cluster(redis)
         self._script = redis.register_script(READ_SCRIPT)
         self._group_and_consumer = (GROUP.encode(), consumer.encode())
+        self._keys: dict[str, bytes] = {}
 
     async def _run_script(self, streams: Sequence[str], count: int) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
@@ -116,7 +122,7 @@ class Consumer:
         """
         if self._cluster:
             return await self._run_script_per_queue(streams, count)
-        keys = [key.encode() for key in streams]
+        keys = [self._key(key) for key in streams]
         payload = resp.command(
             b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer, b"%d" % count
         )
@@ -190,14 +196,40 @@ class Consumer:
                 tail_ids[streams[int(index) - 1]] = _text(tail)
         return deliveries, malformed, tail_ids
 
-    async def wait_for_new(self, tails: dict[str, str], block: float) -> None:
-        """Block until an entry newer than ``tails`` arrives on any stream (or timeout)."""
+    async def wait_for_new(self, tails: dict[str, str], block: float) -> set[str] | None:
+        """Block until an entry newer than ``tails`` arrives on any stream (or timeout).
+
+        Returns the streams that answered (empty at the timeout), or None when
+        they are not known (a cluster): the caller then reads every stream. The
+        wait is one ``XREAD BLOCK`` packed by hiredis and sent raw (redis-py's
+        generic packing of 2,000 arguments cost 1.7 ms of worker CPU per wait over
+        1,000 streams); it consumes nothing from the group.
+        """
         if not tails:
-            return
+            return set()
         if self._cluster:
             await self._wait_per_queue(tails, block)
-            return
-        await self._redis.xread(tails, count=1, block=max(1, int(block * 1000)))  # type: ignore[arg-type]
+            return None
+        keys = [self._key(stream) for stream in tails]
+        payload = resp.command(
+            b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
+            *keys, *(tail.encode() for tail in tails.values()),
+        )  # fmt: skip
+        [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)
+        if isinstance(reply, ResponseError):
+            raise reply
+        if isinstance(reply, dict):  # RESP3 (redis-py's default protocol from 8.0): a map
+            return {_text(stream) for stream in reply}
+        return {_text(stream) for stream, _entries in reply or ()}  # RESP2: pairs; nil at the timeout
+
+    def _key(self, stream: str) -> bytes:
+        """``stream`` encoded, cached (a wait names every stream of the worker)."""
+        key = self._keys.get(stream)
+        if key is None:
+            if len(self._keys) > 100_000:  # queues come and go only with a restart; bound it anyway
+                self._keys.clear()
+            key = self._keys[stream] = stream.encode()
+        return key
 
     async def _wait_per_queue(self, tails: dict[str, str], block: float) -> None:
         """A cluster: one blocking XREAD per queue (an XREAD may not span slots), until the first answers."""

@@ -55,23 +55,39 @@ class WorkerJobContext:
         self.max_attempts = job.max_attempts
         self.worker_id = worker_id
         self.deadline = deadline
-        self._progress = Throttle()
+        # The progress throttle and the logger are made at first use: most runs use
+        # neither, and making both for every run was about a tenth of a no-op job's
+        # worker CPU (docs/benchmarks.md, issue 30).
+        self._progress_throttle: Throttle | None = None
         self._progress_write: asyncio.Task[None] | None = None
         self._on_progress = on_progress
+        self._log: logging.LoggerAdapter[logging.Logger] | None = None
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self.log: logging.LoggerAdapter[logging.Logger] = logging.LoggerAdapter(
-            logger,
-            {
-                "outbox_id": self.job_id,
-                "task": self.task,
-                "queue": self.queue,
-                "attempt": self.attempt,
-                "worker_id": worker_id,
-            },
-        )
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """The run's logger: records carry the job's id, task, queue, attempt and worker."""
+        if self._log is None:
+            self._log = logging.LoggerAdapter(
+                logger,
+                {
+                    "outbox_id": self.job_id,
+                    "task": self.task,
+                    "queue": self.queue,
+                    "attempt": self.attempt,
+                    "worker_id": self.worker_id,
+                },
+            )
+        return self._log
+
+    @property
+    def _progress(self) -> Throttle:
+        if self._progress_throttle is None:
+            self._progress_throttle = Throttle()
+        return self._progress_throttle
 
     @property
     def headers(self) -> Mapping[str, Any]:
@@ -213,6 +229,8 @@ class WorkerJobContext:
 
     async def flush_progress(self) -> None:
         """Finish the write in flight and write the last value reported, if it is not written yet."""
+        if self._progress_throttle is None:  # nothing was reported
+            return
         if self._progress_write is not None:
             await asyncio.wait({self._progress_write})
         last = self._progress.due_at_end()

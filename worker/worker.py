@@ -106,6 +106,7 @@ class Worker:
         self._lease = settings.visibility_timeout
         self._claim_bounds = db.claim_bounds(settings.visibility_timeout)
         self._prefix = settings.redis_prefix
+        self._streams: tuple[frozenset[str], list[str], dict[str, int]] | None = None  # active_streams()
         self.limits = flow_limits.Limits()  # in force (declared + overrides), refreshed with the control poll
         self._limits_at = -float("inf")  # monotonic time of the last load (the claim reloads a stale copy)
         self._limits_loaded = False
@@ -299,16 +300,39 @@ class Worker:
     # --- reading ---------------------------------------------------------------------
 
     def active_streams(self) -> list[str]:
-        """Streams to read, highest priority first across the worker's unpaused queues."""
-        queues = [q for q in self.queues if q not in self.paused]
-        return [stream_key(self._prefix, q, p) for p in PRIORITIES for q in queues]
+        """Streams to read, highest priority first across the worker's unpaused queues (do not modify).
+
+        Built again only when the paused queues change: over 100 queues it is a
+        list of 1,000 keys, asked for at every read.
+        """
+        paused = frozenset(self.paused)
+        if self._streams is None or self._streams[0] != paused:
+            queues = [q for q in self.queues if q not in paused]
+            streams = [stream_key(self._prefix, q, p) for p in PRIORITIES for q in queues]
+            self._streams = (paused, streams, {key: index for index, key in enumerate(streams)})
+        return self._streams[1]
+
+    def _woken_streams(self, woken: set[str]) -> list[str]:
+        """The active streams among ``woken``, in read (priority) order."""
+        assert self._streams is not None
+        order = self._streams[2]
+        return sorted((key for key in woken if key in order), key=order.__getitem__)
 
     async def _consume(self) -> None:
         delay = 0.05
         dispatching: set[asyncio.Task[None]] = set()
+        # After a wake-up, the streams it named (None: read every stream). The drained read
+        # before it took every stream's tail atomically, so only those streams can hold new
+        # entries then; entries added to others afterwards are newer than their tails in
+        # ``tails_seen``, so the next wait returns at once and the read after it takes them.
+        woken: set[str] | None = None
+        tails_seen: dict[str, str] = {}
+        tails_for: list[str] | None = None  # the active streams ``tails_seen`` covers
         try:
             while not self._stopping.is_set():
                 try:
+                    if self.capacity.free <= 0:
+                        woken = None  # the read comes later: look at every stream then
                     await self.capacity.wait_free()
                     if self._stopping.is_set():
                         return
@@ -316,18 +340,26 @@ class Worker:
                         continue
                     if dispatching and self.capacity.free < max(1, self.capacity.size // 4):
                         # A claim is in flight: overlap the next read only with a worthwhile batch.
+                        woken = None
                         await asyncio.wait(dispatching, return_when=asyncio.FIRST_COMPLETED)
                         continue
                     streams = self.active_streams()
                     if not streams:
                         await self._sleep(control.POLL_INTERVAL / 2)
                         continue
+                    read_from = streams
+                    if woken and tails_for is streams:
+                        read_from = self._woken_streams(woken) or streams
+                    woken = None
                     taken = self.capacity.take(min(self.capacity.free, MAX_READ))
                     try:
-                        deliveries, malformed, tails = await self._consumer.read(streams, taken)
+                        deliveries, malformed, tails = await self._consumer.read(read_from, taken)
                     except BaseException:
                         self.capacity.release(taken)
                         raise
+                    if tails and read_from is not streams:
+                        tails = {**tails_seen, **tails}
+                    tails_seen, tails_for = (tails, streams) if tails else ({}, None)
                     self.capacity.release(taken - len(deliveries))
                     self._drop_malformed(malformed)
                     if deliveries:
@@ -341,7 +373,7 @@ class Worker:
                         # This read drained the streams (it found fewer entries than it asked
                         # for): wait for an entry newer than their tails rather than read again
                         # and find nothing. One Redis round trip less per wake-up at low rates.
-                        await self._wait_new(tails)
+                        woken = await self._wait_new(tails)
                     delay = 0.05
                 except asyncio.CancelledError:
                     raise
@@ -361,7 +393,8 @@ class Worker:
         except Exception:
             log.exception("claiming a batch failed; its entries stay pending and will be reclaimed")
 
-    async def _wait_new(self, tails: dict[str, str]) -> None:
+    async def _wait_new(self, tails: dict[str, str]) -> set[str] | None:
+        """Wait for an entry newer than ``tails``; the streams that answered (None: unknown, or stopping)."""
         reader = asyncio.ensure_future(self._consumer.wait_for_new(tails, IDLE_BLOCK))
         stopper = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -371,8 +404,11 @@ class Worker:
                 if not fut.done():
                     fut.cancel()
             await asyncio.gather(reader, stopper, return_exceptions=True)
-        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+        if not reader.done() or reader.cancelled():
+            return None
+        if reader.exception() is not None:
             raise reader.exception()  # type: ignore[misc]
+        return reader.result()
 
     async def _rescue(self, deleted: dict[str, list[bytes]]) -> None:
         """Rescue jobs whose entries vanished; watch those still running under a live claim."""

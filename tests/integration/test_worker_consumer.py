@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import redis.asyncio as aioredis
 
 from postbox.streams import encode_entry, stream_key
@@ -41,3 +43,31 @@ async def test_reads_highest_priority_first_up_to_count_then_reports_tails(priva
         assert [d.job_id for d in got] == [4]
     finally:
         await client.aclose()
+
+
+async def test_a_wake_up_names_the_streams_that_answered(private_redis: RedisServer) -> None:
+    """The worker's next read looks only at the streams a wake-up named; at the timeout it names none."""
+    for protocol in (2, 3):  # a map (RESP3, redis-py's default) or pairs (RESP2)
+        client = aioredis.Redis.from_url(private_redis.url, socket_timeout=5, protocol=protocol)
+        high, mid, low = (stream_key(f"w{protocol}", "q", p) for p in (9, 5, 1))
+        try:
+            await ensure_groups(client, [high, mid, low])
+            consumer = Consumer(client, consumer="worker-c0ffee00")
+            got, _, tails = await consumer.read([high, mid, low], 5)
+            assert got == [] and tails == dict.fromkeys([high, mid, low], "0-0")
+            assert await consumer.wait_for_new(tails, 0.05) == set()  # nothing came: the timeout
+            await add(client, low, 1, 1)
+            await add(client, high, 2, 9)
+            assert await consumer.wait_for_new(tails, 5) == {high, low}  # already there: both answer
+
+            got, _, tails = await consumer.read([high, mid, low], 5)
+            assert [d.job_id for d in got] == [2, 1]
+            waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 5))
+            await asyncio.sleep(0.2)  # most likely blocked by now; the answer is the same if not
+            assert not waiting.done()
+            await add(client, mid, 3, 5)
+            assert await asyncio.wait_for(waiting, 5) == {mid}
+            got, _, _ = await consumer.read([mid], 5)
+            assert [d.job_id for d in got] == [3]
+        finally:
+            await client.aclose()
