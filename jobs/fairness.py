@@ -22,17 +22,24 @@ id order. Both run in the caller's transaction (commit to apply).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from psycopg import AsyncConnection, Connection
 
-from postbox import sql
+from postbox import schema, sql
 from postbox.errors import InvalidOptionError
 from postbox.settings import QUEUE_NAME_RE
 
 MAX_WINDOW = 1_000_000
 MAX_ARG = 200
+DECLARED_TTL = 2.0  # seconds a producer keeps the declarations it read (declared())
+
+# Per schema: (read at, {queue: key argument}); read by producers, never at import.
+_declared: dict[str, tuple[float, dict[str, str]]] = {}
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ def _params(queue: str, by: str, window: int | None, actor: str | None) -> dict[
 def declare(conn: Connection[Any], queue: str, *, by: str, window: int | None = None, actor: str | None = None) -> None:
     """Make ``queue`` fair by the argument ``by`` (in the caller's transaction)."""
     params = _params(queue, by, window, actor)
+    _declared.clear()  # this process's producers see the change at once
     statements = sql.active()
     row = conn.execute(statements.FAIR_QUEUE_UPSERT, params).fetchone()
     if row is not None and row[0] is not None and row[0] != by:
@@ -85,6 +93,7 @@ async def declare_async(
 ) -> None:
     """:func:`declare` on an async connection."""
     params = _params(queue, by, window, actor)
+    _declared.clear()  # this process's producers see the change at once
     statements = sql.active()
     row = await (await conn.execute(statements.FAIR_QUEUE_UPSERT, params)).fetchone()
     if row is not None and row[0] is not None and row[0] != by:
@@ -93,6 +102,7 @@ async def declare_async(
 
 def clear(conn: Connection[Any], queue: str) -> bool:
     """Make ``queue`` plain again; False if it was not fair."""
+    _declared.clear()
     statements = sql.active()
     row = conn.execute(statements.FAIR_QUEUE_DELETE, {"queue": queue}).fetchone()
     conn.execute(statements.JOB_CLEAR_FAIR_KEYS, {"queue": queue})
@@ -101,6 +111,7 @@ def clear(conn: Connection[Any], queue: str) -> bool:
 
 async def clear_async(conn: AsyncConnection[Any], queue: str) -> bool:
     """:func:`clear` on an async connection."""
+    _declared.clear()
     statements = sql.active()
     row = await (await conn.execute(statements.FAIR_QUEUE_DELETE, {"queue": queue})).fetchone()
     await conn.execute(statements.JOB_CLEAR_FAIR_KEYS, {"queue": queue})
@@ -122,3 +133,50 @@ async def status(conn: AsyncConnection[Any], queue: str, *, keys: int = 20) -> F
         keys=[KeyShare(str(r[0]), int(r[1]), int(r[2])) for r in shares],
         unkeyed=int(unkeyed[0]) if unkeyed else 0,
     )
+
+
+def key_of(args: str, by: str) -> str | None:
+    """The key the relay would give a job with these ``args`` (JSON text); None when only the relay can tell.
+
+    ``''`` without the argument, the value of a string, the digits of an integer;
+    anything else (a float, a bool, an object) is left to the relay
+    (``args ->> by`` in PostgreSQL), so both always agree.
+    """
+    value = orjson.loads(args).get(by)
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def _cached(clock: Callable[[], float]) -> dict[str, str] | None:
+    entry = _declared.get(schema.active())
+    if entry is not None and clock() - entry[0] < DECLARED_TTL:
+        return entry[1]
+    return None
+
+
+def declared(conn: Connection[Any], *, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
+    """The fair queues and their key arguments, read on ``conn`` at most every ``DECLARED_TTL`` seconds.
+
+    Producers use it to write a bulk enqueue's keys with its rows (the relay keys
+    a row that has none: a declaration newer than this copy costs nothing but that).
+    """
+    found = _cached(clock)
+    if found is None:
+        found = {row[0]: row[1] for row in conn.execute(sql.active().FAIR_QUEUE_LIST).fetchall()}
+        _declared[schema.active()] = (clock(), found)
+    return found
+
+
+async def declared_async(conn: AsyncConnection[Any], *, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
+    """:func:`declared` on an async connection."""
+    found = _cached(clock)
+    if found is None:
+        rows = await (await conn.execute(sql.active().FAIR_QUEUE_LIST)).fetchall()
+        found = {row[0]: row[1] for row in rows}
+        _declared[schema.active()] = (clock(), found)
+    return found

@@ -23,7 +23,7 @@ from psycopg import AsyncConnection, Connection
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from postbox import connections, encryption, revision, sql, tracing
+from postbox import connections, encryption, fairness, revision, sql, tracing
 from postbox.connections import AsyncTarget, SyncTarget
 from postbox.errors import (
     ArgsOutOfRangeError,
@@ -560,14 +560,22 @@ def _missing_keys(rows: Sequence[JobRow], inserted: list[tuple[int, str, str | N
     return {"queue": [q for q, _ in missing], "dedup_key": [k for _, k in missing if k is not None]}
 
 
-def _copy_rows(rows: Sequence[JobRow], ids: list[tuple[int, datetime]]) -> Iterable[tuple[Any, ...]]:
-    """COPY rows for jobs without dedup keys; ``ids`` are (id, database now()) pairs."""
+def _copy_rows(
+    rows: Sequence[JobRow], ids: list[tuple[int, datetime]], fair: Mapping[str, str]
+) -> Iterable[tuple[Any, ...]]:
+    """COPY rows for jobs without dedup keys; ``ids`` are (id, database now()) pairs.
+
+    ``fair``: the fair queues' key arguments (:func:`postbox.fairness.declared`): a
+    job of one of them is written with its key, so the relay need not key it.
+    """
     now = ids[0][1]
     for (job_id, _), row in zip(sorted(ids), rows, strict=True):
         available = row.run_at if row.run_at is not None else now + timedelta(seconds=row.delay)
+        by = fair.get(row.queue) if fair else None
         yield (
             job_id, row.queue, row.task, row.args, row.priority, available, row.max_attempts,
             row.headers, row.expires_at, row.timeout, row.keep_result,
+            None if by is None else fairness.key_of(row.args, by),
         )  # fmt: skip
 
 
@@ -600,10 +608,11 @@ def enqueue_many(
     if any(row.unique_rule is not None for row in rows):
         return [_insert(conn, row) for row in rows]
     if all(row.dedup_key is None for row in rows):
+        fair = fairness.declared(conn)
         with conn.cursor() as cur:
             ids = cur.execute(sql.active().JOB_NEXT_IDS, {"n": len(rows)}).fetchall()
             with cur.copy(sql.active().JOB_COPY_MANY) as copy:
-                for values in _copy_rows(rows, ids):
+                for values in _copy_rows(rows, ids, fair):
                     copy.write_row(values)
         return sorted(job_id for job_id, _ in ids)
     with conn.cursor() as cur:
@@ -637,11 +646,12 @@ async def enqueue_many_async(
     if any(row.unique_rule is not None for row in rows):
         return [await _insert_async(conn, row) for row in rows]
     if all(row.dedup_key is None for row in rows):
+        fair = await fairness.declared_async(conn)
         async with conn.cursor() as cur:
             await cur.execute(sql.active().JOB_NEXT_IDS, {"n": len(rows)})
             ids = await cur.fetchall()
             async with cur.copy(sql.active().JOB_COPY_MANY) as copy:
-                for values in _copy_rows(rows, ids):
+                for values in _copy_rows(rows, ids, fair):
                     await copy.write_row(values)
         return sorted(job_id for job_id, _ in ids)
     async with conn.cursor() as cur:

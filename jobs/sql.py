@@ -170,9 +170,11 @@ class Statements(schema.Templates):
     SELECT nextval(pg_get_serial_sequence('{schema}.outbox', 'id')), now() FROM generate_series(1, %(n)s)
     """
 
+    # fair_key: a fair queue's key, when the producer knows the declaration (postbox.fairness);
+    # NULL otherwise (the relay keys the row).
     JOB_COPY_MANY: LiteralString = """
     COPY {schema}.outbox (id, queue, task, args, priority, available_at, max_attempts, headers,
-                 expires_at, timeout_seconds, keep_result) FROM STDIN
+                 expires_at, timeout_seconds, keep_result, fair_key) FROM STDIN
     """
 
     # Another driver's connection (psycopg2, asyncpg, pg8000 under SQLAlchemy; Django
@@ -445,6 +447,29 @@ class Statements(schema.Templates):
        SET fair_key = coalesce(o.args ->> (SELECT f.key_arg FROM {schema}.fair_queues f WHERE f.queue = o.queue), '')
      WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked))
     RETURNING o.id
+    """
+
+    # The same for the rows of fair queues among the newest ``scan`` unkeyed waiting rows
+    # (the relay's list read backwards): a key that starts waiting behind another's
+    # backlog just enqueued is keyed at once, not after the backlog. Rows a producer or
+    # a claim holds are skipped (keyed on a later pass).
+    JOB_SET_FAIR_KEY_NEWEST: LiteralString = """
+    WITH newest AS (
+        SELECT id, queue FROM {schema}.outbox
+         WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND fair_key IS NULL
+         ORDER BY id DESC
+         LIMIT %(scan)s
+    ), locked AS MATERIALIZED (
+        SELECT o.ctid FROM {schema}.outbox o
+         WHERE o.id IN (SELECT n.id FROM newest n WHERE n.queue IN (SELECT f.queue FROM {schema}.fair_queues f))
+           AND o.published_at IS NULL AND o.state IN ('pending', 'retrying') AND o.fair_key IS NULL
+         ORDER BY o.id
+           FOR UPDATE SKIP LOCKED
+    )
+    UPDATE {schema}.outbox o
+       SET fair_key = coalesce(o.args ->> (SELECT f.key_arg FROM {schema}.fair_queues f WHERE f.queue = o.queue), '')
+     WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked))
+    RETURNING o.queue
     """
 
     # A fair queue's window: its published, unfinished jobs per key.
@@ -1941,19 +1966,25 @@ class Statements(schema.Templates):
     SELECT id FROM {schema}.workflows WHERE ended_at IS NULL AND id > %(after)s ORDER BY id LIMIT %(limit)s
     """
 
-    # Marks ended, once, those of these workflows whose jobs have all ended, with the
-    # status _WORKFLOW_WITH_COUNTS gives them. A workflow locked by a retry or a requeue is
-    # skipped: that transaction sets it running, or it is checked again at the next hint.
+    # Marks ended, once, those of these workflows whose jobs have all ended, with the status
+    # _WORKFLOW_WITH_COUNTS gives them, in one transaction: the first statement locks those
+    # that look ended (one locked by a retry or a requeue is skipped: that transaction sets
+    # it running, or the next hint or sweep checks it again); the second, whose snapshot is
+    # taken with the locks held, sees any retry committed before and decides.
+    WORKFLOW_LOCK_ENDED: LiteralString = """
+    SELECT w.id FROM {schema}.workflows w
+     WHERE w.id = ANY(%(ids)s::int8[]) AND w.ended_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
+                        WHERE o.workflow_id = w.id
+                          AND o.state IN ('waiting', 'pending', 'queued', 'running', 'retrying'))
+     ORDER BY w.id
+       FOR UPDATE SKIP LOCKED
+    """
+
     WORKFLOW_MARK_ENDED: LiteralString = """
-    WITH candidates AS (
-        SELECT id FROM {schema}.workflows
-         WHERE id = ANY(%(ids)s::int8[]) AND ended_at IS NULL
-         ORDER BY id
-           FOR UPDATE SKIP LOCKED
-    ), ended AS (
+    WITH ended AS (
         UPDATE {schema}.workflows w SET ended_at = clock_timestamp()
-          FROM candidates c
-         WHERE w.id = c.id
+         WHERE w.id = ANY(%(ids)s::int8[]) AND w.ended_at IS NULL
            AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
                             WHERE o.workflow_id = w.id
                               AND o.state IN ('waiting', 'pending', 'queued', 'running', 'retrying'))

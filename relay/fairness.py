@@ -39,6 +39,7 @@ from postbox.relay.publisher import BatchResult, Publisher, Row
 log = logging.getLogger(__name__)
 
 REFRESH_INTERVAL = 1.0  # seconds between reads of the declarations (fair_queues)
+NEWEST_SCAN = 1000  # unkeyed waiting rows, newest first, looked at by each step (JOB_SET_FAIR_KEY_NEWEST)
 SAFETY_INTERVAL = 30.0  # seconds between sweeps for keyed jobs of queues that are fair no more
 
 
@@ -122,9 +123,19 @@ class FairQueues:
         return keyed
 
     async def step(self, conn: AsyncConnection[Any]) -> list[FillResult]:
-        """Fill every fair queue's window once; returns what each fill did."""
+        """Key the newest waiting rows of fair queues, then fill every fair queue's window once."""
         await self.refresh(conn)
-        results = []
+        results: list[FillResult] = []
+        if not self.queues:
+            return results
+        # The id-ordered scan keys a backlog from its oldest rows (divert); a key that
+        # starts waiting behind a backlog enqueued just before would wait for all of it
+        # to be keyed. So each step also keys the newest rows: such a key is served in
+        # its turn at once. (While a backlog is still being keyed, a key's newest jobs
+        # can go before its middle ones: order within a key is by priority then id
+        # among the jobs keyed so far.)
+        cur = await conn.execute(sql.active().JOB_SET_FAIR_KEY_NEWEST, {"scan": NEWEST_SCAN})
+        self._waiting.update(row[0] for row in await cur.fetchall())
         for queue in self.queues.values():
             results.append(await self.fill(conn, queue))
         return results
@@ -153,6 +164,10 @@ class FairQueues:
         if self.on_fill is not None:
             self.on_fill(result)
         return result
+
+    def busy(self) -> bool:
+        """Whether a fair queue may have jobs waiting for its window (the relay then fills between batches)."""
+        return bool(self._waiting)
 
     def wait_hint(self) -> float | None:
         """Seconds until the next fill is worth it: ``poll_interval`` while a window may hold back jobs."""

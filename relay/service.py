@@ -369,7 +369,12 @@ class Relay:
                         await reconciler.check(conn)
                         next_check = now + self.epoch_check_interval
                     results = await publisher.publish_burst(
-                        conn, keep_going=lambda: not self.stopping, on_batch=self._record
+                        conn,
+                        # one batch at a time while a fair queue's jobs wait: its window is
+                        # refilled between batches, not after a burst keying a backlog
+                        max_batches=1 if fair.busy() else 8,
+                        keep_going=lambda: not self.stopping,
+                        on_batch=self._record,
                     )
                     await fair.step(conn)
                     await reconciler.step(conn)
