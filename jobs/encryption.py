@@ -135,6 +135,16 @@ class Keyring:
             ) from None
 
 
+def keyless_warning(encrypted_tasks: list[str]) -> str | None:
+    """What a process that runs these encrypted tasks says at start when it has no key (None: it has one)."""
+    if not encrypted_tasks or keyring_or_none() is not None:
+        return None
+    return (
+        f"encrypted tasks {', '.join(sorted(encrypted_tasks))} cannot run here: no encryption key"
+        f" (set {ENV_VAR}); their jobs are handed back, and dead after POSTBOX_UNKNOWN_TASK_GRACE"
+    )
+
+
 def result_context(job_id: int) -> str:
     """What a kept result is bound to (its associated data): its job, so it opens for that job's result only."""
     return f"postbox-result:{job_id}"

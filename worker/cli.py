@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 from collections.abc import Sequence
 
+from postbox import encryption
 from postbox.errors import SchemaOutdatedError, SettingsError, TaskModuleError
 from postbox.registry import load_task_modules
 from postbox.startup import process_settings, run_loop
@@ -55,6 +57,12 @@ def main(argv: Sequence[str]) -> int:
     except SettingsError as exc:
         print(f"postbox worker: {exc}", file=sys.stderr)
         return 2
+    keyless = encryption.keyless_warning(
+        [spec.name for spec in map(worker.registry.get, worker.registry.names()) if spec.encrypted
+         and spec.queue in worker.queues]
+    )  # fmt: skip
+    if keyless is not None:
+        logging.getLogger("postbox.worker").warning(keyless)
 
     async def serve() -> None:
         from postbox import revision, schedule_store

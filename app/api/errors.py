@@ -23,6 +23,7 @@ from postbox.app.services.errors import (
     NotFoundError,
     ServiceError,
 )
+from postbox.encryption import EncryptionError
 from postbox.errors import EnqueueError, PayloadTooLargeError, QueueFullError, SchemaOutdatedError, UnknownTaskError
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,12 @@ async def _schema(request: Request, exc: Exception) -> JSONResponse:
     return error_response(503, "SCHEMA_OUTDATED", str(outdated))
 
 
+async def _encryption(request: Request, exc: Exception) -> JSONResponse:
+    # An encrypted task's args cannot be sealed here: this API process has no key (or no cryptography package).
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    return error_response(503, "ENCRYPTION_UNAVAILABLE", str(exc))
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(500, "INTERNAL_ERROR", "internal error; see the server log")
@@ -199,6 +206,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(psycopg.DataError, _data)
     app.add_exception_handler(PoolTimeout, _pool_timeout)
     app.add_exception_handler(SchemaOutdatedError, _schema)
+    app.add_exception_handler(EncryptionError, _encryption)
     for missing in revision.MISSING_OBJECT:
         app.add_exception_handler(missing, _schema)
     app.add_exception_handler(Exception, _unexpected)

@@ -65,6 +65,21 @@ def test_the_events_websocket_sends_progress_with_its_note_only_to_a_reader_allo
     assert seen[1] == {**shown[1]}  # other events unchanged
 
 
+def test_an_api_without_the_key_refuses_to_enqueue_an_encrypted_task_clearly_and_writes_nothing(
+    settings: Settings, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("POSTBOX_ENCRYPTION_KEYS", raising=False)
+    encryption.use_keys(None)
+    with make_client(settings) as client:
+        refused = client.post("/api/v1/jobs", json={"task": "w_secret", "args": {"card": CARD}})
+    assert refused.status_code == 503
+    error = refused.json()["error"]
+    assert error["code"] == "ENCRYPTION_UNAVAILABLE"
+    assert error["message"].startswith("no encryption key: set POSTBOX_ENCRYPTION_KEYS")
+    assert CARD not in refused.text
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
+
+
 def test_an_encrypted_tasks_args_on_the_dashboard_and_in_the_dead_letters(
     settings: Settings, conn: psycopg.Connection[Any], keys: None
 ) -> None:

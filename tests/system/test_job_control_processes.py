@@ -308,6 +308,8 @@ def test_published_jobs_moved_by_the_cli_run_once_through_a_redis_flush_and_a_wo
     assert one(db, "SELECT count(*) FROM postbox.job_attempts WHERE outcome = 'succeeded'") == 6
     assert one(db, "SELECT count(*) FROM postbox.job_attempts WHERE outcome <> 'succeeded'") <= 1  # the killed run
     assert one(db, "SELECT array_agg(DISTINCT priority) FROM postbox.outbox") == [9]
+    # These workers have no encryption key, and their queue has an encrypted task: each said so at start.
+    assert fleet.logs().count("encrypted tasks jc_secret, jc_secret_result cannot run here: no encryption key") == 2
 
 
 # --- encrypted arguments -----------------------------------------------------------------------------------
@@ -357,6 +359,7 @@ def test_a_rotation_with_jobs_in_flight_a_worker_sigkill_and_a_redis_flush_runs_
     logs = fleet.logs() + rotated.stdout + rotated.stderr
     for secret in (KEY1, KEY2, *cards):
         assert secret not in logs and secret not in stored
+    assert "no encryption key" not in logs  # both workers had a key
 
 
 @pytest.mark.parametrize("command", [("worker", "run"), ("relay", "run"), ("api", "run"), ("encryption", "reencrypt")])
