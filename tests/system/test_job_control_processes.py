@@ -240,6 +240,10 @@ def test_twenty_rest_producers_at_once_get_the_surviving_job_and_it_runs_once_de
     rows = db.execute("SELECT id, task, state FROM postbox.outbox ORDER BY id").fetchall()
     assert rows == [(outcomes["jc_debounced"], "jc_debounced", "pending"), (outcomes["jc_throttled"], "jc_throttled",
                                                                              "pending")]  # fmt: skip
+    # What an operator sees: the API counts the collapsed enqueues as duplicates.
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    assert f'postbox_api_enqueued_total{{outcome="created",queue="{jc.QUEUE}"}} 2.0' in metrics
+    assert f'postbox_api_enqueued_total{{outcome="duplicate",queue="{jc.QUEUE}"}} {2.0 * (PRODUCERS - 1)}' in metrics
     last = one(db, "SELECT (args->>'version')::int FROM postbox.outbox WHERE task = 'jc_debounced'")
     first = one(db, "SELECT args->>'text' FROM postbox.outbox WHERE task = 'jc_throttled'")
     assert last in range(PRODUCERS) and first in {f"t{i}" for i in range(PRODUCERS)}
