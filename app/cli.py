@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "api": ("postbox.app.api_cli:main", "api run: the REST API, /metrics and the web dashboard at /"),
     "jobs": ("postbox.app.admin.jobs_cli:main", "jobs get|list|cancel|enqueue|move"),
     "dlq": ("postbox.app.admin.dlq_cli:main", "dlq list|show|requeue|discard|purge"),
-    "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume"),
+    "queues": ("postbox.app.admin.queues_cli:main", "queues list|pause|resume|fair|unfair|fairness"),
     "workers": ("postbox.app.admin.workers_cli:main", "workers list"),
     "schedules": ("postbox.app.admin.schedules_cli:main", "schedules list|pause|resume|trigger"),
     "sessions": ("postbox.app.admin.sessions_cli:main", "sessions list|revoke: the dashboard's login sessions"),

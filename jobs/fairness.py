@@ -60,6 +60,8 @@ class Fairness:
     window: int | None
     keys: list[KeyShare] = field(default_factory=list)
     unkeyed: int = 0  # jobs enqueued since the relay last looked (not keyed yet)
+    waiting: int = 0  # every key's jobs waiting for the window
+    in_flight: int = 0  # every key's jobs published and unfinished
 
 
 def validate(queue: str, by: str, window: int | None) -> None:
@@ -126,12 +128,15 @@ async def status(conn: AsyncConnection[Any], queue: str, *, keys: int = 20) -> F
         return None
     shares = await (await conn.execute(statements.JOB_COUNT_FAIR_KEYS, {"queue": queue, "limit": keys})).fetchall()
     unkeyed = await (await conn.execute(statements.JOB_COUNT_FAIR_UNKEYED, {"queue": queue})).fetchone()
+    totals = await (await conn.execute(statements.JOB_COUNT_FAIR_TOTALS, {"queue": queue})).fetchone()
     return Fairness(
         queue=row[0],
         by=row[1],
         window=row[2],
         keys=[KeyShare(str(r[0]), int(r[1]), int(r[2])) for r in shares],
         unkeyed=int(unkeyed[0]) if unkeyed else 0,
+        waiting=int(totals[0]) if totals else 0,
+        in_flight=int(totals[1]) if totals else 0,
     )
 
 

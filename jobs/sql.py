@@ -534,6 +534,14 @@ class Statements(schema.Templates):
      LIMIT %(limit)s
     """
 
+    # A fair queue's jobs waiting for its window and in flight, over every key.
+    JOB_COUNT_FAIR_TOTALS: LiteralString = """
+    SELECT count(*) FILTER (WHERE published_at IS NULL AND state IN ('pending', 'retrying')),
+           count(*) FILTER (WHERE state IN ('queued', 'running'))
+      FROM {schema}.outbox
+     WHERE queue = %(queue)s AND fair_key IS NOT NULL AND state IN ('pending', 'queued', 'running', 'retrying')
+    """
+
     # Jobs of a fair queue not keyed yet (enqueued since the relay last looked).
     JOB_COUNT_FAIR_UNKEYED: LiteralString = """
     SELECT count(*) FROM {schema}.outbox

@@ -1,4 +1,4 @@
-"""``postbox queues list|pause|resume``."""
+"""``postbox queues list|pause|resume|fair|unfair|fairness``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from postbox import definitions
 from postbox.app.admin.common import EXIT_OK, Parser, Session, UsageError, cli_actor, run, table, to_json
+from postbox.app.services import fairness as fairness_service
 from postbox.app.services import queues as queue_service
 from postbox.app.services.results import as_dict
 from postbox.errors import TaskModuleError
@@ -40,7 +41,16 @@ def parser() -> Parser:
     lst.add_argument(
         "--tasks", help="comma-separated task modules whose queues are listed before their first job (POSTBOX_TASKS)"
     )
-    for each in (lst, pause, resume):
+    fair = sub.add_parser("fair", help="serve this queue's jobs by an argument's values in turn (docs/job-control.md)")
+    fair.add_argument("queue")
+    fair.add_argument("--by", required=True, help="the argument whose value keys a job (e.g. tenant_id)")
+    fair.add_argument("--window", type=int, help="jobs published and unfinished at most (default POSTBOX_FAIR_WINDOW)")
+    unfair = sub.add_parser("unfair", help="serve this queue in enqueue order again")
+    unfair.add_argument("queue")
+    show = sub.add_parser("fairness", help="a fair queue's window and its keys with the most jobs waiting")
+    show.add_argument("queue")
+    show.add_argument("--keys", type=int, default=20, help="keys shown (default 20)")
+    for each in (lst, pause, resume, fair, unfair, show):
         each.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
@@ -82,5 +92,45 @@ async def cmd_resume(s: Session, a: argparse.Namespace) -> int:
     return await _set(s, a, False)
 
 
+async def cmd_fair(s: Session, a: argparse.Namespace) -> int:
+    found = await fairness_service.declare(
+        s.conn, a.queue, a.by, a.window, cli_actor(), default_window=s.settings.fair_window
+    )
+    print(to_json(as_dict(found)) if a.json else f"queue {a.queue} fair by {a.by}, window {found.window_in_force}")
+    return EXIT_OK
+
+
+async def cmd_unfair(s: Session, a: argparse.Namespace) -> int:
+    was = await fairness_service.clear(s.conn, a.queue, cli_actor())
+    text = f"queue {a.queue} served in enqueue order" + ("" if was else " (it was not fair)")
+    print(to_json({"queue": a.queue, "was_fair": was}) if a.json else text)
+    return EXIT_OK
+
+
+async def cmd_fairness(s: Session, a: argparse.Namespace) -> int:
+    found = await fairness_service.get(s.conn, a.queue, default_window=s.settings.fair_window, keys=a.keys)
+    if a.json:
+        print(to_json(as_dict(found)))
+        return EXIT_OK
+    print(
+        f"queue {found.queue}: fair by {found.by}, window {found.window_in_force}"
+        f" ({found.in_flight} in flight, {found.waiting} waiting, {found.unkeyed} not keyed yet)"
+    )
+    table([as_dict(k) for k in found.keys], ("key", "waiting", "in_flight"), sys.stdout)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str]) -> int:
-    return run("postbox queues", parser(), argv, {"list": cmd_list, "pause": cmd_pause, "resume": cmd_resume})
+    return run(
+        "postbox queues",
+        parser(),
+        argv,
+        {
+            "list": cmd_list,
+            "pause": cmd_pause,
+            "resume": cmd_resume,
+            "fair": cmd_fair,
+            "unfair": cmd_unfair,
+            "fairness": cmd_fairness,
+        },
+    )

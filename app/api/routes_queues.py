@@ -10,7 +10,16 @@ from psycopg import AsyncConnection
 from postbox import definitions
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
-from postbox.app.api.schemas import QUEUE_PATTERN, AuditPage, QueueState, QueueStats, Worker
+from postbox.app.api.schemas import (
+    QUEUE_PATTERN,
+    AuditPage,
+    FairnessCleared,
+    FairnessDeclaration,
+    QueueFairness,
+    QueueState,
+    QueueStats,
+    Worker,
+)
 from postbox.app.api.state import (
     Destructive,
     Processes,
@@ -21,6 +30,7 @@ from postbox.app.api.state import (
     require_key_for_sensitive,
 )
 from postbox.app.services import audit as audit_service
+from postbox.app.services import fairness as fairness_service
 from postbox.app.services import limits as limit_service
 from postbox.app.services import queues as queue_service
 from postbox.app.services import workers as worker_service
@@ -82,6 +92,51 @@ async def resume(
     queue: QueueName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
 ) -> dict[str, Any]:
     return as_dict(await queue_service.set_paused(conn, queue, False, actor))
+
+
+@queues.get(
+    "/{queue}/fairness",
+    response_model=QueueFairness,
+    summary="A fair queue's window and its keys with the most jobs waiting",
+    responses=responses(401, 404, 422),
+)
+async def get_fairness(
+    queue: QueueName,
+    request: Request,
+    conn: Annotated[AsyncConnection[Any], Depends(db)],
+    keys: Annotated[int, Query(ge=1, le=1000)] = 20,
+) -> dict[str, Any]:
+    window = api_state(request).settings.fair_window
+    return as_dict(await fairness_service.get(conn, queue, default_window=window, keys=keys))
+
+
+@queues.put(
+    "/{queue}/fairness",
+    response_model=QueueFairness,
+    summary="Serve a queue's jobs by an argument's values in turn",
+    responses=responses(401, 403, 422),
+)
+async def put_fairness(
+    queue: QueueName,
+    body: FairnessDeclaration,
+    request: Request,
+    conn: Annotated[AsyncConnection[Any], Depends(db)],
+    actor: Actor = Destructive,
+) -> dict[str, Any]:
+    window = api_state(request).settings.fair_window
+    return as_dict(await fairness_service.declare(conn, queue, body.by, body.window, actor, default_window=window))
+
+
+@queues.delete(
+    "/{queue}/fairness",
+    response_model=FairnessCleared,
+    summary="Serve a queue in enqueue order again",
+    responses=responses(401, 403, 422),
+)
+async def delete_fairness(
+    queue: QueueName, conn: Annotated[AsyncConnection[Any], Depends(db)], actor: Actor = Destructive
+) -> dict[str, Any]:
+    return {"queue": queue, "was_fair": await fairness_service.clear(conn, queue, actor)}
 
 
 @workers.get("", response_model=list[Worker], summary="Registered workers", responses=responses(401))

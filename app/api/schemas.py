@@ -199,6 +199,38 @@ class QueueState(BaseModel):
     updated_at: datetime
 
 
+class FairnessDeclaration(BaseModel):
+    """``PUT /api/v1/queues/{queue}/fairness``: serve the queue's jobs by an argument's values in turn."""
+
+    model_config = ConfigDict(extra="forbid")
+    by: str = Field(min_length=1, max_length=200, description="The argument whose value keys a job (tenant_id).")
+    window: StrictInt | None = Field(
+        default=None, ge=1, le=1_000_000, description="Jobs published and unfinished at most (null: the setting)."
+    )
+
+
+class FairKey(BaseModel):
+    key: str
+    waiting: int
+    in_flight: int
+
+
+class QueueFairness(BaseModel):
+    queue: str
+    by: str
+    window: int | None = Field(description="As declared; null: POSTBOX_FAIR_WINDOW.")
+    window_in_force: int
+    in_flight: int
+    waiting: int
+    unkeyed: int = Field(description="Jobs enqueued since the relay last looked: not keyed yet.")
+    keys: list[FairKey] = Field(description="The keys with the most jobs waiting first.")
+
+
+class FairnessCleared(BaseModel):
+    queue: str
+    was_fair: bool
+
+
 class Worker(BaseModel):
     id: str
     host: str | None = Field(description="null without the API key (docs/api.md, read access).")
