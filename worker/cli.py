@@ -62,7 +62,7 @@ def main(argv: Sequence[str]) -> int:
          and spec.queue in worker.queues]
     )  # fmt: skip
     if keyless is not None:
-        logging.getLogger("postbox.worker").warning(keyless)
+        logging.getLogger(__name__).warning(keyless)
 
     async def serve() -> None:
         from postbox import revision, schedule_store
