@@ -50,7 +50,7 @@ from typing import Any, LiteralString
 import orjson
 from psycopg import AsyncConnection, Connection
 
-from postbox import connections, outcomes, pgarray, sql
+from postbox import connections, encryption, outcomes, pgarray, sql
 from postbox.connections import AsyncTarget, SyncTarget
 from postbox.errors import AlreadyProcessed, JobCancelled, Snooze, UnsupportedConnectionError
 from postbox.fence import JobFence
@@ -183,7 +183,29 @@ def _task_name(task: Any) -> str:
 
 def _row(row: tuple[Any, ...]) -> EnqueuedJob:
     job_id, task, queue, priority, args, headers, state, attempts, dedup_key = row
-    return EnqueuedJob(job_id, task, queue, priority, _json(args), _json(headers), state, attempts, dedup_key)
+    shown = _opened(task, _json(args), strict=False)  # an encrypted task's, when this process has the key
+    return EnqueuedJob(job_id, task, queue, priority, shown, _json(headers), state, attempts, dedup_key)
+
+
+def _opened(task: str, args: Any, *, strict: bool) -> Any:
+    """Sealed args (an encrypted task's) opened with this process's key; ``strict``: no key is an error."""
+    if not encryption.is_sealed(args):
+        return args
+    if not strict and encryption.keyring_or_none() is None:
+        return args
+    try:
+        return orjson.loads(encryption.keyring().open(task, args))
+    except encryption.EncryptionError:
+        if strict:
+            raise
+        return args
+
+
+def _sealed_result(spec: TaskSpec, job_id: int, outcome: Outcome) -> Outcome:
+    """An encrypted task's kept result sealed as the worker seals it (bound to its job)."""
+    if spec.encrypted and outcome.result is not None:
+        outcome.result = encryption.keyring().seal(encryption.result_context(job_id), outcome.result.encode())
+    return outcome
 
 
 def enqueued(
@@ -472,12 +494,12 @@ async def _run_one(conn: AsyncConnection[Any], job_id: int, registry: Registry) 
     ctx = InlineContext(conn, job_id, name, queue, attempt, max_attempts, _json(headers) or {}, registry)
     try:
         spec = registry.get(name)
-        call_args = spec.call_args(_json(args))
+        call_args = spec.call_args(_opened(name, _json(args), strict=True))
         if spec.is_async:
             value = await spec.fn(ctx, **call_args)
         else:
             value = await asyncio.to_thread(spec.fn, ctx, **call_args)
-        outcome = _outcome(value, None, attempt, max_attempts, keep_result)
+        outcome = _sealed_result(spec, job_id, _outcome(value, None, attempt, max_attempts, keep_result))
     except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
         value, outcome = (
             (exc if isinstance(exc, Snooze) else None),
@@ -504,12 +526,12 @@ def _run_one_sync(conn: Connection[Any], job_id: int, registry: Registry) -> Job
     ctx = InlineContext(None, job_id, name, queue, attempt, max_attempts, _json(headers) or {}, registry)
     try:
         spec: TaskSpec = registry.get(name)
-        call_args = spec.call_args(_json(args))
+        call_args = spec.call_args(_opened(name, _json(args), strict=True))
         if spec.is_async:
             value = asyncio.run(spec.fn(ctx, **call_args))
         else:
             value = spec.fn(ctx, **call_args)  # this thread: Django's connection is the test's
-        outcome = _outcome(value, None, attempt, max_attempts, keep_result)
+        outcome = _sealed_result(spec, job_id, _outcome(value, None, attempt, max_attempts, keep_result))
     except (Exception, AlreadyProcessed, JobCancelled) as exc:  # the last two are BaseExceptions
         value, outcome = (
             (exc if isinstance(exc, Snooze) else None),

@@ -79,3 +79,28 @@ async def test_a_kept_result_is_sealed_to_its_job_opened_with_the_key_and_reseal
     encryption.use_keys(None)
     got = await results.get_result_async(aconn, second)
     assert got is not None and encryption.is_sealed(got.value) and CARD not in str(got.value)
+
+
+def test_postbox_testing_sees_runs_and_seals_an_encrypted_task_as_the_worker_does(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """In a test transaction: assert_enqueued matches the opened args, run_enqueued_sync opens them for the
+    handler and seals the kept result; without the key the run fails with the key's name, not a decode."""
+    import postbox
+    from postbox import testing
+
+    job_id = postbox.enqueue(conn, jc.jc_secret_result, {"card": CARD, "n": 5})
+    assert CARD not in str(conn.execute("SELECT args FROM postbox.outbox").fetchone())
+    testing.assert_enqueued(conn, jc.jc_secret_result, args={"card": CARD, "n": 5})
+    (run,) = testing.run_enqueued_sync(conn, jc.jc_secret_result)
+    assert (run.job_id, run.state, run.result) == (job_id, "succeeded", {"card": CARD, "n": 5})
+    stored = conn.execute("SELECT result FROM postbox.outbox WHERE id = %s", (job_id,)).fetchone()
+    assert stored is not None and encryption.is_sealed(stored[0]) and CARD not in str(stored[0])
+    got = results.get_result(conn, job_id)
+    assert got is not None and got.value == {"card": CARD, "n": 5}
+
+    other = postbox.enqueue(conn, jc.jc_secret_result, {"card": CARD, "n": 6})
+    encryption.use_keys(K2)  # not the key it was sealed with
+    (failed,) = testing.run_enqueued_sync(conn, jc.jc_secret_result, retries=False)
+    assert (failed.job_id, failed.state, failed.error_class) == (other, "retrying", "EncryptionError")
+    assert failed.error is not None and "sealed with key 'k1', which this process does not have" in failed.error
