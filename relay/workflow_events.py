@@ -14,8 +14,9 @@ known in advance, and counting a workflow's unended jobs would put one hot row
 under every job's outcome): the ends of jobs arrive on ``postbox_results`` (the
 workers' outcome batches and claims NOTIFY the ids of the jobs they ended) and
 the cascade cancels above; at most every ``flush_interval`` their workflows are
-checked, and one conditional UPDATE marks those whose jobs have all ended
-(``workflows.ended_at``) and announces each once. Ends that nobody NOTIFYs (an
+checked: one statement locks those that look ended and the next (whose
+snapshot sees any retry committed before) marks those whose jobs have all
+ended (``workflows.ended_at``); each is announced once. Ends that nobody NOTIFYs (an
 operator's cancel, an expiry) and whatever was sent while the listener was
 disconnected are found by a sweep of the workflows not marked ended, right
 after every (re)LISTEN and then every ``sweep_interval``.
@@ -145,6 +146,8 @@ class WorkflowEvents:
                 await self._listen(conn)
             except psycopg.Error as exc:
                 log.warning("workflow events listener disconnected, reconnecting", extra={"error": str(exc).strip()})
+            except Exception:  # a view, never a reason to stop: log it and listen again
+                log.exception("workflow events listener failed, reconnecting")
             finally:
                 if conn is not None:
                     await conn.close()
@@ -185,8 +188,15 @@ class WorkflowEvents:
             after = ids[-1]
 
     async def _announce(self, conn: AsyncConnection[Any], workflow_ids: Iterable[int]) -> None:
-        cur = await conn.execute(sql.active().WORKFLOW_MARK_ENDED, {"ids": sorted(workflow_ids)})
-        ended = await cur.fetchall()
+        statements = sql.active()
+        async with conn.transaction():
+            cur = await conn.execute(statements.WORKFLOW_LOCK_ENDED, {"ids": sorted(workflow_ids)})
+            locked = [int(r[0]) for r in await cur.fetchall()]
+            if not locked:
+                return
+            # a second statement: its snapshot, taken with the locks held, sees a retry committed before
+            cur = await conn.execute(statements.WORKFLOW_MARK_ENDED, {"ids": locked})
+            ended = await cur.fetchall()
         if ended:
             self.announced += len(ended)
             await self._publish([finished_event(int(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in ended])

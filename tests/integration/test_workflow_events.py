@@ -24,7 +24,7 @@ import postbox
 from postbox import events
 from postbox.app.services import workflows
 from postbox.app.services.audit import Actor
-from postbox.relay.workflow_events import APPLICATION_NAME
+from postbox.relay.workflow_events import APPLICATION_NAME, WorkflowEvents
 from postbox.settings import Settings
 from postbox.streams import events_channel
 from tests.harness.api import make_client
@@ -100,9 +100,10 @@ def relay_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[b
 
 
 def forwarding(conn: psycopg.Connection[Any]) -> bool:
-    """Whether a relay's workflow events connection has LISTENed (its sweep, which follows, has begun)."""
+    """Whether a relay's workflow events connection to this database has LISTENed (its sweep has begun)."""
     row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = %s AND query LIKE %s",
         (APPLICATION_NAME, "%ended_at%"),
     ).fetchone()
     conn.commit()
@@ -228,3 +229,27 @@ def test_the_websocket_filtered_by_workflow_gets_its_releases_cascades_and_end_f
         assert (last["type"], last["workflow_id"], last["status"], last["job_id"]) == (
             "workflow_finished", mine.id, "failed", None
         )  # fmt: skip
+
+
+async def test_a_workflow_held_by_a_retry_is_not_marked_until_that_transaction_ends(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    ids = postbox.enqueue_workflow(conn, w.wf_plain.s(label="a") | w.wf_plain.s(label="b"))
+    conn.commit()
+    end(conn, ids.jobs[0], "dead")  # b cancelled: every job has ended
+    async with (
+        aioredis.Redis.from_url(str(settings.redis_url)) as client,
+        await psycopg.AsyncConnection.connect(str(settings.database_url), autocommit=True) as aconn,
+        await psycopg.AsyncConnection.connect(str(settings.database_url)) as holder,
+    ):
+        forwarder = WorkflowEvents(
+            str(settings.database_url), client, settings.redis_prefix, "postbox", emit_events=True
+        )
+        await holder.execute("SELECT id FROM postbox.workflows WHERE id = %s FOR UPDATE", (ids.id,))
+        await forwarder.sweep(aconn)  # the lock's holder decides first: skipped, not waited for
+        assert (forwarder.announced, ended_at(conn, ids.id)) == (0, None)
+        await holder.rollback()
+        await forwarder.sweep(aconn)
+        assert forwarder.announced == 1 and ended_at(conn, ids.id) is not None
+        await forwarder.sweep(aconn)
+        assert forwarder.announced == 1
