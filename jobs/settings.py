@@ -106,7 +106,7 @@ class Settings(BaseSettings):
         ),
     )
     fair_poll_interval: float = Field(
-        default=0.02,
+        default=0.05,
         gt=0,
         le=10,
         description="Seconds between the relay's refills of a fair queue's window while jobs wait in it.",

@@ -472,23 +472,27 @@ class Statements(schema.Templates):
     RETURNING o.queue
     """
 
-    # A fair queue's window: its published, unfinished jobs per key.
-    JOB_COUNT_FAIR_INFLIGHT: LiteralString = """
-    SELECT fair_key, count(*) FROM {schema}.outbox
-     WHERE queue = %(queue)s AND fair_key IS NOT NULL AND state IN ('queued', 'running')
-     GROUP BY fair_key
-    """
-
-    # Up to ``room`` due jobs of a fair queue, keys in turn: each key's jobs in its own
-    # order (priority, then id), ranked 1, 2, 3 ... after the jobs it already has in
-    # flight; the lowest turns first. A key with nothing in flight goes first, and one
-    # with k in flight waits until the others have k too (max-min fair shares). Keys are
-    # found by a skip scan of outbox_fair_waiting (one probe per key); each key offers at
-    # most ``room`` jobs, fewer when many keys wait (about 20,000 candidates in all).
+    # One fill of a fair queue's window, in one statement: the jobs in flight per key
+    # (outbox_fair_inflight), the room the window leaves, and up to that many due jobs,
+    # keys in turn: each key's jobs in its own order (priority, then id), ranked 1, 2,
+    # 3 ... after the jobs it already has in flight; the lowest turns first. A key with
+    # nothing in flight goes first, and one with k in flight waits until the others have
+    # k too (max-min fair shares). Keys are found by a skip scan of outbox_fair_waiting
+    # (one probe per key); each key offers at most ``room`` jobs, fewer when many keys
+    # wait (about 20,000 candidates in all). Always one row at least: the room and the
+    # jobs in flight, with NULL job columns when there is no job to publish.
     JOB_GET_FAIR_DUE: LiteralString = """
-    WITH RECURSIVE keys AS (
+    WITH RECURSIVE busy AS MATERIALIZED (
+        SELECT fair_key AS k, count(*) AS n FROM {schema}.outbox
+         WHERE queue = %(queue)s AND fair_key IS NOT NULL AND state IN ('queued', 'running')
+         GROUP BY fair_key
+    ), room AS MATERIALIZED (
+        SELECT greatest(0, %(window)s::int8 - coalesce((SELECT sum(n) FROM busy), 0))::int8 AS n,
+               coalesce((SELECT sum(n) FROM busy), 0)::int8 AS in_flight
+    ), keys AS (
         (SELECT o.fair_key AS k FROM {schema}.outbox o
-          WHERE o.queue = %(queue)s AND o.fair_key IS NOT NULL AND o.published_at IS NULL
+          WHERE (SELECT n FROM room) > 0
+            AND o.queue = %(queue)s AND o.fair_key IS NOT NULL AND o.published_at IS NULL
             AND o.state IN ('pending', 'retrying')
           ORDER BY o.fair_key LIMIT 1)
         UNION ALL
@@ -499,26 +503,29 @@ class Statements(schema.Templates):
           FROM keys WHERE keys.k IS NOT NULL
     ), live AS MATERIALIZED (
         SELECT k FROM keys WHERE k IS NOT NULL
-    ), busy AS (
-        SELECT b.k, b.n FROM unnest(%(keys)s::text[], %(busy)s::int8[]) AS b(k, n)
     ), offer AS (
-        SELECT least(%(room)s::int8, greatest(1, 20000 / greatest(1, (SELECT count(*) FROM live)))) AS n
+        SELECT least((SELECT n FROM room), greatest(1, 20000 / greatest(1, (SELECT count(*) FROM live)))) AS n
+    ), picked AS (
+        SELECT c.id, c.queue, c.task, c.args::text AS args, c.headers::text AS headers, c.priority, c.attempts,
+               c.enq_ms, c.expired
+          FROM live
+          LEFT JOIN busy ON busy.k = live.k
+         CROSS JOIN LATERAL (
+               SELECT w.*, row_number() OVER (ORDER BY w.priority DESC, w.id) AS rn
+                 FROM (SELECT o.id, o.queue, o.task, o.args, o.headers, o.priority, o.attempts,
+                              (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms,
+                              coalesce(o.expires_at < now(), false) AS expired
+                         FROM {schema}.outbox o
+                        WHERE o.queue = %(queue)s AND o.fair_key = live.k AND o.published_at IS NULL
+                          AND o.state IN ('pending', 'retrying') AND o.available_at <= now()
+                        ORDER BY o.priority DESC, o.id
+                        LIMIT (SELECT n FROM offer)) w) c
+         ORDER BY coalesce(busy.n, 0) + c.rn, c.priority DESC, c.id
+         LIMIT (SELECT n FROM room)
     )
-    SELECT c.id, c.queue, c.task, c.args::text, c.headers::text, c.priority, c.attempts, c.enq_ms, c.expired
-      FROM live
-      LEFT JOIN busy ON busy.k = live.k
-     CROSS JOIN LATERAL (
-           SELECT w.*, row_number() OVER (ORDER BY w.priority DESC, w.id) AS rn
-             FROM (SELECT o.id, o.queue, o.task, o.args, o.headers, o.priority, o.attempts,
-                          (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms,
-                          coalesce(o.expires_at < now(), false) AS expired
-                     FROM {schema}.outbox o
-                    WHERE o.queue = %(queue)s AND o.fair_key = live.k AND o.published_at IS NULL
-                      AND o.state IN ('pending', 'retrying') AND o.available_at <= now()
-                    ORDER BY o.priority DESC, o.id
-                    LIMIT (SELECT n FROM offer)) w) c
-     ORDER BY coalesce(busy.n, 0) + c.rn, c.priority DESC, c.id
-     LIMIT %(room)s
+    SELECT p.id, p.queue, p.task, p.args, p.headers, p.priority, p.attempts, p.enq_ms, p.expired,
+           r.n AS room, r.in_flight
+      FROM room r LEFT JOIN picked p ON true
     """
 
     # What an operator sees of a fair queue: per key, jobs waiting (due or not) and in

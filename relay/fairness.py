@@ -52,11 +52,6 @@ class FairQueue:
     window: int | None = None
 
 
-def room(window: int, in_flight: dict[str, int]) -> int:
-    """How many jobs a fill may publish: the window less the jobs in flight (never below 0)."""
-    return max(0, window - sum(in_flight.values()))
-
-
 @dataclass
 class FillResult:
     """What one fill of one queue did."""
@@ -88,6 +83,7 @@ class FairQueues:
         self._refreshed = -1e9
         self._swept = -1e9
         self._waiting: set[str] = set()  # queues whose last fill was full: more may wait
+        self._newest_scanned = -1e9
 
     def window(self, queue: FairQueue) -> int:
         return queue.window or self.default_window
@@ -122,12 +118,25 @@ class FairQueues:
             self._waiting.update(row[1] for row in rows if row[1] in self.queues)
         return keyed
 
-    async def step(self, conn: AsyncConnection[Any]) -> list[FillResult]:
-        """Key the newest waiting rows of fair queues, then fill every fair queue's window once."""
+    async def step(self, conn: AsyncConnection[Any], *, notified: bool = True) -> list[FillResult]:
+        """Key the newest waiting rows of fair queues, then fill every fair queue's window once.
+
+        ``notified``: the relay was woken by an insert's NOTIFY (new rows may wait to be
+        keyed); otherwise the newest rows are looked at once a second only (a lost NOTIFY).
+        """
         await self.refresh(conn)
         results: list[FillResult] = []
         if not self.queues:
             return results
+        now = self.monotonic()
+        if notified or now - self._newest_scanned >= REFRESH_INTERVAL:
+            self._newest_scanned = now
+            await self._key_newest(conn)
+        for queue in self.queues.values():
+            results.append(await self.fill(conn, queue))
+        return results
+
+    async def _key_newest(self, conn: AsyncConnection[Any]) -> None:
         # The id-ordered scan keys a backlog from its oldest rows (divert); a key that
         # starts waiting behind a backlog enqueued just before would wait for all of it
         # to be keyed. So each step also keys the newest rows: such a key is served in
@@ -136,31 +145,21 @@ class FairQueues:
         # among the jobs keyed so far.)
         cur = await conn.execute(sql.active().JOB_SET_FAIR_KEY_NEWEST, {"scan": NEWEST_SCAN})
         self._waiting.update(row[0] for row in await cur.fetchall())
-        for queue in self.queues.values():
-            results.append(await self.fill(conn, queue))
-        return results
 
     async def fill(self, conn: AsyncConnection[Any], queue: FairQueue) -> FillResult:
-        """Publish up to the room left in ``queue``'s window, keys in turn."""
-        statements = sql.active()
-        rows = await (await conn.execute(statements.JOB_COUNT_FAIR_INFLIGHT, {"queue": queue.queue})).fetchall()
-        busy = {str(row[0]): int(row[1]) for row in rows}
-        free = room(self.window(queue), busy)
-        result = FillResult(queue.queue, sum(busy.values()), free)
+        """Publish up to the room left in ``queue``'s window, keys in turn (one statement, then the publish)."""
+        params = {"queue": queue.queue, "window": self.window(queue)}
+        rows = await (await conn.execute(sql.active().JOB_GET_FAIR_DUE, params)).fetchall()
+        free, in_flight = int(rows[0][9]), int(rows[0][10])
+        due = [row for row in rows if row[0] is not None]
+        result = FillResult(queue.queue, in_flight, free)
         if free > 0:
-            params = {
-                "queue": queue.queue,
-                "room": free,
-                "keys": pgarray.words(list(busy)),
-                "busy": pgarray.ints(list(busy.values())),
-            }
-            due = await (await conn.execute(statements.JOB_GET_FAIR_DUE, params)).fetchall()
             if len(due) < free:
-                self._waiting.discard(queue.queue)
+                self._waiting.discard(queue.queue)  # every due job fitted: none waits
             else:
                 self._waiting.add(queue.queue)
-            if due:
-                result.batch = await self.publisher.publish_rows(conn, due)
+        if due:
+            result.batch = await self.publisher.publish_rows(conn, due)
         if self.on_fill is not None:
             self.on_fill(result)
         return result

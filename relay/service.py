@@ -359,6 +359,7 @@ class Relay:
         redis_down = False
         try:
             while not self.stopping:
+                notified = wake.is_set()  # an insert's NOTIFY (or a stop) woke this round
                 wake.clear()
                 await schedules.step(conn)  # needs no Redis: occurrences go to the outbox
                 try:
@@ -376,7 +377,7 @@ class Relay:
                         keep_going=lambda: not self.stopping,
                         on_batch=self._record,
                     )
-                    await fair.step(conn)
+                    await fair.step(conn, notified=notified)
                     await reconciler.step(conn)
                     await reconciler.sweep(conn)
                 except RedisError as exc:

@@ -1,4 +1,4 @@
-"""Fair queues' pure parts: the room a fill may use, the key a producer writes, declarations refused."""
+"""Fair queues' pure parts: the key a producer writes, declarations refused."""
 
 from __future__ import annotations
 
@@ -6,13 +6,6 @@ import pytest
 
 from postbox import fairness
 from postbox.errors import InvalidOptionError
-from postbox.relay.fairness import room
-
-
-def test_room_is_the_window_less_every_key_in_flight_never_below_zero() -> None:
-    assert room(10, {}) == 10
-    assert room(10, {"a": 4, "b": 3}) == 3
-    assert room(10, {"a": 12}) == 0  # a smaller window declared while more were in flight
 
 
 @pytest.mark.parametrize(
