@@ -267,6 +267,39 @@ def test_twenty_rest_producers_at_once_get_the_surviving_job_and_it_runs_once_de
     assert one(db, "SELECT count(*) FROM postbox.job_attempts") == 2
 
 
+def test_a_debounced_job_whose_worker_is_sigkilled_mid_run_takes_no_new_args_and_runs_once(
+    fleet: Fleet, db: psycopg.Connection[Any]
+) -> None:
+    """The job has started (claimed): an enqueue of its key while its worker lies dead starts a new job
+    instead of changing the started one's args. The takeover finishes the first with its own args, the new
+    one runs after its window with the newer args: two effects, one each."""
+    fleet.relay()
+    first_worker = fleet.worker()
+    first = postbox.enqueue(db, jc.jc_debounced_slow, {"doc": "k", "version": 1, "seconds": 2.0})
+    wait_until(
+        lambda: one(db, "SELECT state FROM postbox.outbox WHERE id = %s", (first,)) == "running",
+        60,
+        message=lambda: f"the debounced job running\n{fleet.logs()}",
+    )
+    first_worker.kill()
+    first_worker.wait(10)
+    second = postbox.enqueue(db, jc.jc_debounced_slow, {"doc": "k", "version": 2, "seconds": 0.0})
+    assert second != first and not second.duplicate
+    assert one(db, "SELECT args->>'version' FROM postbox.outbox WHERE id = %s", (first,)) == "1"
+    fleet.worker()
+    wait_until(
+        lambda: one(db, "SELECT count(*) FROM postbox.outbox WHERE state = 'succeeded'") == 2,
+        90,
+        message=lambda: f"both run\n{fleet.logs()}",
+    )
+    assert db.execute("SELECT job_id, label FROM worker_effects ORDER BY job_id").fetchall() == [
+        (first, "k:v1"),
+        (second, "k:v2"),
+    ]
+    attempts = db.execute("SELECT outbox_id, attempt, outcome FROM postbox.job_attempts ORDER BY 1, 2").fetchall()
+    assert attempts == [(first, 1, "lost"), (first, 2, "succeeded"), (second, 1, "succeeded")]
+
+
 # --- moving waiting jobs -----------------------------------------------------------------------------------
 
 

@@ -23,6 +23,13 @@ async def jc_debounced(ctx: Any, doc: str, version: int) -> None:
     await _effect(ctx, f"{doc}:v{version}")
 
 
+@task(queue=QUEUE, retry=FAST, max_attempts=5, unique=debounce(1.0, by="doc"))
+async def jc_debounced_slow(ctx: Any, doc: str, version: int, seconds: float = 0.0) -> None:
+    """A debounced task that takes its time (a worker can be killed mid-run)."""
+    await asyncio.sleep(seconds)
+    await _effect(ctx, f"{doc}:v{version}")
+
+
 @task(queue=QUEUE, retry=FAST, unique=debounce(60, by="doc", merge=True))
 async def jc_merged(ctx: Any, doc: str, **fields: Any) -> None:
     await _effect(ctx, doc)
