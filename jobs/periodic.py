@@ -118,6 +118,13 @@ def periodic(
     is never "missed". ``queue`` and ``priority`` default to the task's.
     """
     spec = (registry if registry is not None else default_registry).resolve(task)
+    if spec.encrypted:  # the relay enqueues a schedule's jobs in SQL, without the keys (postbox.encryption)
+        raise InvalidOptionError(
+            f"task {spec.name!r} is encrypted: a schedule's jobs are enqueued by the relay, which holds no key,"
+            " so their args would be stored in the clear and refused by the worker; schedule a plain task whose"
+            " handler enqueues it",
+            field="task",
+        )
     schedule_name = spec.name if name is None else name
     if not isinstance(schedule_name, str):  # no repr: a 5,000-digit int has none
         raise InvalidOptionError(f"schedule name must be a string, got {type(schedule_name).__name__}", field="name")

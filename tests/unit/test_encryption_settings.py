@@ -1,9 +1,11 @@
-"""POSTBOX_ENCRYPTION_KEYS is a setting: validated at load, named in errors, never shown (issue 32, item 6)."""
+"""POSTBOX_ENCRYPTION_KEYS is a setting: validated at load, named in errors, never shown; an encrypted task
+cannot be scheduled (issue 32, item 6)."""
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -95,3 +97,18 @@ def test_a_bad_value_is_a_settings_error_naming_the_setting_never_the_key(
     with pytest.raises(SettingsError) as parsed:
         encryption.Keyring.parse(value)
     assert all(secret not in str(parsed.value) for secret in (KEY1, KEY2, SHORT))
+
+
+def test_an_encrypted_task_cannot_be_scheduled_and_nothing_is_declared() -> None:
+    from postbox.errors import InvalidOptionError
+    from postbox.periodic import ScheduleBook, periodic
+    from postbox.registry import Registry, task
+
+    registry, book = Registry(), ScheduleBook()
+
+    @task(registry=registry, encrypted=True)
+    def secret(ctx: Any, card: str = "") -> None: ...
+
+    with pytest.raises(InvalidOptionError, match="task 'secret' is encrypted: a schedule's jobs are enqueued by the"):
+        periodic(secret, every=60, registry=registry, book=book)
+    assert len(book) == 0
