@@ -1985,13 +1985,15 @@ class Statements(schema.Templates):
     # _WORKFLOW_WITH_COUNTS gives them, in one transaction: the first statement locks those
     # that look ended (one locked by a retry or a requeue is skipped: that transaction sets
     # it running, or the next hint or sweep checks it again); the second, whose snapshot is
-    # taken with the locks held, sees any retry committed before and decides.
+    # taken with the locks held, sees any retry committed before and decides. A workflow's
+    # jobs are probed newest first: its last jobs (a fan-in's callback, a chain's tail) end
+    # last, so a running workflow is seen running at the first row, not after its ended ones.
     WORKFLOW_LOCK_ENDED: LiteralString = """
     SELECT w.id FROM {schema}.workflows w
      WHERE w.id = ANY(%(ids)s::int8[]) AND w.ended_at IS NULL
-       AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
-                        WHERE o.workflow_id = w.id
-                          AND o.state IN ('waiting', 'pending', 'queued', 'running', 'retrying'))
+       AND (SELECT o.id FROM {schema}.outbox o
+             WHERE o.workflow_id = w.id AND o.state IN ('waiting', 'pending', 'queued', 'running', 'retrying')
+             ORDER BY o.id DESC LIMIT 1) IS NULL
      ORDER BY w.id
        FOR UPDATE SKIP LOCKED
     """
@@ -2000,9 +2002,9 @@ class Statements(schema.Templates):
     WITH ended AS (
         UPDATE {schema}.workflows w SET ended_at = clock_timestamp()
          WHERE w.id = ANY(%(ids)s::int8[]) AND w.ended_at IS NULL
-           AND NOT EXISTS (SELECT 1 FROM {schema}.outbox o
-                            WHERE o.workflow_id = w.id
-                              AND o.state IN ('waiting', 'pending', 'queued', 'running', 'retrying'))
+           AND (SELECT o.id FROM {schema}.outbox o
+                 WHERE o.workflow_id = w.id AND o.state IN ('waiting', 'pending', 'queued', 'running', 'retrying')
+                 ORDER BY o.id DESC LIMIT 1) IS NULL
         RETURNING w.id, w.name, w.jobs
     )
     SELECT e.id, e.name, e.jobs,
