@@ -295,6 +295,11 @@ def task(
         args_model = build_args_model(func, task_name)
         if limit.partition_by is not None:
             check_partition_arg(task_name, limit.partition_by, args_model)
+            if encrypted:  # (the worker reads the partition from the args as stored: sealed, it would find none)
+                raise InvalidOptionError(
+                    f"task {task_name!r}: encrypted arguments cannot partition its limits (partition_by)",
+                    field="encrypted",
+                )
         if unique is not None:
             if not isinstance(unique, Unique):
                 raise InvalidOptionError(

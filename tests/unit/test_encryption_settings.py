@@ -112,3 +112,16 @@ def test_an_encrypted_task_cannot_be_scheduled_and_nothing_is_declared() -> None
     with pytest.raises(InvalidOptionError, match="task 'secret' is encrypted: a schedule's jobs are enqueued by the"):
         periodic(secret, every=60, registry=registry, book=book)
     assert len(book) == 0
+
+
+def test_an_encrypted_task_cannot_partition_its_limits_by_an_argument() -> None:
+    from postbox.errors import InvalidOptionError
+    from postbox.registry import Registry, task
+
+    registry = Registry()
+    with pytest.raises(InvalidOptionError, match="encrypted arguments cannot partition its limits"):
+
+        @task(registry=registry, encrypted=True, concurrency=2, partition_by="customer")
+        def sealed(ctx: Any, customer: str) -> None: ...
+
+    assert registry.names() == []
