@@ -13,6 +13,15 @@ end, divided by N:
 - ``redis``: the redis-server process (all its threads; the sandbox's Redis
   database is the only one the bench drives, other clients of the server count too).
 
+With ``--rate R`` the jobs are committed one per transaction at R jobs/s
+(``bench latency``'s producer) while the relay and worker run: each job wakes
+them on its own, so the figures are the low-rate cost per job (wake-ups,
+reads, claims, outcomes and acknowledgements of one or two jobs at a time).
+With ``--spread`` the jobs go round robin over 100 queues x 10 priorities (the
+many-queues shape of ``postbox-bench growth --growth queues``) and the worker
+consumes all of them: the per-stream costs of reading, waking and
+acknowledging show up against the one-queue figures.
+
 CPU time is what a process used, not how long it waited for a core, so these
 figures hold on a loaded machine where jobs/s do not. Run it twice with
 ``PYTHONPATH`` pointing at two copies of the ``postbox`` package to compare
@@ -33,12 +42,13 @@ import psycopg
 import redis as syncredis
 
 from postbox import enqueue_many
-from postbox_bench import outbox
+from postbox_bench import growth, outbox
 from postbox_bench import worker as bench_worker
 from postbox_bench.flow import FORGET_WORKERS, wait_registered
 from postbox_bench.procs import bench_env, children
 from postbox_bench.sandbox import sandbox
 from postbox_bench.schedules import LEADS, cpu_seconds
+from postbox_bench.steady import produce
 from postbox_bench.tasks import EFFECTS_DDL
 
 BACKENDS: LiteralString = (
@@ -78,7 +88,15 @@ def _redis_pid(url: str) -> int | None:
 
 
 def measure(
-    task: str, jobs: int, repeat: int, concurrency: int, worker_env: dict[str, str], profile: str | None = None
+    task: str,
+    jobs: int,
+    repeat: int,
+    concurrency: int,
+    worker_env: dict[str, str],
+    profile: str | None = None,
+    *,
+    spread: bool = False,
+    rate: float | None = None,
 ) -> list[dict[str, float]]:
     """``repeat`` drains of ``jobs`` jobs: each a dict role -> µs of CPU per job."""
     database_url = os.environ["POSTBOX_DATABASE_URL"]
@@ -99,15 +117,25 @@ def measure(
                 box.clean_redis_prefix()
                 with children(env) as kids:
                     relay = kids.python("relay", ["postbox.relay", "run"]).pid
-                    worker = kids.python("worker", bench_worker.worker_argv(concurrency), worker_env).pid
+                    argv = (
+                        growth.worker_argv(concurrency, growth.QUEUES)
+                        if spread
+                        else bench_worker.worker_argv(concurrency)
+                    )
+                    worker = kids.python("worker", argv, worker_env).pid
                     wait_registered(conn, kids, [worker])
                     outbox.wait_until(lambda: outbox.scalar(conn, LEADS) == 1, 60, check=kids.check_alive)
-                    enqueue_many(conn, [{"task": task, "args": {"n": i}} for i in range(jobs)])
+                    where = growth.spread if spread else (lambda _i: {})
+                    if rate is None:
+                        enqueue_many(conn, [{"task": task, "args": {"n": i}, **where(i)} for i in range(jobs)])
                     pg_before = _backends(conn)
                     before = {"worker": cpu_seconds(worker), "relay": cpu_seconds(relay)}
                     before["redis"] = cpu_seconds(redis_pid) if redis_pid else 0.0
                     spy = _py_spy(worker, f"{profile}.{len(results) + 1}") if profile else None
                     conn.commit()
+                    if rate is not None:  # one job per transaction, on schedule (the producers' backends
+                        # have ended when the drain does: they are not counted)
+                        produce(url, task, rate, jobs / rate, where if spread else None)
                     try:
                         if not bench_worker.drain(conn, kids, jobs):
                             raise RuntimeError(f"{jobs} jobs not drained in time")
@@ -134,10 +162,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE", help="extra worker environment")
     p.add_argument("--profile", metavar="PATH", help="py-spy the worker: collapsed stacks to PATH.<rep>")
+    p.add_argument("--spread", action="store_true", help="jobs over 100 queues x 10 priorities, one worker on all")
+    p.add_argument("--rate", type=float, help="commit the jobs one by one at this rate (jobs/s) instead of at once")
     args = p.parse_args(argv)
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
     for index, row in enumerate(
-        measure(args.task, args.jobs, args.repeat, args.concurrency, worker_env, args.profile), 1
+        measure(
+            args.task,
+            args.jobs,
+            args.repeat,
+            args.concurrency,
+            worker_env,
+            args.profile,
+            spread=args.spread,
+            rate=args.rate,
+        ),
+        1,
     ):
         total = sum(row.values())
         cells = "  ".join(f"{role} {row[role]:7.1f}" for role in ROLES)

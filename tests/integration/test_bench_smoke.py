@@ -249,6 +249,7 @@ def test_bench_rest_drives_the_api_with_ab_and_pgbench_inserts(servers: Servers)
         "rest.p50",
         "rest.p99",
         "rest.pgbench_insert",
+        "rest.pgbench_outbox",
         "rest.ratio",
         "rest.ratio_bare",
         "rest.ratio_outbox",
@@ -348,6 +349,16 @@ def test_bench_cpu_prints_cpu_per_job_of_each_role(servers: Servers, monkeypatch
     rows = bench_cpu.measure("bench_effect", jobs=40, repeat=1, concurrency=10, worker_env={})
     assert len(rows) == 1 and sorted(rows[0]) == sorted(bench_cpu.ROLES)
     assert rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
+
+
+def test_bench_cpu_at_a_rate_over_many_queues(servers: Servers, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--rate` commits one job per transaction on schedule; `--spread` puts them on 100 queues x 10 priorities."""
+    from postbox_bench import cpu as bench_cpu
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    rows = bench_cpu.measure("bench_noop", jobs=30, repeat=1, concurrency=10, worker_env={}, spread=True, rate=60)
+    assert len(rows) == 1 and rows[0]["worker"] > 0 and rows[0]["relay"] > 0
 
 
 @pytest.mark.parametrize(
