@@ -423,9 +423,11 @@ class Statements(schema.Templates):
     # keys, so the waiting ones are in the relay's id-ordered list again. ``queue`` NULL:
     # every queue without a declaration (the relay's safety net, e.g. a job moved to
     # another queue while it waited).
+    # (Written as the two partial indexes' predicates, so it reads them, never the table.)
     JOB_CLEAR_FAIR_KEYS: LiteralString = """
     UPDATE {schema}.outbox o SET fair_key = NULL
-     WHERE o.fair_key IS NOT NULL AND o.state IN ('pending', 'queued', 'running', 'retrying')
+     WHERE o.fair_key IS NOT NULL
+       AND ((o.published_at IS NULL AND o.state IN ('pending', 'retrying')) OR o.state IN ('queued', 'running'))
        AND (o.queue = %(queue)s::text
             OR (%(queue)s::text IS NULL
                 AND NOT EXISTS (SELECT 1 FROM {schema}.fair_queues f WHERE f.queue = o.queue)))
