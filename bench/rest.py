@@ -23,8 +23,10 @@ separates the bare route from postbox in the database, so ``rest.ratio_outbox``
 pgbench with C clients for
 ``--duration`` seconds, each transaction one ``INSERT`` of one row into a
 two-column table (``public.bench_rows``), autocommit: the database's limit
-(``rest.ratio``, ab's req/s over pgbench's tps, target >= 0.3). p99 is held to
-<= 50 ms at C = 10.
+(``rest.ratio``, ab's req/s over pgbench's tps, target >= 0.3), and pgbench
+running postbox's own enqueue statement the same way (``rest.pgbench_outbox``:
+the outbox row, its indexes and its NOTIFY trigger, no Python at all; the
+REST path's own database limit). p99 is held to <= 50 ms at C = 10.
 
 CPU per request, per role: the API process's own (all its threads, from
 ``/proc/<pid>/task/*/schedstat``) and its PostgreSQL backends' (found by
@@ -57,6 +59,7 @@ from typing import Any, LiteralString
 import orjson
 import psycopg
 
+from postbox import sql
 from postbox_bench import bare_api, outbox, pgbench
 from postbox_bench.params import Params
 from postbox_bench.procs import Children, bench_env, children
@@ -73,6 +76,24 @@ ROWS_DDL: LiteralString = (
     "CREATE TABLE IF NOT EXISTS public.bench_rows (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
 )
 INSERT_SCRIPT = "INSERT INTO public.bench_rows (at) VALUES (now());\n"
+
+
+def outbox_insert_script() -> str:
+    """postbox's enqueue statement with the bare route's ``--outbox`` values as literals (pgbench syntax)."""
+    values = {**bare_api.OUTBOX_VALUES, "task": BODY["task"], "args": orjson.dumps(BODY["args"]).decode()}
+    literals = {name: _literal(value) for name, value in values.items()}
+    return pgbench.render(sql.active().JOB_INSERT_RETURNING_JOB, literals) + "\n"
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
 
 _RPS = re.compile(r"^Requests per second:\s+([0-9.]+)", re.MULTILINE)
 _FAILED = re.compile(r"^Failed requests:\s+(\d+)", re.MULTILINE)
@@ -219,11 +240,14 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
         SCENARIO, "rest.cpu_outbox_pg", "that route's PostgreSQL backends CPU per request", "µs", higher_is_better=False
     )
     insert = Figure(SCENARIO, "rest.pgbench_insert", f"pgbench one-row INSERT, {clients} clients, {seconds} s", "tx/s")
+    outbox_insert = Figure(
+        SCENARIO, "rest.pgbench_outbox", f"pgbench postbox's enqueue INSERT, {clients} clients, {seconds} s", "tx/s"
+    )
     ratio = Figure(SCENARIO, "rest.ratio", "REST req/s / pgbench INSERT tx/s (paired)", "x", target=Target(">=", 0.3))
     outbox_figures = (outbox_rps, outbox_p99, ratio_outbox, cpu_outbox, cpu_outbox_pg)
     ab_figures = (rps, p50, p99, bare_rps, bare_p99, ratio_bare, cpu_api, cpu_api_pg, cpu_bare, cpu_bare_pg)
     ab_figures += outbox_figures
-    figures = [*ab_figures, insert, ratio]
+    figures = [*ab_figures, insert, outbox_insert, ratio]
     have_ab = shutil.which("ab") is not None
     have_pgbench = pgbench.available()
     if not have_ab:
@@ -232,7 +256,7 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
             figure.label += f" [skipped: {AB_MISSING}]"
     if not have_pgbench:
         progress.say(f"rest: {pgbench.MISSING}; pgbench figures skipped")
-        for figure in (insert, ratio):
+        for figure in (insert, outbox_insert, ratio):
             figure.label += f" [skipped: {pgbench.MISSING}]"
     key = secrets.token_urlsafe(24)
     port, bare_port, outbox_port = free_port(), free_port(), free_port()
@@ -344,6 +368,11 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                         result = pgbench.run(database_url, INSERT_SCRIPT, clients=clients, seconds=seconds)
                         insert.values.append(result.tps)
                         progress.say(f"rest rep {rep + 1}/{params.repeat}: pgbench INSERT {result.tps:,.0f} tx/s")
+                        result = pgbench.run(database_url, outbox_insert_script(), clients=clients, seconds=seconds)
+                        outbox_insert.values.append(result.tps)
+                        progress.say(
+                            f"rest rep {rep + 1}/{params.repeat}: pgbench postbox's INSERT {result.tps:,.0f} tx/s"
+                        )
                     if have_ab and have_pgbench:
                         ratio.values.append(rps.values[-1] / insert.values[-1])
             outbox.reset(conn)

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 import psycopg
 import pytest
@@ -374,3 +375,21 @@ def test_bench_paths_runs_each_variant(
     assert bench_paths.main([path, variant, "30"]) == 0
     assert re.fullmatch(rf"{path} {variant}: client [\d,]+ µs/job, PostgreSQL [\d,]+ µs/job\n", capsys.readouterr().out)
     assert bench_paths.main([path, "nope", "30"]) == 2
+
+
+def test_bench_rest_app_measures_the_enqueue_in_process(
+    child_env: dict[str, str], conn: psycopg.Connection[Any]
+) -> None:
+    """`python -m postbox_bench.rest_app` at tiny sizes: every POST became a job (else it raises), CPU printed."""
+    env = {**child_env, "POSTBOX_API_MAX_LOOP_LAG": "0"}
+    out = {}
+    for what in ("api", "bare", "database"):
+        argv = [sys.executable, "-m", "postbox_bench.rest_app", what, "--requests", "20"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        out[what] = done.stdout
+    assert re.fullmatch(r"api: [\d,]+ µs of CPU per request\n", out["api"])
+    assert re.fullmatch(r"bare: [\d,]+ µs of CPU per request\n", out["bare"])
+    assert len(re.findall(r"µs of backend CPU per insert", out["database"])) == 3
+    jobs = conn.execute("SELECT count(*) FROM postbox.outbox WHERE task = 'bench_noop'").fetchone()
+    assert jobs == (200 + 20 + 50 + 20,)  # the API's warm-up and POSTs, then the database run's
