@@ -39,6 +39,18 @@ class RelayMetrics:
             ["queue"],
             registry=self.registry,
         )
+        self.workflow_jobs = Counter(
+            "postbox_relay_workflow_jobs",
+            "Jobs of workflows that left 'waiting' as the relay was told (type: released, or cancelled by policy).",
+            ["type"],
+            registry=self.registry,
+        )
+        self.workflows_ended = Counter(
+            "postbox_relay_workflows_ended",
+            "Workflows whose jobs have all ended, marked and announced by the relay, by final status.",
+            ["status"],
+            registry=self.registry,
+        )
         self.is_leader = Gauge("postbox_relay_is_leader", "1 while this relay leads, else 0.", registry=self.registry)
         self._server: Any = None
 

@@ -313,6 +313,7 @@ class Relay:
             self.settings.schema_name,
             emit_events=self.emit_events,
             on_listening=lambda: _fire(self.signals.workflow_events_listening),
+            metrics=self.metrics,
         )
         forwarder = asyncio.create_task(self.workflow_events.run(), name=f"{self.id}-workflow-events")
         publisher = Publisher(

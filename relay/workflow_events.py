@@ -41,6 +41,7 @@ from psycopg import AsyncConnection
 
 from postbox import events, redis_conn, sql
 from postbox.db import connect_async
+from postbox.relay.metrics import RelayMetrics
 from postbox.streams import events_channel
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class WorkflowEvents:
         sweep_interval: float = 10.0,
         reconnect_delay: float = 0.2,
         on_listening: Callable[[], None] | None = None,
+        metrics: RelayMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
@@ -125,6 +127,7 @@ class WorkflowEvents:
         self.sweep_interval = sweep_interval
         self.reconnect_delay = reconnect_delay
         self.on_listening = on_listening
+        self.metrics = metrics
         self.clock = clock
         self.forwarded = 0
         self.announced = 0
@@ -165,6 +168,9 @@ class WorkflowEvents:
                     if self.clock() >= deadline:
                         break
             if pending.events:
+                if self.metrics is not None:
+                    for evt in pending.events:
+                        self.metrics.workflow_jobs.labels(evt["type"]).inc()
                 await self._publish(pending.events)
             workflow_ids = set(pending.workflow_ids)
             if pending.job_ids:
@@ -199,6 +205,9 @@ class WorkflowEvents:
             ended = await cur.fetchall()
         if ended:
             self.announced += len(ended)
+            if self.metrics is not None:
+                for row in ended:
+                    self.metrics.workflows_ended.labels(str(row[3])).inc()
             await self._publish([finished_event(int(r[0]), str(r[1]), int(r[2]), str(r[3])) for r in ended])
 
     async def _wanted(self) -> bool:

@@ -161,6 +161,11 @@ async def test_releases_cascades_and_the_end_are_announced_once_and_never_for_a_
         assert (await feed.until(6))[5] == ("released", d)
         end(conn, d, "succeeded")
         assert (await feed.until(7))[6] == ("workflow_finished", ids.id, "succeeded")
+        sample = relay.metrics.registry.get_sample_value
+        assert sample("postbox_relay_workflows_ended_total", {"status": "failed"}) == 1
+        assert sample("postbox_relay_workflows_ended_total", {"status": "succeeded"}) == 1
+        assert sample("postbox_relay_workflow_jobs_total", {"type": "released"}) == 4  # b, c; b again, d
+        assert sample("postbox_relay_workflow_jobs_total", {"type": "cancelled"}) == 1
         # the sweep checks every workflow not ended: this one is not announced again
         assert relay.workflow_events is not None
         async with await psycopg.AsyncConnection.connect(str(settings.database_url), autocommit=True) as sweeper:
