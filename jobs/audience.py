@@ -44,6 +44,14 @@ class Audience:
         self.present_at_check = True  # until a check says otherwise
         self.checked_at: float | None = None
 
+    def known(self) -> bool | None:
+        """The answer without I/O: True with a local subscriber, the last count while fresh, else None."""
+        if self.local():
+            return True
+        if self.checked_at is not None and self.monotonic() - self.checked_at < self.interval:
+            return self.present_at_check
+        return None
+
     async def present(self) -> bool:
         """True while a local subscriber exists or the last count (at most ``interval`` old) found one.
 
@@ -51,12 +59,10 @@ class Audience:
         get the last answer without waiting. A failed count raises (the caller decides
         what an unknown audience means, and how long to wait before the next call).
         """
-        if self.local():
-            return True
-        now = self.monotonic()
-        if self.checked_at is not None and now - self.checked_at < self.interval:
-            return self.present_at_check
-        self.checked_at = now
+        answer = self.known()
+        if answer is not None:
+            return answer
+        self.checked_at = self.monotonic()
         try:
             self.present_at_check = await redis_conn.subscribers(self.redis, self.channel) > 0
         except BaseException:

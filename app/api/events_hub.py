@@ -187,6 +187,9 @@ class EventPublisher:
             return False
         if self.audience is None:
             return True
+        known = self.audience.known()  # the usual case: no I/O, no timer
+        if known is not None:
+            return known
         try:
             async with asyncio.timeout(self.timeout):
                 return await self.audience.present()

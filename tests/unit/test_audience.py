@@ -41,12 +41,15 @@ async def test_the_count_is_kept_for_the_interval_and_asked_again_after() -> Non
     now = [10.0]
     redis = _Counted(listeners=0)
     audience = Audience(redis, "pfx:events", interval=1.0, monotonic=lambda: now[0])  # type: ignore[arg-type]
+    assert audience.known() is None  # never counted: only present() may tell
     assert await audience.present() is False
     redis.listeners = 1
     now[0] = 10.9
+    assert audience.known() is False
     assert await audience.present() is False  # the last answer, not asked again
     assert redis.numsub_calls == 1
     now[0] = 11.0
+    assert audience.known() is None
     assert await audience.present() is True
     assert redis.numsub_calls == 2
 
