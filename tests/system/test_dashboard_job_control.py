@@ -21,11 +21,11 @@ from postbox.events import encode, event
 from postbox.streams import events_channel
 from tests.harness.tasks import job_control as jc
 from tests.harness.wait import wait_until
-from tests.system.test_dashboard import KEY, TIMEOUT_MS, _go, _open, api_process, browser, expect
-from tests.system.test_dashboard import pytestmark as dashboard_marks
+from tests.system import test_dashboard as dash
+from tests.system.test_dashboard import KEY, TIMEOUT_MS, _go, _open, api_process
 
-pytestmark = dashboard_marks
-__all__ = ["browser"]  # the fixture, used by name
+pytestmark = dash.pytestmark  # skipped, with the reason, where chromium or Playwright is missing
+browser = dash.browser  # the fixture, used by name
 
 K1 = "k1:" + base64.b64encode(b"\x07" * 32).decode()
 CARD = "4000-1234-5678-9010"
@@ -73,12 +73,12 @@ def test_progress_bar_live_move_and_encrypted_args_on_the_job_page(
             # Before login: the bar and its numbers, not the handler's note; the sealed args withheld.
             _open(page, f"{api.url}/#/jobs/{ids['running']}", "job")
             bar = page.locator("#job-progress")
-            expect(bar).to_have_attribute("max", "168")
-            expect(bar).to_have_attribute("value", "42")
-            expect(page.locator("#job-progress-text")).to_contain_text("42/168 (25%)")
-            expect(page.locator("#job-progress-text")).not_to_contain_text("alice")
+            dash.expect(bar).to_have_attribute("max", "168")
+            dash.expect(bar).to_have_attribute("value", "42")
+            dash.expect(page.locator("#job-progress-text")).to_contain_text("42/168 (25%)")
+            dash.expect(page.locator("#job-progress-text")).not_to_contain_text("alice")
             _go(page, f"#/jobs/{ids['secret']}", "job")
-            expect(page.locator("main")).not_to_contain_text(CARD)
+            dash.expect(page.locator("main")).not_to_contain_text(CARD)
 
             _go(page, "#/login", "login")
             page.fill("#key", KEY)
@@ -87,7 +87,7 @@ def test_progress_bar_live_move_and_encrypted_args_on_the_job_page(
 
             # Logged in: the note; then a new value, written and announced as a worker does, shows live.
             _go(page, f"#/jobs/{ids['running']}", "job")
-            expect(page.locator("#job-progress-text")).to_contain_text("— rows of alice")
+            dash.expect(page.locator("#job-progress-text")).to_contain_text("— rows of alice")
             progress = {"done": 84, "total": 168, "note": "half", "attempt": 1}
             conn.execute(
                 "UPDATE postbox.outbox SET progress = %s::jsonb || jsonb_build_object('at', now()) WHERE id = %s",
@@ -110,14 +110,14 @@ def test_progress_bar_live_move_and_encrypted_args_on_the_job_page(
                 )
             finally:
                 redis.close()
-            expect(page.locator("#job-progress")).to_have_attribute("value", "84")
-            expect(page.locator("#job-progress-text")).to_contain_text("84/168 (50%) — half")
+            dash.expect(page.locator("#job-progress")).to_have_attribute("value", "84")
+            dash.expect(page.locator("#job-progress-text")).to_contain_text("84/168 (50%) — half")
 
             # Move…: a new priority, confirmed, done through the API, audited.
             _go(page, f"#/jobs/{ids['waiting']}", "job")
             page.fill("#move-priority", "8")
             page.click("#job-move")
-            expect(page.locator("#confirm-text")).to_contain_text("priority 5 → 8")
+            dash.expect(page.locator("#confirm-text")).to_contain_text("priority 5 → 8")
             page.click("#confirm-ok")
             wait_until(
                 lambda: (
@@ -127,11 +127,11 @@ def test_progress_bar_live_move_and_encrypted_args_on_the_job_page(
                 30,
                 message="the move done through the API",
             )
-            expect(page.locator("#banner")).to_be_hidden()  # no error shown
+            dash.expect(page.locator("#banner")).to_be_hidden()  # no error shown
             audit = conn.execute("SELECT actor, action FROM postbox.audit_log WHERE action = 'job.move'").fetchall()
             assert len(audit) == 1 and audit[0][0].startswith("session:")
 
             # The encrypted job: its args opened for the logged-in reader (the API holds k1).
             _go(page, f"#/jobs/{ids['secret']}", "job")
-            expect(page.locator("main")).to_contain_text(CARD)
+            dash.expect(page.locator("main")).to_contain_text(CARD)
             context.close()
