@@ -59,7 +59,8 @@ async def wf_collect(ctx: Any, label: str) -> int:
         "results": sorted(str(r) for r in up.results()),
         "states": sorted(job.state for job in up.jobs),
         "failures": sorted(str((job.failure or {}).get("state")) for job in up.failures()),
-        "steps": sorted(up.results(wf_step)),
+        # str(): a result is None when its job's worker died between the commit and writing it
+        "steps": sorted(str(r) for r in up.results(wf_step)),
     }
     await _log(ctx, label, seen)
     return len(up.results())
