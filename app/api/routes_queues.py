@@ -56,7 +56,7 @@ async def list_queues(request: Request, conn: Annotated[AsyncConnection[Any], De
     st = api_state(request)
     known = await definitions.known_queues(conn, st.registry)
     stats = await queue_service.queue_stats(conn, st.redis, st.settings.redis_prefix, extra_queues=known)
-    return await _with_limits(conn, stats)
+    return await _with_limits(conn, stats, st.settings.fair_window)
 
 
 @queues.get("/{queue}", response_model=QueueStats, summary="Stats of one queue", responses=responses(401, 404, 422))
@@ -71,13 +71,23 @@ async def get_queue(
         queue=queue,
         extra_queues=await definitions.known_queues(conn, st.registry),
     )
-    return (await _with_limits(conn, found))[0]
+    return (await _with_limits(conn, found, st.settings.fair_window))[0]
 
 
-async def _with_limits(conn: AsyncConnection[Any], stats: list[QueueStatsResult]) -> list[dict[str, Any]]:
-    """Each queue's stats with its flow-control limits: its own, then its tasks' (postbox.app.services.limits)."""
+async def _with_limits(
+    conn: AsyncConnection[Any], stats: list[QueueStatsResult], default_window: int
+) -> list[dict[str, Any]]:
+    """Each queue's stats with its flow-control limits (its own, then its tasks') and its fairness, if fair."""
     grouped = await limit_service.queue_limits(conn)
-    return [{**as_dict(item), "limits": [as_dict(x) for x in grouped.get(item.queue, [])]} for item in stats]
+    fair = await fairness_service.by_queue(conn, default_window=default_window)
+    return [
+        {
+            **as_dict(item),
+            "limits": [as_dict(x) for x in grouped.get(item.queue, [])],
+            "fair": as_dict(fair[item.queue]) if item.queue in fair else None,
+        }
+        for item in stats
+    ]
 
 
 @queues.post("/{queue}/pause", response_model=QueueState, summary="Pause a queue", responses=responses(401, 403, 422))

@@ -191,6 +191,9 @@ class QueueStats(BaseModel):
     limits: list[Limit] = Field(
         default_factory=list, description="Flow-control limits of the queue and of its tasks (exact)."
     )
+    fair: QueueFairness | None = Field(
+        default=None, description="A fair queue's window and its five keys with the most waiting (null: not fair)."
+    )
 
 
 class QueueState(BaseModel):

@@ -31,6 +31,7 @@ from postbox.app.api.state import (
 )
 from postbox.app.dashboard import queries
 from postbox.app.dashboard.search import BULK_MAX, CREATION_SLACK, TEXT_MAX, TEXT_WINDOW, JobFilter
+from postbox.app.services import fairness as fairness_service
 from postbox.app.services import jobs as job_service
 from postbox.app.services import limits as limit_service
 from postbox.app.services import queues as queue_service
@@ -209,8 +210,10 @@ async def queue_stats(request: Request, conn: AsyncConnection[Any]) -> list[dict
             }
         )
     limits = await limit_service.queue_limits(conn)  # as GET /api/v1/queues: its flow-control limits
+    fair = await fairness_service.by_queue(conn, default_window=st.settings.fair_window)  # and its fairness
     for item in out:
         item["limits"] = [as_dict(x) for x in limits.get(str(item["queue"]), [])]
+        item["fair"] = as_dict(fair[str(item["queue"])]) if str(item["queue"]) in fair else None
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from postbox import fairness
+from postbox import fairness, sql
 from postbox.app.services.audit import Actor, record_audit
 from postbox.app.services.checks import check_queue_name
 from postbox.app.services.errors import NotFoundError
@@ -81,3 +81,12 @@ async def clear(conn: AsyncConnection[Any], queue: str, actor: Actor) -> bool:
         if was:
             await record_audit(conn, actor, "queue.unfair", f"queue:{queue}")
     return was
+
+
+async def by_queue(conn: AsyncConnection[Any], *, default_window: int, keys: int = 5) -> dict[str, QueueFairness]:
+    """Every fair queue's fairness (its ``keys`` keys with the most waiting): what the queue lists show."""
+    rows = await (await conn.execute(sql.active().FAIR_QUEUE_LIST)).fetchall()
+    found = {}
+    for row in rows:
+        found[str(row[0])] = await get(conn, str(row[0]), default_window=default_window, keys=keys)
+    return found

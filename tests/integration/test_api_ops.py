@@ -60,6 +60,7 @@ def test_queue_stats_exact_counts_and_stream_numbers(
         "stream_pending": 1,
         "redis_error": None,
         "limits": [],  # flow-control limits of the queue and its tasks (test_limits_api.py)
+        "fair": None,  # not a fair queue (test_fair_queues_ops.py)
     }
     listed = {q["queue"]: q for q in client.get("/api/v1/queues").json()}
     assert listed["apiq"]["backlog"] == 1 and listed["apiq"]["in_streams"] == 3

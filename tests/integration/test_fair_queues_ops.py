@@ -94,3 +94,20 @@ def test_the_cli_declares_shows_and_clears_a_fair_queue(
     assert queues_cli.main(["fairness", "fairq"]) != 0
     actions = [row[1] for row in audit_rows(conn)]
     assert actions == ["queue.fair", "queue.unfair"] and audit_rows(conn)[0][0].startswith("cli:")
+
+
+def test_the_queue_lists_show_a_fair_queues_window_and_busiest_keys(
+    client: TestClient, conn: psycopg.Connection[Any]
+) -> None:
+    """GET /api/v1/queues (and the dashboard's list, the same answer) carry ``fair``: null for a plain queue."""
+    assert client.put(URL, json={"by": "tenant_id", "window": 8}).status_code == 200
+    jobs(conn, [("a", "pending")] * 2 + [("b", "queued")])
+    conn.execute("INSERT INTO postbox.outbox (queue, task) VALUES ('plainq', 'noop')")
+    conn.commit()
+    rest = {q["queue"]: q for q in client.get("/api/v1/queues").json()}
+    board = {q["queue"]: q for q in client.get("/api/v1/dashboard/queues").json()}
+    one = client.get("/api/v1/queues/fairq").json()
+    assert rest["plainq"]["fair"] is None and board["plainq"]["fair"] is None
+    for shown in (rest["fairq"]["fair"], board["fairq"]["fair"], one["fair"]):
+        assert (shown["by"], shown["window_in_force"], shown["in_flight"], shown["waiting"]) == ("tenant_id", 8, 1, 2)
+        assert shown["keys"] == [{"key": "a", "waiting": 2, "in_flight": 0}, {"key": "b", "waiting": 0, "in_flight": 1}]

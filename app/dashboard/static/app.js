@@ -775,6 +775,20 @@ function queuesPage() {
           { title: "in streams (approx.)", num: true, cell: (q) => num(q.in_streams) },
           { title: "dead", num: true, cell: (q) => num(q.dead) },
           {
+            title: "fair",
+            cell: (q) =>
+              q.fair
+                ? h(
+                    "span",
+                    {
+                      class: "queue-fair",
+                      title: q.fair.keys.map((k) => `${k.key || "''"}: ${k.waiting} waiting, ${k.in_flight} in flight`).join("\n"),
+                    },
+                    `by ${q.fair.by} · ${num(q.fair.in_flight)}/${num(q.fair.window_in_force)} in flight · ${num(q.fair.waiting)} waiting`,
+                  )
+                : "",
+          },
+          {
             title: "",
             cell: (q) =>
               h(
