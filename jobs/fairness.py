@@ -38,8 +38,8 @@ MAX_WINDOW = 1_000_000
 MAX_ARG = 200
 DECLARED_TTL = 2.0  # seconds a producer keeps the declarations it read (declared())
 
-# Per schema: (read at, {queue: key argument}); read by producers, never at import.
-_declared: dict[str, tuple[float, dict[str, str]]] = {}
+# Per database and schema: (read at, {queue: key argument}); read by producers, never at import.
+_declared: dict[tuple[str, ...], tuple[float, dict[str, str]]] = {}
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,14 @@ def key_of(args: str, by: str) -> str | None:
     return None
 
 
-def _cached(clock: Callable[[], float]) -> dict[str, str] | None:
-    entry = _declared.get(schema.active())
+def _where(conn: Connection[Any] | AsyncConnection[Any]) -> tuple[str, ...]:
+    """The database (server, port, name) and schema a cached copy belongs to."""
+    info = conn.info
+    return (str(info.host), str(info.port), str(info.dbname), schema.active())
+
+
+def _cached(where: tuple[str, ...], clock: Callable[[], float]) -> dict[str, str] | None:
+    entry = _declared.get(where)
     if entry is not None and clock() - entry[0] < DECLARED_TTL:
         return entry[1]
     return None
@@ -170,18 +176,20 @@ def declared(conn: Connection[Any], *, clock: Callable[[], float] = time.monoton
     Producers use it to write a bulk enqueue's keys with its rows (the relay keys
     a row that has none: a declaration newer than this copy costs nothing but that).
     """
-    found = _cached(clock)
+    where = _where(conn)
+    found = _cached(where, clock)
     if found is None:
         found = {row[0]: row[1] for row in conn.execute(sql.active().FAIR_QUEUE_LIST).fetchall()}
-        _declared[schema.active()] = (clock(), found)
+        _declared[where] = (clock(), found)
     return found
 
 
 async def declared_async(conn: AsyncConnection[Any], *, clock: Callable[[], float] = time.monotonic) -> dict[str, str]:
     """:func:`declared` on an async connection."""
-    found = _cached(clock)
+    where = _where(conn)
+    found = _cached(where, clock)
     if found is None:
         rows = await (await conn.execute(sql.active().FAIR_QUEUE_LIST)).fetchall()
         found = {row[0]: row[1] for row in rows}
-        _declared[schema.active()] = (clock(), found)
+        _declared[where] = (clock(), found)
     return found

@@ -221,3 +221,31 @@ async def test_an_unfair_queue_beside_a_fair_one_is_published_in_id_order_at_onc
 
 async def _ids(redis: aioredis.Redis, settings: Settings, queue: str) -> list[int]:
     return [int(e["id"]) for e in await entries(redis, settings.redis_prefix, queue)]
+
+
+def test_a_bulk_enqueue_writes_the_keys_with_its_rows(conn: psycopg.Connection[Any]) -> None:
+    """enqueue_many's COPY keys a fair queue's jobs itself (no relay running); a plain queue's stay unkeyed."""
+    from postbox import enqueue_many
+    from tests.harness.tasks import fair as f
+
+    fairness.declare(conn, f.QUEUE, by="tenant_id")
+    conn.commit()
+    ids = enqueue_many(conn, [{"task": "fair_job", "args": {"tenant_id": t}} for t in ("x", "y", "x")])
+    plain = enqueue_many(conn, [{"task": "fair_job", "args": {"tenant_id": "x"}, "queue": "plainq"}])
+    conn.commit()
+    rows = dict(conn.execute("SELECT id, fair_key FROM postbox.outbox").fetchall())
+    assert [rows[i] for i in ids] == ["x", "y", "x"]
+    assert rows[plain[0]] is None
+
+
+def test_a_producer_rereads_the_declarations_after_two_seconds(conn: psycopg.Connection[Any]) -> None:
+    now = [1000.0]
+    fairness.declare(conn, QUEUE, by="tenant_id")  # this process's copy is dropped
+    conn.commit()
+    assert fairness.declared(conn, clock=lambda: now[0]) == {QUEUE: "tenant_id"}
+    conn.execute("UPDATE postbox.fair_queues SET key_arg = 'org'")  # another process's change
+    conn.commit()
+    now[0] += 1.9
+    assert fairness.declared(conn, clock=lambda: now[0]) == {QUEUE: "tenant_id"}  # the copy, still fresh
+    now[0] += 0.2
+    assert fairness.declared(conn, clock=lambda: now[0]) == {QUEUE: "org"}
