@@ -45,10 +45,7 @@ class Observer:
             self._count(scope, status, started)
 
     def _count(self, scope: Scope, status: int, started: float) -> None:
-        template = _template(scope)
-        method = scope["method"]
-        self.metrics.requests.labels(method, template, str(status)).inc()
-        self.metrics.duration.labels(method, template).observe(time.perf_counter() - started)
+        self.metrics.served(scope["method"], _template(scope), status, time.perf_counter() - started)
 
 
 def _request_id(scope: Scope) -> str:

@@ -107,10 +107,10 @@ async def enqueue(
                     **options,
                 )
             except QueueFullError as exc:
-                st.metrics.enqueued.labels(exc.details["queue"], "queue_full").inc()
+                st.metrics.count_enqueued(exc.details["queue"], "queue_full")
                 raise
     job = done.job
-    st.metrics.enqueued.labels(job.queue, "duplicate" if done.duplicate else "created").inc()
+    st.metrics.count_enqueued(job.queue, "duplicate" if done.duplicate else "created")
     status = 200 if done.duplicate else 201
     if not done.duplicate and log.isEnabledFor(logging.INFO):
         log.info("enqueued", extra={"outbox_id": job.id, "task": job.task, "queue": job.queue})
