@@ -176,7 +176,7 @@ def test_workflows_under_killed_frozen_workers_and_lost_redis_end_with_each_call
         # Every run a killed worker held has its attempt in the history: lost (taken over or released),
         # or, for an outcome whose COMMIT reached PostgreSQL as the worker died, that outcome.
         for worker_id, held in lost_with.items():
-            ended = dict(
+            ended: dict[int, str] = dict(
                 db.execute(
                     "SELECT outbox_id, outcome FROM postbox.job_attempts"
                     " WHERE worker_id = %s AND (outbox_id, attempt) IN (SELECT * FROM unnest(%s::int8[], %s::int4[]))",
@@ -234,7 +234,9 @@ def test_workflows_under_killed_frozen_workers_and_lost_redis_end_with_each_call
                 cancelled_callbacks += 1
         assert (callbacks_run, cancelled_callbacks) == (10, 2)
 
-        states = Counter(dict(db.execute("SELECT state, count(*) FROM postbox.outbox GROUP BY state").fetchall()))
+        states: Counter[str] = Counter(
+            dict(db.execute("SELECT state, count(*) FROM postbox.outbox GROUP BY state").fetchall())
+        )
         jobs = sum(states.values())
         fails = sum(plan.fails for plan in planned.values())
         expected = 14 * WORKFLOWS + WIDE + fails  # head, 4 slow, 4 quick, 2 chained, plain, callback, tail (+ fail)
