@@ -580,11 +580,12 @@ class Statements(schema.Templates):
     #
     # ``entries`` (aligned with ``ids``; NULL for a delivery with no stream entry) are
     # the stream entries the claimed deliveries came in: a run's row names the entry
-    # pending in its worker's consumer, which is what recovers the run if the worker
-    # dies. A claim can commit before the relay's mark of the same publish (the mark
-    # then skips the row): without this, the row named no entry (a first publish) or an
-    # older one, and once its worker died and Redis lost the entry, the relay's sweep
-    # (JOB_GET_INFLIGHT) could not see that the entry was gone: the job stayed running.
+    # pending in its worker's consumer, or none (a job taken from its parking, an inline
+    # run), which is what recovers the run if the worker dies. A claim can commit before
+    # the relay's mark of the same publish (the mark then skips the row): without this,
+    # the row named no entry (a first publish) or an older one, and once its worker died
+    # and Redis lost the entry, the relay's sweep (JOB_GET_INFLIGHT) could not see that
+    # the entry was gone: the job stayed running.
     JOB_CLAIM_ATTEMPTS: LiteralString = """
     WITH locked AS (
         SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
@@ -619,7 +620,7 @@ class Statements(schema.Templates):
                started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
                finished_at = CASE WHEN l.verdict = 'running' THEN NULL ELSE now() END,
                published_at = coalesce(o.published_at, now()),
-               stream_id = CASE WHEN l.verdict = 'running' THEN coalesce(l.entry, o.stream_id) ELSE o.stream_id END,
+               stream_id = CASE WHEN l.verdict = 'running' THEN l.entry ELSE o.stream_id END,
                -- a claim that beats the relay's mark stands in for it: the publish is counted here
                publish_count = o.publish_count + (o.published_at IS NULL)::int,
                last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted'
