@@ -11,7 +11,10 @@ wake-up names the streams that answered, and the worker's next read looks at
 those only (over 100 queues x 10 priorities a read of every stream cost about
 2 ms of Redis and a wake-up's XREAD another 1.7 ms of worker CPU, per job at
 low rates); an entry added to another stream meanwhile is newer than that
-stream's tail, so the next wait answers at once and nothing is missed.
+stream's tail, so the next wait answers at once and nothing is missed. The
+wait blocks per group of :data:`WAIT_GROUP` streams, and the groups that did
+not answer stay blocked into the next wait: Redis re-registers one group's
+keys per wake-up, not every stream's.
 A group that vanished (Redis lost its data) is recreated from ``0`` once its
 stream holds an entry again (a read of an empty stream never asks for it).
 
@@ -84,6 +87,14 @@ return {found, 0, tails}
 
 EMPTY_TAIL = "0-0"
 
+# Streams per blocked wake-up XREAD. Redis registers a blocked XREAD on each of
+# its keys and unregisters it from all of them when one answers: over 1,000
+# streams in one XREAD that was about 370 us of Redis CPU per job at 200 jobs/s
+# (docs/benchmarks.md, issue 30). In groups, the groups that did not answer stay
+# blocked (their older tails still catch every newer entry) and only the one
+# that answered is registered again.
+WAIT_GROUP = 100
+
 
 def is_nogroup(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and "NOGROUP" in str(exc)
@@ -111,6 +122,9 @@ class Consumer:
         self._script = redis.register_script(READ_SCRIPT)
         self._group_and_consumer = (GROUP.encode(), consumer.encode())
         self._keys: dict[str, bytes] = {}
+        # Wake-up reads still blocked, by their group of streams (wait_for_new): they outlive the call
+        # that started them, so a wake-up re-registers only the group that answered.
+        self._blocked: dict[tuple[str, ...], asyncio.Future[set[str]]] = {}
 
     async def _run_script(self, streams: Sequence[str], count: int) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
@@ -201,19 +215,64 @@ class Consumer:
 
         Returns the streams that answered (empty at the timeout), or None when
         they are not known (a cluster): the caller then reads every stream. The
-        wait is one ``XREAD BLOCK`` packed by hiredis and sent raw (redis-py's
-        generic packing of 2,000 arguments cost 1.7 ms of worker CPU per wait over
-        1,000 streams); it consumes nothing from the group.
+        wait is an ``XREAD BLOCK`` per :data:`WAIT_GROUP` streams, packed by hiredis
+        and sent raw (redis-py's generic packing of 2,000 arguments cost 1.7 ms of
+        worker CPU per wait over 1,000 streams); it consumes nothing from the
+        group. The groups that did not answer stay blocked for the next call (end
+        them with :meth:`cancel_waits`).
         """
         if not tails:
             return set()
         if self._cluster:
             await self._wait_per_queue(tails, block)
             return None
-        keys = [self._key(stream) for stream in tails]
+        streams = list(tails)
+        groups = [tuple(streams[i : i + WAIT_GROUP]) for i in range(0, len(streams), WAIT_GROUP)]
+        wanted = set(groups)
+        stale = [group for group in self._blocked if group not in wanted]  # the active streams changed
+        if stale:
+            await self._cancel([self._blocked.pop(group) for group in stale])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + block
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0.001:
+                    return set()
+                for group in groups:
+                    if group not in self._blocked:
+                        self._blocked[group] = asyncio.ensure_future(self._xread(group, tails, remaining))
+                await asyncio.wait(self._blocked.values(), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                woken: set[str] = set()
+                for group in groups:
+                    wait = self._blocked[group]
+                    if wait.done():
+                        del self._blocked[group]
+                        woken |= wait.result()
+                if woken:
+                    return woken
+                # Only timeouts (a group's own block ran out): those groups block again until the deadline.
+        except BaseException:
+            await self.cancel_waits()
+            raise
+
+    async def cancel_waits(self) -> None:
+        """End the wake-up reads still blocked (their connections are dropped: a reply cannot come back later)."""
+        waits, self._blocked = list(self._blocked.values()), {}
+        await self._cancel(waits)
+
+    @staticmethod
+    async def _cancel(waits: list[asyncio.Future[set[str]]]) -> None:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+    async def _xread(self, group: tuple[str, ...], tails: dict[str, str], block: float) -> set[str]:
+        """One ``XREAD BLOCK`` over ``group`` after its tails: the streams that answered (empty at its timeout)."""
+        keys = [self._key(stream) for stream in group]
         payload = resp.command(
             b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
-            *keys, *(tail.encode() for tail in tails.values()),
+            *keys, *(tails[stream].encode() for stream in group),
         )  # fmt: skip
         [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)
         if isinstance(reply, ResponseError):

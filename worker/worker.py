@@ -382,6 +382,7 @@ class Worker:
                     await self._sleep(delay)
                     delay = min(delay * 2, 2.0)
         finally:
+            await self._consumer.cancel_waits()
             if dispatching:
                 await asyncio.gather(*dispatching, return_exceptions=True)
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis.asyncio as aioredis
 
 from postbox.streams import encode_entry, stream_key
+from postbox.worker import consumer as consumer_module
 from postbox.worker.consumer import Consumer, ensure_groups
 from tests.harness.redis_server import RedisServer
+from tests.harness.wait import wait_until_async
 
 
 async def add(client: aioredis.Redis, key: str, job_id: int, priority: int) -> bytes:
@@ -71,3 +74,38 @@ async def test_a_wake_up_names_the_streams_that_answered(private_redis: RedisSer
             assert [d.job_id for d in got] == [3]
         finally:
             await client.aclose()
+
+
+async def test_wake_up_reads_block_in_groups_and_only_the_one_that_answered_ends(
+    private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Groups that did not answer stay blocked for the next wait (Redis re-registers only one group's keys)."""
+    monkeypatch.setattr(consumer_module, "WAIT_GROUP", 1)  # a group per stream: three blocked reads
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=5)
+    high, mid, low = (stream_key("g", "q", p) for p in (9, 5, 1))
+    consumer = Consumer(client, consumer="worker-c0ffee00")
+    try:
+        await ensure_groups(client, [high, mid, low])
+        _, _, tails = await consumer.read([high, mid, low], 5)
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30))
+        await wait_until_async(lambda: blocked(client, 3), 10, message="three reads blocked")
+        await add(client, mid, 1, 5)
+        assert await asyncio.wait_for(waiting, 10) == {mid}
+        assert await blocked(client, 2)  # high's and low's reads are still blocked
+
+        got, _, new_tails = await consumer.read([high, mid, low], 5)
+        assert [d.job_id for d in got] == [1]
+        waiting = asyncio.ensure_future(consumer.wait_for_new(new_tails, 30))
+        await wait_until_async(lambda: blocked(client, 3), 10, message="mid's read blocked again")
+        await add(client, low, 2, 1)  # caught by low's read, blocked since the first wait
+        assert await asyncio.wait_for(waiting, 10) == {low}
+        await consumer.cancel_waits()
+        await wait_until_async(lambda: blocked(client, 0), 10, message="every read ended")
+    finally:
+        await consumer.cancel_waits()
+        await client.aclose()
+
+
+async def blocked(client: aioredis.Redis, count: int) -> bool:
+    info = await client.info("clients")
+    return int(info["blocked_clients"]) == count
