@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     )
     relay_batch_size: int = Field(default=1000, ge=1, le=50_000, description="Rows the relay publishes per batch.")
     fair_window: int = Field(
-        default=500,
+        default=1000,
         ge=1,
         le=1_000_000,
         description=(
@@ -106,7 +106,7 @@ class Settings(BaseSettings):
         ),
     )
     fair_poll_interval: float = Field(
-        default=0.05,
+        default=0.1,
         gt=0,
         le=10,
         description="Seconds between the relay's refills of a fair queue's window while jobs wait in it.",

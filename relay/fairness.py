@@ -84,6 +84,7 @@ class FairQueues:
         self._swept = -1e9
         self._waiting: set[str] = set()  # queues whose last fill was full: more may wait
         self._newest_scanned = -1e9
+        self._hurry = False  # the last step found a window at least half empty: refill sooner
 
     def window(self, queue: FairQueue) -> int:
         return queue.window or self.default_window
@@ -134,6 +135,11 @@ class FairQueues:
             await self._key_newest(conn)
         for queue in self.queues.values():
             results.append(await self.fill(conn, queue))
+        # A window that drained by half or more since the last fill (its workers are fast
+        # for it): look again in a quarter of the interval, before they run dry. Otherwise
+        # few, large fills: each walks the index entries of the jobs published since the
+        # last vacuum, so small frequent ones cost more per job.
+        self._hurry = any(r.room * 2 >= self.window(self.queues[r.queue]) for r in results if r.queue in self.queues)
         return results
 
     async def _key_newest(self, conn: AsyncConnection[Any]) -> None:
@@ -170,4 +176,6 @@ class FairQueues:
 
     def wait_hint(self) -> float | None:
         """Seconds until the next fill is worth it: ``poll_interval`` while a window may hold back jobs."""
-        return self.poll_interval if self._waiting else None
+        if not self._waiting:
+            return None
+        return self.poll_interval / 4 if self._hurry else self.poll_interval
