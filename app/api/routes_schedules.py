@@ -8,14 +8,13 @@ listing would redact.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Request
 from psycopg import AsyncConnection
-from pydantic import BaseModel
 
 from postbox.app.api.errors import responses
+from postbox.app.api.shapes import list_of, response_model
 from postbox.app.api.state import Destructive, api_state, db, read_access
 from postbox.app.services import schedules as schedule_service
 from postbox.app.services.audit import Actor
@@ -27,40 +26,13 @@ ScheduleName = Annotated[
     str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,199}$", description="Schedule.")
 ]
 
-
-class ScheduleOut(BaseModel):
-    name: str
-    task: str
-    queue: str
-    priority: int
-    expression: str
-    cron: str | None
-    every_seconds: float | None
-    tz: str
-    catch_up: str
-    max_catch_up: int
-    grace_seconds: float
-    paused: bool
-    removed: bool
-    removed_at: datetime | None
-    next_run_at: datetime | None
-    last_run_at: datetime | None
-    last_job_id: int | None
-    last_job_state: str | None
-    created_at: datetime
-    updated_at: datetime
-
-
-class Triggered(BaseModel):
-    schedule: str
-    job_id: int
-    queue: str
-    task: str
-    occurrence: datetime
+# A schedule's args are left out (see above).
+ScheduleOut = response_model(schedule_service.Schedule, "ScheduleOut", omit={"args"})
+Triggered = response_model(schedule_service.TriggerResult, "Triggered")
 
 
 @router.get(
-    "", response_model=list[ScheduleOut], summary="Every schedule (removed ones flagged)", responses=responses(401)
+    "", response_model=list_of(ScheduleOut), summary="Every schedule (removed ones flagged)", responses=responses(401)
 )
 async def list_schedules(conn: Annotated[AsyncConnection[Any], Depends(db)]) -> list[dict[str, Any]]:
     return [as_dict(item) for item in await schedule_service.list_schedules(conn)]

@@ -7,20 +7,20 @@ Reads are open like the other reads; cancel and retry are destructive
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
 from psycopg import AsyncConnection
-from pydantic import BaseModel
 
 from postbox.app.api.errors import responses
 from postbox.app.api.params import Cursor, Limit
+from postbox.app.api.shapes import response_model
 from postbox.app.api.state import Destructive, db, read_access
 from postbox.app.services import workflows as workflow_service
 from postbox.app.services.audit import Actor
 from postbox.app.services.checks import MAX_BIGINT
-from postbox.app.services.results import as_dict
+from postbox.app.services.results import Page, as_dict
+from postbox.app.services.results import T as Item
 
 router = APIRouter(prefix="/workflows", tags=["workflows"], dependencies=[Depends(read_access)])
 
@@ -31,58 +31,17 @@ StatusFilter = Annotated[
 NameFilter = Annotated[str | None, Query(min_length=1, max_length=200, pattern=r"^[^\x00]+$")]
 
 
-class WorkflowOut(BaseModel):
-    id: int
-    name: str
-    status: str
-    on_failure: str
-    jobs: int
-    counts: dict[str, int]
-    created_at: datetime
-    finished_at: datetime | None
-    cancelled_at: datetime | None
-    retried_at: datetime | None
-
-
-class WorkflowPage(BaseModel):
-    items: list[WorkflowOut]
-    next_cursor: str | None
-
-
-class WorkflowJobOut(BaseModel):
-    id: int
-    task: str
-    queue: str
-    state: str
-    attempts: int
-    max_attempts: int
-    waiting_on: int | None
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    released_at: datetime | None
-    last_error_class: str | None
-    last_error: str | None
-
-
-class WorkflowEdgeOut(BaseModel):
-    parent: int
-    child: int
-    on_failure: str
-    failure: dict[str, Any] | None
-
-
-class WorkflowDetailOut(BaseModel):
-    workflow: WorkflowOut
-    jobs: list[WorkflowJobOut]
-    edges: list[WorkflowEdgeOut]
-
-
-class WorkflowChangeOut(BaseModel):
-    workflow: WorkflowOut
-    cancelled: list[int]
-    stopping: list[int]
-    retried: list[int]
+WorkflowOut = response_model(workflow_service.WorkflowSummary, "WorkflowOut")
+WorkflowPage = response_model(Page, "WorkflowPage", nested={Item: WorkflowOut})
+WorkflowJobOut = response_model(workflow_service.WorkflowJob, "WorkflowJobOut")
+WorkflowEdgeOut = response_model(workflow_service.WorkflowEdge, "WorkflowEdgeOut")
+NESTED = {
+    workflow_service.WorkflowSummary: WorkflowOut,
+    workflow_service.WorkflowJob: WorkflowJobOut,
+    workflow_service.WorkflowEdge: WorkflowEdgeOut,
+}
+WorkflowDetailOut = response_model(workflow_service.WorkflowDetail, "WorkflowDetailOut", nested=NESTED)
+WorkflowChangeOut = response_model(workflow_service.WorkflowChange, "WorkflowChangeOut", nested=NESTED)
 
 
 @router.get("", response_model=WorkflowPage, summary="Workflows, newest first", responses=responses(400, 401, 422))
