@@ -36,7 +36,10 @@ def check_schedule_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class Schedule:
-    """A schedule as the API and the CLI show it (``expression``: its cron, or ``every Ns``)."""
+    """A schedule as the API and the CLI show it (``expression``: its cron, or ``every Ns``).
+
+    The API's response model is derived from these fields (postbox.app.api.shapes), less ``args``.
+    """
 
     name: str
     task: str
