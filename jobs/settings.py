@@ -109,7 +109,10 @@ class Settings(BaseSettings):
         default=0.1,
         gt=0,
         le=10,
-        description="Seconds between the relay's refills of a fair queue's window while jobs wait in it.",
+        description=(
+            "Seconds between the relay's refills of a fair queue's window while jobs wait in it "
+            "(a quarter of it after a fill that found the window half empty)."
+        ),
     )
     relay_lock_key: int = Field(
         default=0x706F7374626F78, description="Advisory lock key that elects the leading relay."
