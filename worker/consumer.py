@@ -232,6 +232,8 @@ class Consumer:
         stale = [group for group in self._blocked if group not in wanted]  # the active streams changed
         if stale:
             await self._cancel([self._blocked.pop(group) for group in stale])
+        if len(groups) == 1 and not self._blocked:  # nothing to keep blocked beyond this call: no task
+            return await self._xread(groups[0], tails, block)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block
         try:
