@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,6 +16,7 @@ import redis.asyncio as aioredis
 from postbox.relay import Relay, RelaySignals
 from postbox.settings import Settings
 from postbox.streams import decode_entry, queue_streams
+from tests.harness.fleet import kill
 
 Predicate = Callable[[], Any]
 
@@ -113,14 +113,7 @@ def relay_processes(env: dict[str, str], n: int, log_dir: Any) -> Iterator[list[
             )
         yield procs
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGCONT)
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-            proc.wait(timeout=10)
+        kill(procs)
         for log_file in files:
             log_file.close()
 

@@ -23,6 +23,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.harness.fleet import child
 from tests.harness.redis_server import free_port
 from tests.harness.wait import wait_until
 
@@ -106,22 +107,6 @@ def api_process(env: dict[str, str], log_dir: Path, *extra: str) -> Iterator[Api
         yield api
     finally:
         api.stop()
-
-
-@contextmanager
-def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
 
 
 class PrefixProxy:
@@ -468,8 +453,8 @@ def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_re
     env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_INSECURE": "true"}
     with (
         api_process(env, tmp_path) as api,
-        process(["-m", "postbox.relay", "run"], env, tmp_path / "relay.log"),
-        process(["-m", "postbox.worker", "run", "--queues", "apiq"], env, tmp_path / "worker.log"),
+        child(["-m", "postbox.relay", "run"], env, tmp_path / "relay.log"),
+        child(["-m", "postbox.worker", "run", "--queues", "apiq"], env, tmp_path / "worker.log"),
     ):
         for _ in range(3):
             created = httpx.post(

@@ -21,22 +21,19 @@ import pytest
 
 import postbox
 from postbox import fairness
+from tests.harness.fleet import Fleet, one, worker_id_of
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
 from tests.harness.tasks import fair as f
 from tests.harness.wait import wait_until
-from tests.system.test_worker_processes import Fleet, one, worker_id_of
 
 pytestmark = [pytest.mark.system]
 
 WINDOW = 12
 
 
-class FairFleet(Fleet):
-    def worker(self, concurrency: int = 8, **env: str) -> Any:
-        return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.fair", "--queues", f.QUEUE,
-            "--concurrency", str(concurrency), name="worker", **env,
-        )  # fmt: skip
+def fair_fleet(env: dict[str, str], log_dir: Path) -> Fleet:
+    """Relay and workers (8 jobs at once each) on the fair queue."""
+    return Fleet(env, log_dir, tasks="tests.harness.tasks.fair", queue=f.QUEUE, concurrency=8)
 
 
 @pytest.fixture
@@ -98,7 +95,7 @@ def a_started_after_b(db: psycopg.Connection[Any]) -> int:
 def test_a_late_tenant_runs_before_the_backlog_of_another(
     child_env: dict[str, str], tmp_path: Path, db: psycopg.Connection[Any], database_url: str
 ) -> None:
-    fleet = FairFleet(child_env, tmp_path)
+    fleet = fair_fleet(child_env, tmp_path)
     try:
         a = enqueue(db, "a", 600, 0.01)
         fleet.relay()
@@ -128,7 +125,7 @@ def test_a_sigkilled_worker_and_a_redis_flush_lose_nothing_and_run_nothing_twice
     database_url: str,
     private_redis: RedisServer,  # noqa: F811
 ) -> None:
-    fleet = FairFleet(dict(child_env, POSTBOX_REDIS_URL=private_redis.url), tmp_path)
+    fleet = fair_fleet(dict(child_env, POSTBOX_REDIS_URL=private_redis.url), tmp_path)
     try:
         a = enqueue(db, "a", 300, 0.05)
         fleet.relay()

@@ -24,11 +24,11 @@ import psycopg
 import pytest
 
 import postbox
+from tests.harness.fleet import VISIBILITY, one, worker_id_of
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
 from tests.harness.tasks import hardening as h
 from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
-from tests.system.test_worker_processes import VISIBILITY, one, worker_id_of
 from tests.system.test_worker_takeover import TAKEOVER_BOUND, HardeningFleet
 
 pytestmark = pytest.mark.system

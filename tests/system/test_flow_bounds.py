@@ -26,10 +26,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.harness.fleet import one, worker_id_of
 from tests.harness.tasks import flow as f
 from tests.harness.wait import wait_until
 from tests.system.test_flow_processes import FlowFleet, done, enqueue, make_fleet, report, runs_of
-from tests.system.test_worker_processes import one, worker_id_of
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]
 

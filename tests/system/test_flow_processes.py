@@ -25,10 +25,10 @@ import psycopg
 import pytest
 
 import postbox
+from tests.harness.fleet import Fleet, one, worker_id_of
 from tests.harness.redis_server import RedisServer, private_redis  # noqa: F401 - fixture
 from tests.harness.tasks import flow as f
 from tests.harness.wait import wait_until
-from tests.system.test_worker_processes import Fleet, one, worker_id_of
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # rates and hand-off times
 
@@ -43,15 +43,9 @@ class FlowFleet(Fleet):
     """Relay and worker processes on the ``ftest`` queue, with a chosen visibility timeout."""
 
     def __init__(self, env: dict[str, str], log_dir: Path, visibility: float = 2.0) -> None:
-        super().__init__(env, log_dir)
+        super().__init__(env, log_dir, tasks="tests.harness.tasks.flow", queue=f.QUEUE, concurrency=10)
         self.visibility = visibility
         self.env["POSTBOX_VISIBILITY_TIMEOUT"] = str(visibility)
-
-    def worker(self, concurrency: int = 10, **env: str) -> subprocess.Popen[bytes]:
-        return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.flow", "--queues", f.QUEUE,
-            "--concurrency", str(concurrency), name="worker", **env,
-        )  # fmt: skip
 
     def workers(self, db: psycopg.Connection[Any], n: int, concurrency: int = 10) -> list[subprocess.Popen[bytes]]:
         procs = [self.worker(concurrency) for _ in range(n)]

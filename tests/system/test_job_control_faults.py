@@ -6,9 +6,6 @@ a 2 s visibility timeout; processes are killed in teardown whatever happens.
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,60 +14,18 @@ import psycopg
 import pytest
 
 import postbox
+from tests.harness.fleet import LEASES, QUICK_RETRIES, Fleet, one
 from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
 
-class Fleet:
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = {
-            **env,
-            "POSTBOX_VISIBILITY_TIMEOUT": "2.0",
-            "POSTBOX_HEARTBEAT_INTERVAL": "0.5",
-            "POSTBOX_RETRY_BASE_DELAY": "0.05",
-            "POSTBOX_RETRY_MAX_DELAY": "0.2",
-        }
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self._files: list[Any] = []
-
-    def start(self, *argv: str, name: str) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}-{len(self.procs)}.log", "wb")
-        self._files.append(log)
-        proc = subprocess.Popen([sys.executable, *argv], env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def relay(self) -> subprocess.Popen[bytes]:
-        return self.start("-m", "postbox.relay", "run", name="relay")
-
-    def worker(self) -> subprocess.Popen[bytes]:
-        return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.worker", "--queues", t.QUEUE, name="worker"
-        )
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-            proc.wait(timeout=10)
-        for log in self._files:
-            log.close()
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.log_dir.glob("*.log")))
-
-
 @pytest.fixture
 def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
-    procs = Fleet(child_env, tmp_path)
-    try:
+    # the settings' drain timeout and concurrency
+    with Fleet(child_env, tmp_path, settings={**LEASES, **QUICK_RETRIES}, concurrency=None) as procs:
         yield procs
-    finally:
-        procs.close()
 
 
 @pytest.fixture
@@ -78,11 +33,6 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(t.EFFECTS_DDL)
         yield conn
-
-
-def one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
-    row = conn.execute(query, params).fetchone()
-    return row[0] if row else None
 
 
 def test_a_worker_killed_while_its_job_is_snoozed_loses_nothing_and_the_job_runs_once(

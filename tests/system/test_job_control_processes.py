@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +22,7 @@ import pytest
 import postbox
 from postbox import definitions, encryption
 from postbox.registry import default_registry
+from tests.harness.fleet import LEASES, Fleet, one
 from tests.harness.redis_server import RedisServer, free_port
 from tests.harness.tasks import job_control as jc
 from tests.harness.tasks.worker import EFFECTS_DDL
@@ -37,70 +35,20 @@ KEY1 = base64.b64encode(b"\x11" * 32).decode()
 KEY2 = base64.b64encode(b"\x22" * 32).decode()
 K1 = f"k1:{KEY1}"
 K2 = f"k2:{KEY2}"
-
-
-class Fleet:
-    """Child processes of one test, each with its own log file."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = {
-            **env,
-            "POSTBOX_VISIBILITY_TIMEOUT": "2.0",
-            "POSTBOX_HEARTBEAT_INTERVAL": "0.5",
-            "POSTBOX_API_POOL_TIMEOUT": "30",
-            "POSTBOX_API_MAX_LOOP_LAG": "0",
-            "POSTBOX_TASKS": "tests.harness.tasks.job_control",
-        }
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self._files: list[Any] = []
-
-    def start(self, *argv: str, name: str, **env: str) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}-{len(self.procs)}.log", "wb")
-        self._files.append(log)
-        proc = subprocess.Popen([sys.executable, *argv], env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def relay(self) -> subprocess.Popen[bytes]:
-        return self.start("-m", "postbox.relay", "run", name="relay")
-
-    def worker(self, **env: str) -> subprocess.Popen[bytes]:
-        return self.start("-m", "postbox.worker", "run", "--queues", jc.QUEUE, name="worker", **env)
-
-    def api(self, port: int) -> subprocess.Popen[bytes]:
-        argv = ("-m", "postbox.app", "api", "run", "--host", "127.0.0.1", "--port", str(port))
-        return self.start(*argv, name="api")
-
-    def postbox(self, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "postbox.app", *argv],
-            env={**self.env, **env},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                proc.kill()
-            proc.wait(timeout=10)
-        for log in self._files:
-            log.close()
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.log_dir.glob("*.log")))
+SETTINGS = {
+    **LEASES,
+    "POSTBOX_API_POOL_TIMEOUT": "30",
+    "POSTBOX_API_MAX_LOOP_LAG": "0",
+    "POSTBOX_TASKS": "tests.harness.tasks.job_control",
+}
 
 
 @pytest.fixture
 def fleet(child_env: dict[str, str], private_redis: RedisServer, tmp_path: Path) -> Iterator[Fleet]:
-    procs = Fleet({**child_env, "POSTBOX_REDIS_URL": private_redis.url}, tmp_path)
-    try:
+    env = {**child_env, "POSTBOX_REDIS_URL": private_redis.url}
+    # the handlers POSTBOX_TASKS names, the settings' retry delays, drain timeout and concurrency; whole logs
+    with Fleet(env, tmp_path, settings=SETTINGS, tasks=None, queue=jc.QUEUE, concurrency=None, log_tail=None) as procs:
         yield procs
-    finally:
-        procs.close()
 
 
 @pytest.fixture
@@ -115,11 +63,6 @@ def keys() -> Iterator[None]:
     encryption.use_keys(K1)
     yield
     encryption.use_keys(None)
-
-
-def one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
-    row = conn.execute(query, params).fetchone()
-    return row[0] if row else None
 
 
 def race(n: int, call: Callable[[int, threading.Barrier], Any]) -> list[Any]:

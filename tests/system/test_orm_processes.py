@@ -21,28 +21,17 @@ import psycopg
 import pytest
 
 import postbox
+from tests.harness.fleet import Fleet, one, worker_id_of
 from tests.harness.tasks import orm
 from tests.harness.wait import wait_until
-from tests.system.test_worker_processes import Fleet, one, worker_id_of
 
 pytestmark = pytest.mark.system
 
 
-class OrmFleet(Fleet):
-    def worker(self, concurrency: int = 1, **env: str) -> Any:
-        return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.orm", "--queues", orm.QUEUE,
-            "--concurrency", str(concurrency), name="worker", **env,
-        )  # fmt: skip
-
-
 @pytest.fixture
-def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[OrmFleet]:
-    procs = OrmFleet(child_env, tmp_path)
-    try:
+def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
+    with Fleet(child_env, tmp_path, tasks="tests.harness.tasks.orm", queue=orm.QUEUE) as procs:
         yield procs
-    finally:
-        procs.close()
 
 
 @pytest.fixture
@@ -58,7 +47,7 @@ def wait_for(condition: Any, within: float, what: str, fleet: Fleet) -> Any:
 
 @pytest.mark.parametrize("task_name", ["orm_sa_effect", "orm_sa_async_effect", "orm_django_effect"])
 def test_sigkill_mid_orm_body_then_restart_commits_the_effect_exactly_once(
-    fleet: OrmFleet, db: psycopg.Connection[Any], task_name: str
+    fleet: Fleet, db: psycopg.Connection[Any], task_name: str
 ) -> None:
     fleet.relay()
     first = fleet.worker()

@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.harness.fleet import kill
 from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
@@ -55,14 +56,7 @@ class Relays:
         return relay_id
 
     def stop_all(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGCONT)
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-            proc.wait(timeout=10)
+        kill(self.procs.values())
 
 
 @contextmanager

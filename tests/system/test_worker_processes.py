@@ -7,8 +7,6 @@ uses a 2 s visibility timeout. Processes are killed in teardown whatever happens
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,69 +16,17 @@ import psycopg
 import pytest
 
 import postbox
+from tests.harness.fleet import VISIBILITY, Fleet, one, worker_id_of
 from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
 
-VISIBILITY = 2.0
-
-
-class Fleet:
-    """Worker and relay processes started by a test; all killed on close."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = dict(env)
-        self.env.update(
-            POSTBOX_VISIBILITY_TIMEOUT=str(VISIBILITY),
-            POSTBOX_HEARTBEAT_INTERVAL="0.5",
-            POSTBOX_RETRY_BASE_DELAY="0.05",
-            POSTBOX_RETRY_MAX_DELAY="0.2",
-            POSTBOX_DRAIN_TIMEOUT="10",
-        )
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self._files: list[Any] = []
-
-    def start(self, *argv: str, name: str, **env: str) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}-{len(self.procs)}.log", "wb")
-        self._files.append(log)
-        proc = subprocess.Popen([sys.executable, *argv], env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def relay(self) -> subprocess.Popen[bytes]:
-        return self.start("-m", "postbox.relay", "run", name="relay")
-
-    def worker(self, concurrency: int = 1, **env: str) -> subprocess.Popen[bytes]:
-        return self.start(
-            "-m", "postbox.worker", "run", "--tasks", "tests.harness.tasks.worker", "--queues", t.QUEUE,
-            "--concurrency", str(concurrency), name="worker", **env,
-        )  # fmt: skip
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                try:
-                    proc.send_signal(signal.SIGCONT)
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
-            proc.wait(timeout=10)
-        for log in self._files:
-            log.close()
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.log_dir.glob("*.log")))
-
 
 @pytest.fixture
 def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
-    procs = Fleet(child_env, tmp_path)
-    try:
+    with Fleet(child_env, tmp_path) as procs:
         yield procs
-    finally:
-        procs.close()
 
 
 @pytest.fixture
@@ -88,15 +34,6 @@ def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(t.EFFECTS_DDL)
         yield conn
-
-
-def one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
-    row = conn.execute(query, params).fetchone()
-    return row[0] if row else None
-
-
-def worker_id_of(conn: psycopg.Connection[Any], proc: subprocess.Popen[bytes]) -> str | None:
-    return one(conn, "SELECT id FROM postbox.workers WHERE pid = %s AND stopped_at IS NULL", (proc.pid,))
 
 
 def test_sigkill_mid_job_another_worker_finishes_it_after_the_visibility_timeout(

@@ -17,10 +17,10 @@ import psycopg
 import pytest
 
 import postbox
+from tests.harness.fleet import VISIBILITY, Fleet, one, worker_id_of
 from tests.harness.tasks import hardening as h
 from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
-from tests.system.test_worker_processes import VISIBILITY, Fleet, one, worker_id_of
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # take-over and drain times
 
@@ -33,20 +33,16 @@ MEASURED: dict[str, list[float]] = {}
 
 
 class HardeningFleet(Fleet):
-    def worker(self, concurrency: int = 1, **env: str) -> Any:
-        return self.start(
-            "-m", "postbox.worker", "run", "--tasks", TASKS, "--queues", t.QUEUE,
-            "--concurrency", str(concurrency), name="worker", **env,
-        )  # fmt: skip
+    """Workers with the hardening tasks as well as the worker tests' ones."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        super().__init__(env, log_dir, tasks=TASKS)
 
 
 @pytest.fixture
 def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[HardeningFleet]:
-    procs = HardeningFleet(child_env, tmp_path)
-    try:
+    with HardeningFleet(child_env, tmp_path) as procs:
         yield procs
-    finally:
-        procs.close()
 
 
 @pytest.fixture

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +23,12 @@ from postbox import events
 from postbox.settings import Settings
 from postbox.streams import events_channel
 from postbox.workflow import chain, group
+from tests.harness.fleet import child
 from tests.harness.tasks import workflow as w
 from tests.harness.tasks.workflow_gate import GATE_DDL, wf_gate
 from tests.harness.wait import wait_until
 
 TASKS = "tests.harness.tasks.workflow_gate"
-
-
-@contextmanager
-def process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 class Feed:
@@ -88,8 +72,8 @@ def test_the_dependents_its_death_cancelled_run_once_after_the_requeued_job_succ
     try:
         with (
             psycopg.connect(database_url) as conn,
-            process(["-m", "postbox.relay", "run"], env, tmp_path / "relay.log"),
-            process(worker, env, tmp_path / "worker.log"),
+            child(["-m", "postbox.relay", "run"], env, tmp_path / "relay.log"),
+            child(worker, env, tmp_path / "worker.log"),
         ):
             ids = postbox.enqueue_workflow(
                 conn,
