@@ -110,6 +110,13 @@ def parser() -> argparse.ArgumentParser:
         help="run a peer in one of its configurations (e.g. pgqueuer=5x10; default: the adapter's best)",
     )
     p.add_argument(
+        "--peer-only",
+        action="append",
+        default=[],
+        metavar="PEER",
+        help="with --peers: run only these peers (repeatable; e.g. --peer-only pgqueuer); default all",
+    )
+    p.add_argument(
         "--peer-sweep",
         action="store_true",
         help="with --peers and worker: first measure every configuration of every peer, then pair the best",
@@ -259,6 +266,17 @@ def main(argv: Sequence[str]) -> int:
         },
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    if args.peer_only:
+        from postbox_bench.peers.registry import PEERS
+
+        if not args.peers:
+            print("postbox-bench: --peer-only needs --peers", file=sys.stderr)
+            return 2
+        unknown = sorted(set(args.peer_only) - set(PEERS))
+        if unknown:
+            known = ", ".join(PEERS)
+            print(f"postbox-bench: --peer-only: unknown peer {unknown[0]!r}; one of {known}", file=sys.stderr)
+            return 2
     if args.peer_config or args.peer_sweep:
         from postbox_bench.peers import parse_peer_configs
 
@@ -321,7 +339,7 @@ def _run(
             from postbox_bench import peers as peer_runs
 
             progress.say("peers: installing")
-            peers = peer_runs.prepare_peers(box, params, progress, report, chosen)
+            peers = peer_runs.prepare_peers(box, params, progress, report, chosen, only=args.peer_only)
             if "worker" in names and args.peer_sweep:
                 progress.say("peers: configuration sweep")
                 peers = peer_runs.sweep(peers, params, progress, report)

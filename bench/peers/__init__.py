@@ -118,11 +118,22 @@ def parse_peer_configs(items: Iterable[str]) -> dict[str, str]:
 
 
 def prepare_peers(
-    box: Sandbox, params: Params, progress: Progress, report: Report, variants: dict[str, str] | None = None
+    box: Sandbox,
+    params: Params,
+    progress: Progress,
+    report: Report,
+    variants: dict[str, str] | None = None,
+    only: Iterable[str] = (),
 ) -> list[Peer]:
-    """Every peer that imports and installs (in the configuration ``variants`` names); a failure becomes a note."""
+    """Every peer (or those ``only`` names) that imports and installs, in the configuration ``variants`` names.
+
+    A failure becomes a note.
+    """
+    wanted = set(only)
     ready = []
     for name in PEERS:
+        if wanted and name not in wanted:
+            continue
         try:
             module = adapter(name)
             if name in PG_PEERS:
