@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import orjson
 
@@ -31,19 +31,7 @@ EventType = Literal[
     "released",
     "workflow_finished",
 ]
-EVENT_TYPES: tuple[str, ...] = (
-    "enqueued",
-    "published",
-    "started",
-    "progress",
-    "succeeded",
-    "retrying",
-    "dead",
-    "cancelled",
-    "expired",
-    "released",
-    "workflow_finished",
-)
+EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 TERMINAL_EVENTS = frozenset({"succeeded", "dead", "cancelled", "expired", "workflow_finished"})
 
 
