@@ -108,7 +108,11 @@ class Sandbox:
 
     def database(self, label: str = "", *, migrated: bool = True) -> str:
         """A new database on the server (migrated to postbox's head unless told not to); returns its URL."""
-        name = f"postbox_bench_{self.token}" + (f"_{label}" if label else "")
+        base = name = f"postbox_bench_{self.token}" + (f"_{label}" if label else "")
+        n = 1
+        while name in self.databases:  # two parts of one run may ask for the same label (a peer's, say)
+            n += 1
+            name = f"{base}_{n}"
         url = create_database(self.server_url, name)
         self.databases.append(name)
         if migrated:
