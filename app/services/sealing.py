@@ -9,8 +9,9 @@ job's args sit in the database and its backups as much as a waiting one's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, LiteralString
 
 import orjson
 from psycopg import AsyncConnection
@@ -29,54 +30,56 @@ class Resealed:
 async def reseal(conn: AsyncConnection[Any], keys: Keyring, *, batch: int = 500) -> Resealed:
     """Seal every row sealed under another key under ``keys.current``; returns the counts."""
     done = Resealed()
-    after = 0
-    while True:
-        async with conn.transaction():
-            cur = await conn.execute(
-                sql.active().JOB_LIST_SEALED_WITH_OTHER_KEY, {"after": after, "kid": keys.current, "limit": batch}
-            )
-            rows = await cur.fetchall()
-            for job_id, task, old in rows:
-                after = job_id
-                try:
-                    plaintext = keys.open(task, orjson.loads(old))
-                except EncryptionError as exc:
-                    done.failed.append((job_id, str(exc)))
-                    continue
-                cur = await conn.execute(
-                    sql.active().JOB_SET_SEALED_ARGS, {"id": job_id, "old": old, "new": keys.seal(task, plaintext)}
-                )
-                if cur.rowcount == 1:
-                    done.resealed += 1
-                else:
-                    done.changed_meanwhile += 1
-        if len(rows) < batch:
-            break
-    await _reseal_results(conn, keys, batch, done)
+    statements = sql.active()
+    # args are bound to their task, a kept result to its job (postbox.encryption.result_context)
+    await _reseal_column(
+        conn,
+        keys,
+        batch,
+        done,
+        statements.JOB_LIST_SEALED_WITH_OTHER_KEY,
+        statements.JOB_SET_SEALED_ARGS,
+        lambda row: (row[1], row[2]),
+        "",
+    )
+    await _reseal_column(
+        conn,
+        keys,
+        batch,
+        done,
+        statements.JOB_LIST_SEALED_RESULTS_WITH_OTHER_KEY,
+        statements.JOB_SET_SEALED_RESULT,
+        lambda row: (result_context(row[0]), row[1]),
+        "result: ",
+    )
     return done
 
 
-async def _reseal_results(conn: AsyncConnection[Any], keys: Keyring, batch: int, done: Resealed) -> None:
-    """The kept results of encrypted tasks, as :func:`reseal` does the args (bound to their job, not task)."""
+async def _reseal_column(
+    conn: AsyncConnection[Any],
+    keys: Keyring,
+    batch: int,
+    done: Resealed,
+    list_rows: LiteralString,
+    set_row: LiteralString,
+    opened_as: Callable[[tuple[Any, ...]], tuple[str, str]],
+    label: str,
+) -> None:
+    """One sealed column, by id in transactions of ``batch`` rows: ``opened_as(row)`` -> (context, sealed text)."""
     after = 0
     while True:
         async with conn.transaction():
-            cur = await conn.execute(
-                sql.active().JOB_LIST_SEALED_RESULTS_WITH_OTHER_KEY,
-                {"after": after, "kid": keys.current, "limit": batch},
-            )
+            cur = await conn.execute(list_rows, {"after": after, "kid": keys.current, "limit": batch})
             rows = await cur.fetchall()
-            for job_id, old in rows:
-                after = job_id
-                context = result_context(job_id)
+            for row in rows:
+                job_id = after = row[0]
+                context, old = opened_as(row)
                 try:
                     plaintext = keys.open(context, orjson.loads(old))
                 except EncryptionError as exc:
-                    done.failed.append((job_id, f"result: {exc}"))
+                    done.failed.append((job_id, f"{label}{exc}"))
                     continue
-                cur = await conn.execute(
-                    sql.active().JOB_SET_SEALED_RESULT, {"id": job_id, "old": old, "new": keys.seal(context, plaintext)}
-                )
+                cur = await conn.execute(set_row, {"id": job_id, "old": old, "new": keys.seal(context, plaintext)})
                 if cur.rowcount == 1:
                     done.resealed += 1
                 else:
