@@ -96,7 +96,7 @@ class Settings(BaseSettings):
     )
     relay_batch_size: int = Field(default=1000, ge=1, le=50_000, description="Rows the relay publishes per batch.")
     fair_window: int = Field(
-        default=1000,
+        default=2000,
         ge=1,
         le=1_000_000,
         description=(

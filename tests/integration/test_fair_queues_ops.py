@@ -79,11 +79,11 @@ def test_the_cli_declares_shows_and_clears_a_fair_queue(
     cli_env: None, conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert queues_cli.main(["fair", "fairq", "--by", "tenant_id"]) == 0
-    assert capsys.readouterr().out.strip() == "queue fairq fair by tenant_id, window 1000"
+    assert capsys.readouterr().out.strip() == "queue fairq fair by tenant_id, window 2000"
     jobs(conn, [("t1", "pending"), ("t1", "pending"), ("t2", "queued")])
     assert queues_cli.main(["fairness", "fairq"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "queue fairq: fair by tenant_id, window 1000 (1 in flight, 2 waiting, 0 not keyed yet)"
+    assert out[0] == "queue fairq: fair by tenant_id, window 2000 (1 in flight, 2 waiting, 0 not keyed yet)"
     assert [line.split() for line in out[1:]] == [["KEY", "WAITING", "IN_FLIGHT"], ["t1", "2", "0"], ["t2", "0", "1"]]
     assert queues_cli.main(["fairness", "fairq", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["keys"][0] == {"key": "t1", "waiting": 2, "in_flight": 0}
