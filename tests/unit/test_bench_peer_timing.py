@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from postbox_bench.cli import main
 from postbox_bench.peers import parse_peer_configs
 from postbox_bench.peers.common import PeerConfig, Tally, read_tally, variant_of
 from postbox_bench.peers.pgqueuer_peer import shape
@@ -46,3 +47,10 @@ def test_peer_config_options_are_parsed_and_checked() -> None:
         parse_peer_configs(["arq=c7"])
     with pytest.raises(ValueError, match="unknown peer 'celery'"):
         parse_peer_configs(["celery=x"])
+
+
+def test_peer_only_names_known_peers_and_needs_peers(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--peers", "--peer-only", "celery"]) == 2
+    assert "--peer-only: unknown peer 'celery'; one of pgqueuer, procrastinate, arq, saq" in capsys.readouterr().err
+    assert main(["worker", "--peer-only", "pgqueuer"]) == 2
+    assert "--peer-only needs --peers" in capsys.readouterr().err
