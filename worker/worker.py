@@ -26,7 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from psycopg_pool import AsyncConnectionPool
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from postbox import db, definitions, events, redis_conn, revision
 from postbox import flow as flow_limits
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 MAX_READ = 1000  # most entries taken by one read, whatever the free capacity
 MAX_DISPATCHES = 2  # claims in flight at once (the next read overlaps the last claim)
 IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
+START_RETRY_SECONDS = 60.0  # how long the start-up writes are retried while the database is unavailable
+START_RETRY_INTERVAL = 0.5
 UNMARKED_FIRST_LOOK = 0.01  # seconds before looking again at a limited job read before its publish's mark
 
 
@@ -201,11 +204,7 @@ class Worker:
                 worker_id=self.id,
                 alone_within=s.visibility_timeout,
             )
-            await self._heartbeat.beat(0, 0, 0)
-            async with pool.connection() as conn:  # what postbox.enqueue() in SQL applies to these tasks
-                await definitions.publish(conn, self.registry, by=self.id)
-                await flow_claims.publish(conn, self.registry, by=self.id)
-            await self._poll_control()
+            await self._announce(pool)
             completer_task = asyncio.create_task(self._completer.run(), name="completer")
             heartbeat = self._forever(self._tick_heartbeat, self._heartbeat_every(), reader=False)
             controls = self._forever(self._poll_control, control.POLL_INTERVAL, reader=False)
@@ -282,6 +281,32 @@ class Worker:
         """Sleep, but wake at once when stopping."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    async def _announce(self, pool: AsyncConnectionPool[Any]) -> None:
+        """The start-up writes: the first heartbeat, the tasks' definitions and flow claims, the controls.
+
+        Retried while the database is unavailable or busy (a restart or a failover
+        under way, another worker's start-up holding a limit row past the lock
+        timeout) for up to :data:`START_RETRY_SECONDS`: each write is an upsert, so a
+        repeat is harmless. A worker that cannot start in that time exits with the error.
+        """
+        deadline = time.monotonic() + START_RETRY_SECONDS
+        while True:
+            try:
+                await self._heartbeat.beat(0, 0, 0)
+                async with pool.connection() as conn:  # what postbox.enqueue() in SQL applies to these tasks
+                    await definitions.publish(conn, self.registry, by=self.id)
+                    await flow_claims.publish(conn, self.registry, by=self.id)
+                await self._poll_control()
+                return
+            except (psycopg.OperationalError, PoolTimeout) as exc:
+                if time.monotonic() >= deadline or self._stopping.is_set():
+                    raise
+                log.warning(
+                    "database unavailable while starting; retrying",
+                    extra={"worker_id": self.id, "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__},
+                )
+                await asyncio.sleep(START_RETRY_INTERVAL)
 
     async def _forever(self, step: Callable[[], Coroutine[Any, Any, None]], every: float, *, reader: bool) -> None:
         """Run ``step`` every ``every`` seconds; readers end when stopping, the rest when cancelled."""

@@ -1,0 +1,49 @@
+"""A worker whose start-up writes meet a busy or vanished database retries them instead of exiting.
+
+Seen in whole-suite runs: a worker starting while another held a limit row past its
+lock timeout, or while PostgreSQL crashed and a standby was promoted, died with the
+error and never served. Here another session holds the workers table locked past the
+worker's lock timeout: the start-up heartbeat times out, is retried, and the worker
+starts once the lock is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import psycopg
+import pytest
+
+from postbox.settings import Settings
+from postbox.worker import Worker
+from tests.harness.wait import wait_until_async
+from tests.harness.worker import worker_settings
+
+
+async def test_a_start_up_write_that_times_out_on_a_lock_is_retried(
+    settings: Settings, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="postbox.worker.worker")
+    # visibility 1 s: the worker's sessions wait at most 2 s for a lock (postbox.db.worker_bounds)
+    worker = Worker(worker_settings(settings, visibility_timeout=1.0, heartbeat_interval=0.25))
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("LOCK TABLE postbox.workers IN ACCESS EXCLUSIVE MODE")  # held until the commit below
+        task = asyncio.create_task(worker.run())
+        try:
+            await wait_until_async(
+                lambda: any("database unavailable while starting" in r.getMessage() for r in caplog.records)
+                or task.done(),
+                30,
+                message="the start-up heartbeat timing out on the lock",
+            )
+            assert not task.done(), task.exception() if task.done() else None
+            assert not worker.ready.is_set()
+            blocker.commit()
+            await asyncio.wait_for(worker.ready.wait(), 30)
+            with psycopg.connect(database_url) as conn:
+                rows = conn.execute("SELECT count(*) FROM postbox.workers WHERE id = %s", (worker.id,)).fetchone()
+            assert rows == (1,)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
