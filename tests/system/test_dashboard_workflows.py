@@ -14,9 +14,10 @@ import psycopg
 
 import postbox
 from postbox.workflow import chain, group
+from tests.harness.fleet import child as process
 from tests.harness.tasks import workflow as w
 from tests.system import test_dashboard as dashboard
-from tests.system.test_dashboard import TIMEOUT_MS, _go, _open, _shot, api_process, browser, process
+from tests.system.test_dashboard import TIMEOUT_MS, _go, _open, _shot, api_process, browser
 
 # The same marks as test_dashboard's: skipped there (chromium or Playwright missing), skipped here.
 pytestmark = dashboard.pytestmark if isinstance(dashboard.pytestmark, list) else [dashboard.pytestmark]
