@@ -208,6 +208,7 @@ async def set_override(
         async with conn.cursor() as cur:
             await cur.execute(sql.active().LIMIT_LOCK, {"scope": scope, "name": name})
             before = await cur.fetchone()
+            was = await _select(conn, scope, name)
             await cur.execute(
                 sql.active().LIMIT_SET_OVERRIDE,
                 {"scope": scope, "name": name, "override": orjson.dumps(given).decode(), "by": actor.name},
@@ -222,6 +223,7 @@ async def set_override(
             {"set": given, "before": None if before is None else before[0], "after": after[0]},
         )
         found = await _select(conn, scope, name)
+        await _wake_if_raised(conn, was[0] if was else None, found[0])
     return found[0]
 
 
@@ -238,6 +240,7 @@ async def clear_override(
             before = await cur.fetchone()
             if before is None:
                 raise NotFoundError(f"no limits for {scope} {name!r}", details={"scope": scope, "name": name})
+            was = await _select(conn, scope, name)
             await cur.execute(
                 sql.active().LIMIT_CLEAR_OVERRIDE, {"scope": scope, "name": name, "field": field, "by": actor.name}
             )
@@ -251,7 +254,26 @@ async def clear_override(
             {"field": field, "before": before[0], "after": after[0]},
         )
         found = await _select(conn, scope, name)
+        await _wake_if_raised(conn, was[0] if was else None, found[0])
     return found[0]
+
+
+async def _wake_if_raised(conn: AsyncConnection[Any], before: Limit | None, after: Limit) -> None:
+    """An override that raised or lifted a concurrency limit wakes the jobs parked on it, in its transaction.
+
+    Workers wake them too when their copy of the limits (reloaded every second) sees
+    the raise; a limit lowered and raised again between two reloads is a raise no
+    worker sees, and its parked jobs would wait for their recheck (the visibility timeout).
+    """
+    was = None if before is None else before.effective["concurrency"]
+    now = after.effective["concurrency"]
+    if was is None or (now is not None and now <= was):
+        return  # no concurrency limit before (nothing parked on it), or not raised
+    key = flow.queue_key(after.name) if after.scope == "queue" else flow.task_key(after.name)
+    cur = await conn.execute(sql.active().JOB_WAKE_PARKED_TO_LIMIT, {"key": key, "limit": now})
+    row = await cur.fetchone()
+    if row is not None and row[0]:
+        await conn.execute(sql.active().OUTBOX_NOTIFY)  # the relay publishes them now
 
 
 # --- metrics -------------------------------------------------------------------------
