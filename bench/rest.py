@@ -198,6 +198,28 @@ def _measured_ab(
     return measured, own / requests * 1e6, pg / requests * 1e6
 
 
+def _measured_route(
+    conn: psycopg.Connection[Any],
+    kids: Children,
+    child_pid: int,
+    application_name: str,
+    url: str,
+    count: LiteralString,
+    what: str,
+    key: str,
+    body: Path,
+    **ab_args: int,
+) -> tuple[tuple[float, float, float, int], float, float]:
+    """:func:`_measured_ab` on one server, checked: ``count`` (a row count) must grow by the requests ab answered."""
+    requests = ab_args["requests"]
+    before = outbox.scalar(conn, count)
+    measured = _measured_ab(conn, child_pid, application_name, url, key, body, **ab_args)
+    kids.check_alive()
+    if (added := outbox.scalar(conn, count) - before) != requests:
+        raise RuntimeError(f"ab answered {requests} requests but {what} {added}")
+    return measured
+
+
 def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
     clients = int(params.extra.get("clients", 10))
     requests = int(params.extra.get("requests", 3_000))
@@ -288,21 +310,10 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                     progress.say("rest: API and bare route up and warmed")
                 for rep in range(params.repeat):
                     if have_ab:
-                        before = outbox.scalar(conn, outbox.COUNT_UNFINISHED)
-                        measured, own, pg = _measured_ab(
-                            conn,
-                            api.pid,
-                            API_APP_NAME,
-                            f"{base}/api/v1/jobs",
-                            key,
-                            body,
-                            clients=clients,
-                            requests=requests,
-                        )
-                        kids.check_alive()
-                        added = outbox.scalar(conn, outbox.COUNT_UNFINISHED) - before
-                        if added != requests:
-                            raise RuntimeError(f"ab answered {requests} requests but {added} jobs were committed")
+                        measured, own, pg = _measured_route(
+                            conn, kids, api.pid, API_APP_NAME, f"{base}/api/v1/jobs", outbox.COUNT_UNFINISHED,
+                            "the jobs committed were", key, body, clients=clients, requests=requests,
+                        )  # fmt: skip
                         for figure, value in zip(
                             (rps, p50, p99, cpu_api, cpu_api_pg), (*measured[:3], own, pg), strict=True
                         ):
@@ -312,20 +323,10 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                             f"p50 {measured[1]:.1f} ms, p99 {measured[2]:.1f} ms, keep-alive requests {measured[3]:,}, "
                             f"CPU/request API {own:,.0f} µs + PostgreSQL {pg:,.0f} µs"
                         )
-                        rows_before = outbox.scalar(conn, bare_api.COUNT)
-                        measured, own, pg = _measured_ab(
-                            conn,
-                            bare.pid,
-                            BARE_APP_NAME,
-                            f"{bare_base}/api/v1/jobs",
-                            key,
-                            body,
-                            clients=clients,
-                            requests=requests,
-                        )
-                        kids.check_alive()
-                        if (added := outbox.scalar(conn, bare_api.COUNT) - rows_before) != requests:
-                            raise RuntimeError(f"ab answered {requests} requests but the bare route inserted {added}")
+                        measured, own, pg = _measured_route(
+                            conn, kids, bare.pid, BARE_APP_NAME, f"{bare_base}/api/v1/jobs", bare_api.COUNT,
+                            "the bare route inserted", key, body, clients=clients, requests=requests,
+                        )  # fmt: skip
                         for figure, value in zip(
                             (bare_rps, bare_p99, cpu_bare, cpu_bare_pg),
                             (measured[0], measured[2], own, pg),
@@ -338,20 +339,11 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                             f"p99 {measured[2]:.1f} ms, CPU/request {own:,.0f} µs + PostgreSQL {pg:,.0f} µs; "
                             f"REST / bare {ratio_bare.values[-1]:.2f}"
                         )
-                        before = outbox.scalar(conn, outbox.COUNT_UNFINISHED)
-                        measured, own, pg = _measured_ab(
-                            conn,
-                            bare_outbox.pid,
-                            OUTBOX_APP_NAME,
-                            f"{outbox_base}/api/v1/jobs",
-                            key,
-                            body,
-                            clients=clients,
-                            requests=requests,
-                        )
-                        kids.check_alive()
-                        if (added := outbox.scalar(conn, outbox.COUNT_UNFINISHED) - before) != requests:
-                            raise RuntimeError(f"ab answered {requests} requests but the outbox route inserted {added}")
+                        measured, own, pg = _measured_route(
+                            conn, kids, bare_outbox.pid, OUTBOX_APP_NAME, f"{outbox_base}/api/v1/jobs",
+                            outbox.COUNT_UNFINISHED, "the outbox route inserted", key, body,
+                            clients=clients, requests=requests,
+                        )  # fmt: skip
                         for figure, value in zip(
                             (outbox_rps, outbox_p99, cpu_outbox, cpu_outbox_pg),
                             (measured[0], measured[2], own, pg),
