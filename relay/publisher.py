@@ -30,6 +30,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
 from postbox import events, pgarray, redis_conn, resp, sql, tracing
+from postbox.audience import Audience
 from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater
 from postbox.streams import GROUP, events_channel, stream_key
@@ -102,8 +103,7 @@ class Publisher:
         self.divert: Callable[[AsyncConnection[Any], list[Row]], Awaitable[list[int]]] | None = None
         self._statistics_checked = -1e9
         self.term: int | None = None  # the leader's term, checked by every mark (None: no lock, tools only)
-        self._subscribed = False
-        self._subscribers_checked = -1e9
+        self.audience = Audience(redis, events_channel(prefix), interval=EVENTS_CHECK_INTERVAL, monotonic=monotonic)
         self.clock = clock
         self.known_groups: set[str] = set()
         self.high_water = HighWater()  # newest entry id per stream, checked for a lost tail (relay/reconciler.py)
@@ -115,11 +115,7 @@ class Publisher:
         """Whether to PUBLISH ``published`` events: always, never, or while the channel has subscribers."""
         if self.emit_events is not None:
             return self.emit_events
-        now = self.monotonic()
-        if now - self._subscribers_checked >= EVENTS_CHECK_INTERVAL:
-            self._subscribers_checked = now
-            self._subscribed = await redis_conn.subscribers(self.redis, events_channel(self.prefix)) > 0
-        return self._subscribed
+        return await self.audience.present()
 
     def forget_groups(self) -> None:
         """After Redis lost data: groups must be ensured again before the next XADD."""
