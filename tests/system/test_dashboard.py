@@ -335,7 +335,7 @@ def test_every_page_login_filters_pause_csrf_and_deep_link(
         page.fill("#key", KEY)
         page.click("form.login button")
         page.wait_for_selector("#logout")
-        page.wait_for_selector("body[data-loaded=overview]")
+        page.wait_for_selector("body[data-loaded=overview]")  # the landing page after a login
         cookies = {c["name"]: c for c in context.cookies()}
         assert cookies["postbox_session"]["httpOnly"] is True
         assert cookies["postbox_session"]["sameSite"] == "Strict"
@@ -526,6 +526,7 @@ def test_behind_a_reverse_proxy_under_a_path_prefix(
         page.fill("#key", KEY)
         page.click("form.login button")
         page.wait_for_selector("#logout")
+        page.wait_for_selector("body[data-loaded=overview]")  # the landing page after a login
         (cookie,) = context.cookies()
         assert (cookie["name"], cookie["path"]) == ("postbox_session", "/postbox/")
         _go(page, "#/queues", "queues")

@@ -84,6 +84,7 @@ def test_progress_bar_live_move_and_encrypted_args_on_the_job_page(
             page.fill("#key", KEY)
             page.click("form.login button")
             page.wait_for_selector("#logout")
+            page.wait_for_selector("body[data-loaded=overview]")  # the landing page after a login
 
             # Logged in: the note; then a new value, written and announced as a worker does, shows live.
             _go(page, f"#/jobs/{ids['running']}", "job")

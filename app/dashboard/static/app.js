@@ -9,6 +9,7 @@ const PAGE_SIZE = 50;
 const main = document.getElementById("main");
 let session = { mode: "read-only", logged_in: false, csrf: null, can_act: false, can_read_args: false };
 let current = null; // the page on screen: {name, refresh(), onEvent(evt)}
+let settled = 0; // pages whose first load ended, shown in body[data-settled] for tests
 
 // ---- helpers -------------------------------------------------------------------------
 
@@ -655,13 +656,15 @@ function progressBar(p) {
 }
 
 function jobPage(id) {
-  main.replaceChildren(h("h1", {}, `Job ${id}`));
+  // The page draws into its own element: an answer arriving after the reader moved on lands in a detached one.
+  const body = h("div", {}, h("h1", {}, `Job ${id}`));
+  main.replaceChildren(body);
   async function refresh() {
     let job;
     try {
       job = await api(`api/v1/dashboard/jobs/${encodeURIComponent(id)}`);
     } catch (error) {
-      main.replaceChildren(h("h1", {}, `Job ${id}`), h("p", { id: "job-error" }, error.message));
+      body.replaceChildren(h("h1", {}, `Job ${id}`), h("p", { id: "job-error" }, error.message));
       return;
     }
     const link = window.location.href;
@@ -684,7 +687,7 @@ function jobPage(id) {
       if (!job.discarded_at) buttons.push(h("button", { class: "danger", id: "job-discard", disabled: !session.can_act, onclick: () => single("discard", job) }, "Discard…"));
     }
     const hidden = "(redacted: log in to see it)";
-    main.replaceChildren(
+    body.replaceChildren(
       h("h1", {}, `Job ${job.id} `, h("span", { id: "job-state" }, badge(job.state))),
       h("div", { class: "toolbar" }, h("span", { class: "muted" }, "Link: "), h("a", { href: link, id: "deep-link" }, link), buttons),
       h(
@@ -1045,7 +1048,9 @@ function route() {
   document.body.dataset.page = page.name;
   delete document.body.dataset.loaded;
   page.refresh().then(() => {
-    document.body.dataset.loaded = page.name;
+    // A page left before its first answer came must not mark (or draw over) the page that replaced it.
+    if (current === page) document.body.dataset.loaded = page.name;
+    document.body.dataset.settled = String(++settled);
   });
 }
 
