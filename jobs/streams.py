@@ -11,7 +11,7 @@ slot, so a worker's multi-stream XREADGROUP stays single-slot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 GROUP = "postbox"
 PRIORITIES: tuple[int, ...] = tuple(range(9, -1, -1))  # highest first
@@ -35,6 +35,15 @@ def parse_stream_key(prefix: str, key: str) -> tuple[str, int]:
         raise ValueError(f"not a postbox stream key: {key!r}")
     queue, _, priority = key[len(head) :].rpartition("}:p")
     return queue, int(priority)
+
+
+def by_slot(streams: Sequence[str]) -> list[list[str]]:
+    """``streams`` grouped by queue (their ``{queue}`` hash tag, so by cluster slot), in order of first appearance."""
+    groups: dict[str, list[str]] = {}
+    for key in streams:
+        tag = key[key.index("{") : key.index("}") + 1] if "{" in key and "}" in key else key
+        groups.setdefault(tag, []).append(key)
+    return list(groups.values())
 
 
 def epoch_key(prefix: str) -> str:

@@ -42,7 +42,7 @@ from psycopg import AsyncConnection
 from postbox import sql
 from postbox.redis_conn import AnyRedis
 from postbox.relay.publisher import Publisher, Row, check_term
-from postbox.relay.watermark import EntryId, parse_entry_id, tails_lost
+from postbox.relay.stream_check import StreamCheck, StreamReport
 from postbox.streams import decode_entry, epoch_key, stream_key
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,7 @@ class Reconciler:
         self.sweeps = 0  # sweeps completed (tests wait on it)
         self._recovered = 0
         self._xinfo_refused = False  # said once: this server refuses XINFO
+        self.stream_check = StreamCheck(redis)
 
     @property
     def recovering(self) -> bool:
@@ -146,13 +147,13 @@ class Reconciler:
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
         if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
-            if await self._streams_missing():
-                log.warning("Redis lost streams the relay created", extra={"count": len(self.publisher.known_groups)})
+            found = await self._look()
+            if found.missing:
+                log.warning("Redis lost streams the relay created", extra={"count": len(found.missing)})
                 await self._start_recovery(conn, "missing streams")
                 return True
-            lost = await self._tails_lost()
-            if lost:
-                log.warning("Redis lost the newest entries of streams (a failover?)", extra={"count": len(lost)})
+            if found.lost:
+                log.warning("Redis lost the newest entries of streams (a failover?)", extra={"count": len(found.lost)})
                 await self._start_recovery(conn, "stream tail lost")
                 return True
             return False
@@ -160,7 +161,7 @@ class Reconciler:
             self.token = current  # a new term, and Redis kept its data: adopt the epoch
             # ...unless it lost the tail of a stream before this term (the leader died with it).
             await self._seed_marks(conn)
-            lost = await self._tails_lost()
+            lost = (await self._look()).lost
             if lost:
                 log.warning("Redis lost the newest entries of streams (a failover?)", extra={"count": len(lost)})
                 await self._start_recovery(conn, "stream tail lost")
@@ -170,16 +171,6 @@ class Reconciler:
         await self._start_recovery(conn, reason)
         return True
 
-    async def _streams_missing(self) -> bool:
-        keys = sorted(self.publisher.known_groups)
-        if not keys:
-            return False
-        pipe = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.exists(key)
-        found = await pipe.execute()
-        return any(int(n) == 0 for n in found)
-
     async def _seed_marks(self, conn: AsyncConnection[Any]) -> None:
         """High-water marks from the entries PostgreSQL recorded for the newest in-flight rows."""
         cur = await conn.execute(sql.active().JOB_GET_RECENT_STREAM_IDS, {"limit": self.seed_rows})
@@ -187,33 +178,16 @@ class Reconciler:
         prefix = self.publisher.prefix
         self.publisher.high_water.record([stream_key(prefix, q, p) for q, p, _sid in rows], [r[2] for r in rows])
 
-    async def _tails_lost(self) -> list[str]:
-        """Streams whose last generated id is older than the newest id this relay wrote to them."""
+    async def _look(self) -> StreamReport:
+        """Which streams the relay created are gone, and which lost entries it wrote (relay/stream_check.py)."""
         expected = self.publisher.high_water.snapshot()  # before asking: every mark in it was applied
-        if not expected:
-            return []
-        keys = sorted(expected)
-        pipe = self.redis.pipeline(transaction=False)
-        for key in keys:
-            pipe.execute_command("XINFO", "STREAM", key)
-        found = await pipe.execute(raise_on_error=False)
-        reported: dict[str, EntryId | None] = {}
-        for key, info in zip(keys, found, strict=True):
-            if isinstance(info, BaseException):
-                if "no such key" in str(info).lower():
-                    reported[key] = None  # gone: _streams_missing says so too
-                elif not self._xinfo_refused:
-                    # A server that refuses XINFO (an ACL, a managed Redis) cannot tell us about
-                    # lost tails; it must not stop publishing. The sweep still finds lost entries.
-                    self._xinfo_refused = True
-                    log.warning(
-                        "XINFO refused: a lost stream tail is found by the sweep only", extra={"error": str(info)}
-                    )
-                continue
-            fields = dict(zip(info[::2], info[1::2], strict=True)) if isinstance(info, list) else dict(info)
-            value = fields.get(b"last-generated-id", fields.get("last-generated-id"))
-            reported[key] = parse_entry_id(value) if value is not None else None
-        return tails_lost(expected, reported)
+        found = await self.stream_check.look(self.publisher.known_groups, expected)
+        if found.refused and not self._xinfo_refused:
+            # A server that refuses XINFO (an ACL, a managed Redis) cannot tell us about
+            # lost tails; it must not stop publishing. The sweep still finds lost entries.
+            self._xinfo_refused = True
+            log.warning("XINFO refused: a lost stream tail is found by the sweep only")
+        return found
 
     async def _start_recovery(self, conn: AsyncConnection[Any], reason: str) -> None:
         first_check = self.token is None

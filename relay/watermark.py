@@ -4,12 +4,13 @@ A Redis failover to a replica that missed the last writes keeps the epoch key
 (it was replicated long ago) but loses the newest stream entries. Every stream
 remembers the last id it generated (``XINFO STREAM`` → ``last-generated-id``,
 kept even when entries are deleted); on the new primary it is older than the
-newest id this relay got back from an XADD. That is how a lost tail is told.
+newest id this relay got back from an XADD. That is how a lost tail is told
+(compared inside Redis: :mod:`postbox.relay.stream_check`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 EntryId = tuple[int, int]
 
@@ -44,9 +45,4 @@ class HighWater:
         self._marks.clear()
 
 
-def tails_lost(expected: Mapping[str, EntryId], reported: Mapping[str, EntryId | None]) -> list[str]:
-    """Streams whose last generated id is older than the id we wrote (or that no longer exist)."""
-    return sorted(key for key, mark in expected.items() if key in reported and (reported[key] or (-1, -1)) < mark)
-
-
-__all__ = ["EntryId", "HighWater", "parse_entry_id", "tails_lost"]
+__all__ = ["EntryId", "HighWater", "parse_entry_id"]

@@ -38,7 +38,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from postbox import redis_conn, resp
-from postbox.streams import GROUP
+from postbox.streams import GROUP, by_slot
 from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger(__name__)
@@ -319,12 +319,3 @@ class Consumer:
                 return
             if error is not None:
                 raise error
-
-
-def by_slot(streams: Sequence[str]) -> list[list[str]]:
-    """``streams`` grouped by queue (their ``{queue}`` hash tag, so by cluster slot), in order of first appearance."""
-    groups: dict[str, list[str]] = {}
-    for key in streams:
-        tag = key[key.index("{") : key.index("}") + 1] if "{" in key and "}" in key else key
-        groups.setdefault(tag, []).append(key)
-    return list(groups.values())

@@ -20,8 +20,8 @@ from redis.asyncio import Redis
 
 from postbox import sql
 from postbox.redis_conn import AnyRedis, is_cluster, run_script
-from postbox.streams import GROUP, parse_stream_key
-from postbox.worker.consumer import by_slot, ensure_groups, is_nogroup
+from postbox.streams import GROUP, by_slot, parse_stream_key
+from postbox.worker.consumer import ensure_groups, is_nogroup
 from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from postbox.relay.watermark import HighWater, parse_entry_id, tails_lost
+from postbox.relay.watermark import HighWater, parse_entry_id
 
 
 def test_entry_ids_compare_by_milliseconds_then_sequence() -> None:
@@ -26,10 +26,3 @@ def test_the_mark_keeps_the_newest_id_per_stream_and_forgets_on_request() -> Non
     assert marks.snapshot() == {"a": (5, 1), "b": (3, 0)}
     marks.forget()
     assert marks.snapshot() == {}
-
-
-def test_only_streams_behind_their_mark_have_lost_their_tail() -> None:
-    expected = {"a": (5, 1), "b": (3, 0), "c": (7, 0), "d": (2, 0)}
-    reported = {"a": (5, 1), "b": (4, 0), "c": (6, 9), "d": None}  # d is gone; e was never asked
-    assert tails_lost(expected, reported) == ["c", "d"]
-    assert tails_lost({"a": (1, 0)}, {}) == []
