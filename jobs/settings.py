@@ -141,6 +141,15 @@ class Settings(BaseSettings):
         default_factory=list, description="Comma-separated queues a worker consumes; empty = the tasks' queues."
     )
     concurrency: int = Field(default=10, ge=1, le=10_000, description="Jobs a worker process runs at once.")
+    worker_processes: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description=(
+            "Worker processes `postbox worker run` starts (its --processes). Above 1 the command supervises that "
+            "many workers: it forwards SIGTERM/SIGINT to them and restarts one that dies (docs/worker.md)."
+        ),
+    )
     visibility_timeout: float = Field(
         default=30.0, gt=0, description="Seconds before an unacknowledged entry may be reclaimed by another worker."
     )

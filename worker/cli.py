@@ -6,6 +6,11 @@ for up to ``POSTBOX_DRAIN_TIMEOUT`` seconds; the process then exits 0. A second
 signal ends the drain at once (unfinished jobs stay unacknowledged). Whatever
 happens, the process ends within the drain timeout plus 10 s after the first
 signal, 2 s after the second (``worker/shutdown.py``; exit status 3 if forced).
+
+``--processes N`` (``POSTBOX_WORKER_PROCESSES``, default 1): above 1 this process is a supervisor
+that runs N such worker processes, forwards SIGTERM/SIGINT to them, restarts one that dies and exits
+2 when one reports a configuration error (``worker/supervisor.py``). With 1, nothing changes: this
+process is the worker.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -20,6 +26,7 @@ from collections.abc import Sequence
 from postbox import encryption
 from postbox.errors import SchemaOutdatedError, SettingsError, TaskModuleError
 from postbox.registry import load_task_modules
+from postbox.settings import Settings
 from postbox.startup import process_settings, run_loop
 
 
@@ -30,14 +37,23 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--tasks", help="comma-separated modules whose @task handlers are loaded (POSTBOX_TASKS)")
     run.add_argument("--queues", help="comma-separated queues to consume; default: the loaded tasks' queues")
     run.add_argument("--concurrency", type=int, help="jobs run at once (POSTBOX_CONCURRENCY, default 10)")
+    run.add_argument(
+        "--processes",
+        type=int,
+        help="worker processes run under one supervisor (POSTBOX_WORKER_PROCESSES, default 1)",
+    )
     return p
 
 
 def main(argv: Sequence[str]) -> int:
     args = parser().parse_args(list(argv))
-    settings = process_settings("worker", tasks=args.tasks, queues=args.queues, concurrency=args.concurrency)
+    settings = process_settings(
+        "worker", tasks=args.tasks, queues=args.queues, concurrency=args.concurrency, worker_processes=args.processes
+    )
     if settings is None:
         return 2
+    if settings.worker_processes > 1:
+        return supervise_workers(args, settings)
     # A stop signal while starting (importing task modules, connecting) is kept
     # and honoured once the event loop's handlers are in place.
     early: list[int] = []
@@ -91,3 +107,31 @@ def main(argv: Sequence[str]) -> int:
         print(f"postbox worker: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def supervise_workers(args: argparse.Namespace, settings: Settings) -> int:
+    """Run ``settings.worker_processes`` worker processes under this one (``worker/supervisor.py``)."""
+    from postbox.worker.supervisor import Command, supervise
+
+    processes = settings.worker_processes
+    port = settings.worker_metrics_port
+    if port and port + processes - 1 > 65535:
+        print(
+            f"postbox worker: POSTBOX_WORKER_METRICS_PORT: {processes} processes serve metrics on ports "
+            f"{port} to {port + processes - 1}, past 65535",
+            file=sys.stderr,
+        )
+        return 2
+    argv = [sys.executable, "-m", "postbox.worker", "run"]
+    for flag in ("tasks", "queues", "concurrency"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += [f"--{flag}", str(value)]
+
+    def command(slot: int) -> Command:
+        env = {**os.environ, "POSTBOX_WORKER_PROCESSES": "1"}
+        if port:
+            env["POSTBOX_WORKER_METRICS_PORT"] = str(port + slot)
+        return Command(argv, env)
+
+    return supervise(processes, command)
