@@ -34,6 +34,18 @@ def command(*parts: bytes) -> bytes:
     return packed
 
 
+def command_head(*parts: bytes) -> tuple[int, bytes]:
+    """The first ``parts`` of a command sent often with the same start, packed once (see :func:`with_tail`)."""
+    packed = command(*parts)
+    return len(parts), packed[packed.index(b"\r\n") + 2 :]
+
+
+def with_tail(head: tuple[int, bytes], *tail: bytes) -> bytes:
+    """The command ``head`` starts, ending with ``tail``: the same bytes as :func:`command` of all the parts."""
+    count, body = head
+    return b"*%d\r\n" % (count + len(tail)) + body + b"".join(b"$%d\r\n%b\r\n" % (len(p), p) for p in tail)
+
+
 def xadd(key: bytes, fields: Sequence[tuple[bytes, bytes]]) -> bytes:
     """``XADD key * f1 v1 f2 v2 ...`` (auto id, no MAXLEN: the relay never trims)."""
     return command(b"XADD", key, b"*", *(part for field in fields for part in field))

@@ -27,7 +27,7 @@ from typing import Any, cast
 from psycopg import AsyncConnection, AsyncCursor
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from postbox import events, pgarray, redis_conn, resp, sql, tracing
 from postbox.audience import Audience
@@ -66,15 +66,6 @@ def term_checked(row: Any, term: int | None) -> int:
     if row is None or not row[0]:
         raise LeadershipLost(f"a leader newer than term {term} is recorded: nothing marked")
     return int(row[1])
-
-
-async def ensure_group(redis: redis_conn.AnyRedis, key: str) -> None:
-    """Create the consumer group (and the stream) if missing; BUSYGROUP is not an error."""
-    try:
-        await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
 
 
 class Publisher:
@@ -122,9 +113,25 @@ class Publisher:
         self.known_groups.clear()
 
     async def ensure_groups(self, keys: Iterable[str]) -> None:
-        for key in sorted(set(keys) - self.known_groups):
-            await ensure_group(self.redis, key)
-            self.known_groups.add(key)
+        """The consumer group on every stream of ``keys`` not known to have one: one round trip for all.
+
+        (Key by key, a relay's first batches over 100 queues x 10 priorities waited for 1,000 round trips.)
+        """
+        new = sorted(set(keys) - self.known_groups)
+        if not new:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in new:
+                pipe.xgroup_create(key, GROUP, id="0", mkstream=True)
+            replies = await pipe.execute(raise_on_error=False)
+        refused: list[BaseException] = []
+        for key, reply in zip(new, replies, strict=True):
+            if isinstance(reply, BaseException) and "BUSYGROUP" not in str(reply):
+                refused.append(reply)
+            else:
+                self.known_groups.add(key)
+        if refused:
+            raise refused[0]
 
     async def xadd_rows(self, rows: Sequence[Row]) -> tuple[list[int], list[str], list[int]]:
         """XADD each row, all in one write (see :mod:`postbox.resp`). Returns (ids added, entry ids, ids refused)."""

@@ -122,6 +122,8 @@ class Consumer:
         self._script = redis.register_script(READ_SCRIPT)
         self._group_and_consumer = (GROUP.encode(), consumer.encode())
         self._keys: dict[str, bytes] = {}
+        self._read_for: Sequence[str] | None = None  # the streams (a list not modified) _read_head names
+        self._read_head: tuple[int, bytes] = (0, b"")
         # Wake-up reads still blocked, by their group of streams (wait_for_new): they outlive the call
         # that started them, so a wake-up re-registers only the group that answered.
         self._blocked: dict[tuple[str, ...], asyncio.Future[set[str]]] = {}
@@ -136,10 +138,13 @@ class Consumer:
         """
         if self._cluster:
             return await self._run_script_per_queue(streams, count)
-        keys = [self._key(key) for key in streams]
-        payload = resp.command(
-            b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer, b"%d" % count
-        )
+        if streams is not self._read_for:  # packed once per list of streams (a read of every stream names 1,000)
+            keys = [self._key(key) for key in streams]
+            self._read_head = resp.command_head(
+                b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer
+            )
+            self._read_for = streams
+        payload = resp.with_tail(self._read_head, b"%d" % count)
         for attempt in (1, 2):
             [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)  # one server here
             if not isinstance(reply, ResponseError):

@@ -10,9 +10,10 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from postbox import sql
-from postbox.relay.publisher import Publisher, ensure_group
+from postbox.relay.publisher import Publisher
 from postbox.relay.service import run_until_published
 from postbox.settings import Settings
 from postbox.streams import GROUP, stream_key
@@ -193,17 +194,32 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
         assert conn.execute(renewed).fetchone() == (20,)
 
 
-async def test_twenty_concurrent_ensure_group_calls_all_succeed(settings: Settings, redis: aioredis.Redis) -> None:
-    key = stream_key(settings.redis_prefix, "race", 5)
+async def test_twenty_relays_ensuring_the_same_groups_at_once_all_succeed(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    keys = [stream_key(settings.redis_prefix, "race", p) for p in (5, 7)]
     clients = [aioredis.Redis.from_url(str(settings.redis_url)) for _ in range(20)]
+    publishers = [Publisher(c, settings.redis_prefix) for c in clients]
     try:
-        results = await asyncio.gather(*(ensure_group(c, key) for c in clients), return_exceptions=True)
+        results = await asyncio.gather(*(p.ensure_groups(keys) for p in publishers), return_exceptions=True)
     finally:
         for c in clients:
             await c.aclose()
     assert results == [None] * 20
-    groups = await redis.xinfo_groups(key)
-    assert [g["name"] for g in groups] == [GROUP.encode()]
+    assert all(p.known_groups == set(keys) for p in publishers)
+    for key in keys:
+        groups = await redis.xinfo_groups(key)
+        assert [g["name"] for g in groups] == [GROUP.encode()]
+
+
+async def test_a_group_refused_is_raised_and_not_taken_as_known(settings: Settings, redis: aioredis.Redis) -> None:
+    good, bad = (stream_key(settings.redis_prefix, "refuse", p) for p in (1, 2))
+    await redis.set(bad, "not a stream")
+    publisher = Publisher(redis, settings.redis_prefix)
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await publisher.ensure_groups([good, bad])
+    assert publisher.known_groups == {good}
+    assert [g["name"] for g in await redis.xinfo_groups(good)] == [GROUP.encode()]
 
 
 async def test_the_relay_never_trims_streams(

@@ -47,6 +47,16 @@ def test_generic_xadd_and_publish_match_redis_py() -> None:
     assert resp.command(b"GET", b"k") == packed("GET", "k")
 
 
+def test_a_command_packed_in_two_parts_is_the_command_packed_at_once() -> None:
+    keys = [b"postbox:{q%d}:p9" % i for i in range(12)]
+    head = resp.command_head(b"EVALSHA", b"abc", b"12", *keys, b"group", b"")
+    for count in (b"1", b"50", b"1000"):
+        assert resp.with_tail(head, count) == packed(
+            "EVALSHA", "abc", "12", *map(bytes.decode, keys), "group", "", count.decode()
+        )
+    assert resp.with_tail(head) == resp.command(b"EVALSHA", b"abc", b"12", *keys, b"group", b"")
+
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 100.0
