@@ -362,6 +362,20 @@ def test_bench_cpu_at_a_rate_over_many_queues(servers: Servers, monkeypatch: pyt
     assert len(rows) == 1 and rows[0]["worker"] > 0 and rows[0]["relay"] > 0
 
 
+def test_bench_phases_splits_each_jobs_path_by_its_own_timestamps(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from postbox_bench import phases as bench_phases
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    assert bench_phases.main(["--rate", "60", "--jobs", "30"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" p50 ")[0].split("/s ")[1].strip() for line in lines] == list(bench_phases.PARTS)
+    p50 = [float(line.split(" p50 ")[1].split(" ms")[0]) for line in lines]
+    assert all(value >= 0 for value in p50)
+
+
 @pytest.mark.parametrize(
     ("path", "variant"), [("enqueue", "general"), ("enqueue", "one-statement"), ("transaction", "pipeline")]
 )
