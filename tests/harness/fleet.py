@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 import psycopg
+import pytest
 
 VISIBILITY = 2.0
 # The worker tests' handlers and their queue (tests.harness.tasks.worker.QUEUE), named here without
@@ -150,3 +151,20 @@ def one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
 def worker_id_of(conn: psycopg.Connection[Any], proc: subprocess.Popen[bytes]) -> str | None:
     """The id a running worker process registered, None until it has."""
     return one(conn, "SELECT id FROM postbox.workers WHERE pid = %s AND stopped_at IS NULL", (proc.pid,))
+
+
+@pytest.fixture
+def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
+    """A :class:`Fleet` with the defaults (the worker tests' tasks, short leases), every process killed after."""
+    with Fleet(child_env, tmp_path) as procs:
+        yield procs
+
+
+@pytest.fixture(name="db")
+def effects_db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection to the test's database holding the worker tests' effects table."""
+    from tests.harness.tasks import worker as t  # imported when used: importing it registers its handlers
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(t.EFFECTS_DDL)
+        yield conn

@@ -28,13 +28,6 @@ def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
         yield procs
 
 
-@pytest.fixture
-def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(t.EFFECTS_DDL)
-        yield conn
-
-
 def test_a_worker_killed_while_its_job_is_snoozed_loses_nothing_and_the_job_runs_once(
     fleet: Fleet, db: psycopg.Connection[Any]
 ) -> None:

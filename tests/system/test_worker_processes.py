@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -21,19 +19,6 @@ from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
-
-
-@pytest.fixture
-def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
-    with Fleet(child_env, tmp_path) as procs:
-        yield procs
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(t.EFFECTS_DDL)
-        yield conn
 
 
 def test_sigkill_mid_job_another_worker_finishes_it_after_the_visibility_timeout(

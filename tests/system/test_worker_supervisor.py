@@ -11,8 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -21,23 +19,9 @@ import pytest
 
 import postbox
 from tests.harness.fleet import WORKER_QUEUE, WORKER_TASKS, Fleet, one
-from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
 
 pytestmark = pytest.mark.system
-
-
-@pytest.fixture
-def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[Fleet]:
-    with Fleet(child_env, tmp_path) as procs:
-        yield procs
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(t.EFFECTS_DDL)
-        yield conn
 
 
 def supervisor(fleet: Fleet, processes: int = 2, **env: str) -> subprocess.Popen[bytes]:

@@ -19,7 +19,6 @@ import pytest
 import postbox
 from tests.harness.fleet import VISIBILITY, Fleet, one, worker_id_of
 from tests.harness.tasks import hardening as h
-from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until
 
 pytestmark = [pytest.mark.system, pytest.mark.alone]  # take-over and drain times
@@ -43,13 +42,6 @@ class HardeningFleet(Fleet):
 def fleet(child_env: dict[str, str], tmp_path: Path) -> Iterator[HardeningFleet]:
     with HardeningFleet(child_env, tmp_path) as procs:
         yield procs
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(t.EFFECTS_DDL)
-        yield conn
 
 
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
