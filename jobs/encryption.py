@@ -164,6 +164,18 @@ def open_result(job_id: int, value: Any) -> Any:
         return value
 
 
+def open_args(task: str, value: Any) -> Any:
+    """A job's args as enqueued: opened when sealed and this process has the key, else ``value`` as it is.
+
+    Raises :class:`EncryptionError` when the key is here and they do not open (altered, another task's):
+    the caller says so and shows the envelope, never a guess.
+    """
+    keys = keyring_or_none() if is_sealed(value) else None
+    if keys is None:
+        return value
+    return orjson.loads(keys.open(task, value))
+
+
 def is_sealed(value: Any) -> bool:
     return isinstance(value, Mapping) and ENVELOPE in value
 

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 import orjson
 import psycopg
 
-from postbox import db, redis_conn, revision
+from postbox import db, encryption, redis_conn, revision
 from postbox.app.services.audit import Actor
 from postbox.app.services.errors import InvalidInputError, ServiceError
 from postbox.errors import EnqueueError, PostboxError, QueueFullError, SettingsError
@@ -108,7 +108,12 @@ HISTORY_COLUMNS = ("life", "attempt", "worker_id", "started_at", "finished_at", 
 
 
 def show_job(job: dict[str, Any], as_json: bool, out: TextIO) -> None:
-    """One job (or dead letter): its fields, then one history row per attempt."""
+    """One job (or dead letter): its fields, then one history row per attempt.
+
+    An encrypted task's args and kept result are shown opened when this process has the key
+    (``POSTBOX_ENCRYPTION_KEYS``), as the API shows them to a reader with the API key; else the envelope.
+    """
+    job = opened(job)
     if as_json:
         print(to_json(job), file=out)
         return
@@ -121,6 +126,18 @@ def show_job(job: dict[str, Any], as_json: bool, out: TextIO) -> None:
         if entry.get("traceback"):
             heading = f"attempt {entry['attempt']} (life {entry['life']}) traceback:"
             print(f"\n{heading}\n{entry['traceback'].rstrip()}", file=out)
+
+
+def opened(job: dict[str, Any]) -> dict[str, Any]:
+    """``job`` with its sealed args and kept result opened where this process has the key (a note when not)."""
+    job = dict(job)
+    try:
+        job["args"] = encryption.open_args(str(job.get("task")), job.get("args"))
+    except encryption.EncryptionError as exc:
+        print(f"postbox: job {job.get('id')}: its args stay sealed: {exc}", file=sys.stderr)
+    if isinstance(job.get("id"), int):
+        job["result"] = encryption.open_result(job["id"], job.get("result"))
+    return job
 
 
 def progress_text(value: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from fastapi import Depends, Header, Request
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -276,11 +275,10 @@ def opened_args(item: dict[str, Any]) -> dict[str, Any]:
 
     Without the key, or when they do not open (altered, another task's), the envelope stays: never a guess.
     """
-    args, task = item.get("args"), item.get("task")
-    keys = encryption.keyring_or_none() if isinstance(task, str) and encryption.is_sealed(args) else None
-    if keys is not None and isinstance(args, dict):
+    task = item.get("task")
+    if isinstance(task, str):
         try:
-            item["args"] = orjson.loads(keys.open(str(task), args))
+            item["args"] = encryption.open_args(task, item.get("args"))
         except encryption.EncryptionError as exc:
             log.warning("job %s: its args stay sealed: %s", item.get("id"), exc)
     return item

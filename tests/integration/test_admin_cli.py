@@ -252,3 +252,46 @@ def test_jobs_get_shows_each_failed_attempts_traceback(
     out = capsys.readouterr().out
     assert "attempt 1 (life 1) traceback:\nTraceback (most recent call last):" in out
     assert 'File "shop/tasks.py", line 9, in charge' in out
+
+
+def test_jobs_get_opens_an_encrypted_tasks_args_with_the_key_and_shows_the_envelope_without(
+    conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import base64
+
+    import postbox
+    from postbox import encryption
+    from tests.harness.tasks import job_control as jc
+
+    key = "k1:" + base64.b64encode(b"\x05" * 32).decode()
+    other = "k1:" + base64.b64encode(b"\x06" * 32).decode()  # the same key id, another key
+    card = "4000-0000-0000-0002"
+    encryption.use_keys(key)
+    try:
+        job = int(postbox.enqueue(conn, jc.jc_secret, {"card": card, "n": 7}))
+        conn.commit()
+    finally:
+        encryption.use_keys(None)
+    try:
+        monkeypatch.setenv("POSTBOX_ENCRYPTION_KEYS", key)
+        assert jobs_cli.main(["get", str(job), "--json"]) == 0
+        got = capsys.readouterr()
+        assert json.loads(got.out)["args"] == {"card": card, "n": 7} and got.err == ""
+        assert jobs_cli.main(["get", str(job)]) == 0
+        assert card in capsys.readouterr().out
+
+        monkeypatch.setenv("POSTBOX_ENCRYPTION_KEYS", other)  # does not open: the envelope, and why
+        assert jobs_cli.main(["get", str(job), "--json"]) == 0
+        got = capsys.readouterr()
+        assert set(json.loads(got.out)["args"]) == {encryption.ENVELOPE} and card not in got.out
+        assert f"job {job}: its args stay sealed" in got.err and card not in got.err
+
+        monkeypatch.delenv("POSTBOX_ENCRYPTION_KEYS")  # no key: the envelope, quietly
+        assert jobs_cli.main(["get", str(job), "--json"]) == 0
+        got = capsys.readouterr()
+        assert set(json.loads(got.out)["args"]) == {encryption.ENVELOPE} and got.err == ""
+        stored = conn.execute("SELECT args::text FROM postbox.outbox WHERE id = %s", (job,)).fetchone()
+        conn.commit()
+        assert stored is not None and card not in stored[0]  # nothing written back
+    finally:
+        encryption.use_keys(None)
