@@ -128,8 +128,15 @@ def supervise_workers(args: argparse.Namespace, settings: Settings) -> int:
         if value is not None:
             argv += [f"--{flag}", str(value)]
 
+    base = {**os.environ, "POSTBOX_WORKER_PROCESSES": "1"}
+    # The children run ``python -m postbox.worker``: they import from the working directory, where this
+    # process imported from its script's folder (``python /srv/shop/manage.py postbox worker run``).
+    home = sys.path[0] if sys.path else ""
+    if home and os.path.abspath(home) != os.getcwd():
+        base["PYTHONPATH"] = os.pathsep.join(part for part in (home, os.environ.get("PYTHONPATH", "")) if part)
+
     def command(slot: int) -> Command:
-        env = {**os.environ, "POSTBOX_WORKER_PROCESSES": "1"}
+        env = dict(base)
         if port:
             env["POSTBOX_WORKER_METRICS_PORT"] = str(port + slot)
         return Command(argv, env)

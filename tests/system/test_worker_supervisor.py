@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -18,6 +19,7 @@ import psycopg
 import pytest
 
 import postbox
+from tests.harness.api import insert_job
 from tests.harness.fleet import WORKER_QUEUE, WORKER_TASKS, Fleet, one
 from tests.harness.wait import wait_until
 
@@ -200,3 +202,35 @@ def test_a_configuration_error_in_the_workers_stops_the_supervisor_with_exit_2(
     assert "exited with status 2: a configuration error" in done.stderr
     assert "restarting" not in done.stderr
     assert one(db, "SELECT count(*) FROM postbox.workers") == 0
+
+
+def test_a_supervisor_started_from_a_script_elsewhere_gives_its_workers_the_scripts_folder(
+    fleet: Fleet, db: psycopg.Connection[Any], tmp_path: Path
+) -> None:
+    """``python /srv/shop/manage.py postbox worker run --processes 2`` from another directory: the children
+    import the task modules next to the script, as the supervisor did."""
+    shop = tmp_path / "shop"
+    shop.mkdir()
+    (shop / "shop_tasks.py").write_text(
+        "from postbox import task\n\n\n"
+        "@task(queue='shopq')\n"
+        "async def shop_effect(ctx, n: int) -> None:\n"
+        "    async with ctx.transaction() as conn:\n"
+        "        await conn.execute(\n"
+        "            'INSERT INTO worker_effects (job_id, label, attempt, worker_id) VALUES (%s, %s, %s, %s)',\n"
+        "            (ctx.job_id, f'shop-{n}', ctx.attempt, ctx.worker_id),\n"
+        "        )\n"
+    )
+    script = "import sys\n\nfrom postbox.worker.cli import main\n\nsys.exit(main(sys.argv[1:]))\n"
+    (shop / "run_worker.py").write_text(script)
+    proc = fleet.start(
+        str(shop / "run_worker.py"), "run", "--tasks", "shop_tasks", "--processes", "2", name="supervisor"
+    )
+    assert Path.cwd() != shop  # the tests run from the repository: shop_tasks is importable only via the script
+    workers_up(fleet, db, proc, 2)
+    jobs = [insert_job(db, "shop_effect", "shopq", args=f'{{"n": {n}}}') for n in range(6)]
+    fleet.relay()
+    done = "SELECT count(*) FROM postbox.outbox WHERE state = 'succeeded'"
+    wait_until(lambda: one(db, done) == 6, 60, message=lambda: f"6 jobs succeeded\n{fleet.logs()}")
+    assert sorted(r[0] for r in db.execute("SELECT job_id FROM worker_effects").fetchall()) == sorted(jobs)
+    assert stop(fleet, proc) == 0, fleet.logs()
