@@ -3,6 +3,8 @@
 - Its own pytest-django suite passes, on a test database Django creates (postbox's
   schema comes with ``migrate``), and again twice with ``--reuse-db`` (Django's flush
   empties postbox's tables); with the view's enqueue removed it fails, naming the job.
+- ``manage.py postbox worker run --processes 2``: both children set Django up and register; the
+  project's jobs run; SIGTERM to the supervisor stops all of them cleanly.
 - ``postbox worker run`` with only ``DJANGO_SETTINGS_MODULE`` set (the database from
   ``DATABASES``, Redis from ``settings.POSTBOX``, tasks from the installed apps) runs
   ORM jobs; ``manage.py postbox relay run`` publishes them. After the jobs the worker's
@@ -179,3 +181,59 @@ def test_a_worker_started_with_only_django_settings_runs_orm_jobs_and_keeps_no_d
         outputs = [process.communicate(timeout=60)[0] for process in (worker, relay)]
     assert worker.returncode == 0, outputs[0]
     assert relay.returncode == 0, outputs[1]
+
+
+def test_manage_py_postbox_worker_run_with_two_processes_sets_django_up_in_each_and_runs_the_jobs(
+    project: Project,
+) -> None:
+    """``manage.py postbox worker run --processes 2``: the supervisor's children set Django up themselves
+    (``DJANGO_SETTINGS_MODULE`` inherited) and take the installed apps' tasks; SIGTERM stops all three."""
+    migrated = project.run("manage.py", "migrate", "--no-input")
+    assert migrated.returncode == 0, migrated.stderr
+    relay = project.start("manage.py", "postbox", "relay", "run")
+    supervisor = project.start("manage.py", "postbox", "worker", "run", "--processes", "2")
+    try:
+
+        def workers() -> int:
+            with psycopg.connect(project.url) as conn:
+                row = conn.execute("SELECT count(*) FROM postbox.workers WHERE stopped_at IS NULL").fetchone()
+            return int(row[0]) if row else 0
+
+        wait_until(lambda: workers() == 2, timeout=90, message="two worker processes registered")
+        count = 8
+        placed = project.run(
+            "manage.py",
+            "shell",
+            "-c",
+            "from django.db import connection, transaction\n"
+            "import postbox\n"
+            "from orders.models import Order\n"
+            "from orders.tasks import send_receipt\n"
+            f"for i in range({count}):\n"
+            "    with transaction.atomic():\n"
+            "        order = Order.objects.create(email=f'p{i}@example.com', total_cents=200 + i)\n"
+            "        postbox.enqueue(connection, send_receipt, {'order_id': order.pk})\n",
+        )
+        assert placed.returncode == 0, placed.stderr
+
+        def succeeded() -> int:
+            with psycopg.connect(project.url) as conn:
+                row = conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'succeeded'").fetchone()
+            return int(row[0]) if row else 0
+
+        wait_until(lambda: succeeded() == count, timeout=90, message=f"{count} jobs succeeded")
+        with psycopg.connect(project.url) as conn:
+            receipts = conn.execute("SELECT count(*), count(DISTINCT order_id) FROM orders_receipt").fetchone()
+            attempts = conn.execute("SELECT count(*) FROM postbox.job_attempts").fetchone()
+        assert receipts == (count, count) and attempts == (count,)
+        assert supervisor.poll() is None and relay.poll() is None
+    finally:
+        for process in (supervisor, relay):
+            process.send_signal(signal.SIGTERM)
+        outputs = [process.communicate(timeout=60)[0] for process in (supervisor, relay)]
+    assert supervisor.returncode == 0, outputs[0]
+    assert "every worker process has ended; exit status 0" in outputs[0]
+    assert relay.returncode == 0, outputs[1]
+    with psycopg.connect(project.url) as conn:
+        row = conn.execute("SELECT count(*) FROM postbox.workers WHERE stopped_at IS NULL").fetchone()
+    assert row == (0,)  # both children drained and marked themselves stopped
