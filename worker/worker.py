@@ -28,6 +28,9 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from postbox import db, definitions, events, redis_conn, revision
 from postbox import flow as flow_limits
@@ -158,7 +161,7 @@ class Worker:
             await pool.open(wait=True, timeout=30)
             async with pool.connection() as conn:  # this code's statements need the newest migration
                 await revision.require(conn)
-            await ensure_groups(redis, all_streams(self._prefix, self.queues))
+            await self._ensure_groups_at_start(redis)
             self._redis = redis
             self._pool = pool
             self._consumer = Consumer(redis, consumer=self.id)
@@ -304,6 +307,27 @@ class Worker:
                     raise
                 log.warning(
                     "database unavailable while starting; retrying",
+                    extra={"worker_id": self.id, "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__},
+                )
+                await asyncio.sleep(START_RETRY_INTERVAL)
+
+    async def _ensure_groups_at_start(self, redis: redis_conn.AnyRedis) -> None:
+        """The consumer groups of every stream this worker reads, retried while Redis is unavailable.
+
+        A worker starting while Redis restarts, or while a cluster still settles a failover (a node
+        answers CLUSTERDOWN until it learns of the promotion), waits for it for up to
+        :data:`START_RETRY_SECONDS` instead of exiting; then it exits with the error.
+        """
+        deadline = time.monotonic() + START_RETRY_SECONDS
+        while True:
+            try:
+                await ensure_groups(redis, all_streams(self._prefix, self.queues))
+                return
+            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, OSError) as exc:
+                if time.monotonic() >= deadline or self._stopping.is_set():
+                    raise
+                log.warning(
+                    "Redis unavailable while starting; retrying",
                     extra={"worker_id": self.id, "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__},
                 )
                 await asyncio.sleep(START_RETRY_INTERVAL)

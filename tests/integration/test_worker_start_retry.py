@@ -1,6 +1,7 @@
 """A worker whose start-up writes meet a busy or vanished database retries them instead of exiting.
 
-Seen in whole-suite runs: a worker starting while another held a limit row past its
+The same for Redis: a worker starting while Redis restarts (or a cluster settles a failover) waits
+for it. Seen in whole-suite runs: a worker starting while another held a limit row past its
 lock timeout, or while PostgreSQL crashed and a standby was promoted, died with the
 error and never served. Here another session holds the workers table locked past the
 worker's lock timeout: the start-up heartbeat times out, is retried, and the worker
@@ -14,9 +15,12 @@ import logging
 
 import psycopg
 import pytest
+import redis.asyncio as aioredis
 
 from postbox.settings import Settings
+from postbox.streams import GROUP, all_streams
 from postbox.worker import Worker
+from tests.harness.redis_server import RedisServer
 from tests.harness.wait import wait_until_async
 from tests.harness.worker import worker_settings
 
@@ -32,8 +36,9 @@ async def test_a_start_up_write_that_times_out_on_a_lock_is_retried(
         task = asyncio.create_task(worker.run())
         try:
             await wait_until_async(
-                lambda: any("database unavailable while starting" in r.getMessage() for r in caplog.records)
-                or task.done(),
+                lambda: (
+                    any("database unavailable while starting" in r.getMessage() for r in caplog.records) or task.done()
+                ),
                 30,
                 message="the start-up heartbeat timing out on the lock",
             )
@@ -47,3 +52,34 @@ async def test_a_start_up_write_that_times_out_on_a_lock_is_retried(
         finally:
             worker.stop()
             await asyncio.wait_for(task, 30)
+
+
+async def test_a_worker_starting_while_redis_is_down_waits_for_it(
+    settings: Settings, private_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis restarting (or a cluster still settling a failover: CLUSTERDOWN) when a worker starts: its
+    consumer groups are created once Redis answers, instead of the worker exiting."""
+    caplog.set_level(logging.WARNING, logger="postbox.worker.worker")
+    private_redis.stop()
+    worker = Worker(worker_settings(settings.model_copy(update={"redis_url": private_redis.url})))
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_until_async(
+            lambda: any("Redis unavailable while starting" in r.getMessage() for r in caplog.records) or task.done(),
+            30,
+            message="the start-up's consumer groups failing on the stopped Redis",
+        )
+        assert not task.done(), task.exception() if task.done() else None
+        assert not worker.ready.is_set()
+        private_redis.start()
+        await asyncio.wait_for(worker.ready.wait(), 30)
+        client = aioredis.Redis.from_url(private_redis.url)
+        try:
+            streams = all_streams(settings.redis_prefix, worker.queues)
+            groups = [await client.xinfo_groups(key) for key in streams]
+        finally:
+            await client.aclose()
+        assert all([g["name"] for g in found] == [GROUP.encode()] for found in groups)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
