@@ -290,44 +290,43 @@ class Worker:
 
         Retried while the database is unavailable or busy (a restart or a failover
         under way, another worker's start-up holding a limit row past the lock
-        timeout) for up to :data:`START_RETRY_SECONDS`: each write is an upsert, so a
-        repeat is harmless. A worker that cannot start in that time exits with the error.
+        timeout): each write is an upsert, so a repeat is harmless.
         """
-        deadline = time.monotonic() + START_RETRY_SECONDS
-        while True:
-            try:
-                await self._heartbeat.beat(0, 0, 0)
-                async with pool.connection() as conn:  # what postbox.enqueue() in SQL applies to these tasks
-                    await definitions.publish(conn, self.registry, by=self.id)
-                    await flow_claims.publish(conn, self.registry, by=self.id)
-                await self._poll_control()
-                return
-            except (psycopg.OperationalError, PoolTimeout) as exc:
-                if time.monotonic() >= deadline or self._stopping.is_set():
-                    raise
-                log.warning(
-                    "database unavailable while starting; retrying",
-                    extra={"worker_id": self.id, "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__},
-                )
-                await asyncio.sleep(START_RETRY_INTERVAL)
+
+        async def writes() -> None:
+            await self._heartbeat.beat(0, 0, 0)
+            async with pool.connection() as conn:  # what postbox.enqueue() in SQL applies to these tasks
+                await definitions.publish(conn, self.registry, by=self.id)
+                await flow_claims.publish(conn, self.registry, by=self.id)
+            await self._poll_control()
+
+        await self._retry_at_start(writes, (psycopg.OperationalError, PoolTimeout), "database")
 
     async def _ensure_groups_at_start(self, redis: redis_conn.AnyRedis) -> None:
-        """The consumer groups of every stream this worker reads, retried while Redis is unavailable.
+        """The consumer groups of every stream this worker reads, retried while Redis is unavailable
+        (a restart, or a cluster still settling a failover: a node answers CLUSTERDOWN until it learns
+        of the promotion)."""
+        await self._retry_at_start(
+            lambda: ensure_groups(redis, all_streams(self._prefix, self.queues)),
+            (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, OSError),
+            "Redis",
+        )
 
-        A worker starting while Redis restarts, or while a cluster still settles a failover (a node
-        answers CLUSTERDOWN until it learns of the promotion), waits for it for up to
-        :data:`START_RETRY_SECONDS` instead of exiting; then it exits with the error.
-        """
+    async def _retry_at_start(
+        self, step: Callable[[], Coroutine[Any, Any, None]], transient: tuple[type[BaseException], ...], what: str
+    ) -> None:
+        """Run a start-up ``step``, again every :data:`START_RETRY_INTERVAL` s while it fails with ``transient``,
+        for up to :data:`START_RETRY_SECONDS`; a worker that cannot start in that time exits with the error."""
         deadline = time.monotonic() + START_RETRY_SECONDS
         while True:
             try:
-                await ensure_groups(redis, all_streams(self._prefix, self.queues))
+                await step()
                 return
-            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, OSError) as exc:
+            except transient as exc:
                 if time.monotonic() >= deadline or self._stopping.is_set():
                     raise
                 log.warning(
-                    "Redis unavailable while starting; retrying",
+                    f"{what} unavailable while starting; retrying",
                     extra={"worker_id": self.id, "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__},
                 )
                 await asyncio.sleep(START_RETRY_INTERVAL)

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,7 @@ from postbox.relay.workflow_events import APPLICATION_NAME, WorkflowEvents
 from postbox.settings import Settings
 from postbox.streams import events_channel
 from tests.harness.api import make_client
+from tests.harness.fleet import child
 from tests.harness.relay import running_relay
 from tests.harness.tasks import workflow as w
 from tests.harness.wait import wait_event, wait_until, wait_until_async
@@ -82,21 +80,6 @@ async def subscribed(settings: Settings) -> AsyncIterator[Feed]:
             await reader
         await pubsub.aclose()
         await client.aclose()
-
-
-@contextlib.contextmanager
-def relay_process(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "postbox.relay", "run"], env=env, stdout=out, stderr=out)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def forwarding(conn: psycopg.Connection[Any]) -> bool:
@@ -215,7 +198,7 @@ def test_the_websocket_filtered_by_workflow_gets_its_releases_cascades_and_end_f
     with (
         make_client(settings) as client,
         client.websocket_connect(f"/ws/events?workflow_id={mine.id}") as ws,
-        relay_process(child_env, tmp_path / "relay.log"),
+        child(["-m", "postbox.relay", "run"], child_env, tmp_path / "relay.log"),
     ):
         # the relay's forwarder LISTENs once it leads, then sweeps: what committed before is not announced
         wait_until(lambda: forwarding(conn), 60, message="the relay's workflow events listening")

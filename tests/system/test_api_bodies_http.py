@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import select
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.harness.fleet import child
 from tests.harness.redis_server import free_port
 from tests.harness.wait import wait_until
 
@@ -42,26 +40,13 @@ def api(child_env: dict[str, str], tmp_path: Path) -> Iterator[tuple[str, int]]:
         "POSTBOX_API_BODY_TIMEOUT": str(BODY_TIMEOUT),
     }
     log_path = tmp_path / "api.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "postbox_examples", "api", "run", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
+    argv = ["-m", "postbox_examples", "api", "run", "--port", str(port)]
+    with child(argv, env, log_path):
         try:
             wait_until(lambda: _healthy(f"http://127.0.0.1:{port}"), 120)  # a busy machine starts it slowly
         except AssertionError:
             raise AssertionError(log_path.read_text()) from None
         yield "127.0.0.1", port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 def _head(path: str, *headers: str) -> bytes:

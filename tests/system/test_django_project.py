@@ -93,6 +93,24 @@ def project(servers: Servers, redis_prefix: str) -> Iterator[Project]:
     databases.drop(servers.database_url, name)
 
 
+def place_orders(project: Project, count: int, tasks: tuple[str, ...]) -> None:
+    """``count`` orders placed by ``manage.py shell``, each enqueuing ``tasks`` in the order's transaction."""
+    enqueues = "".join(f"        postbox.enqueue(connection, {task}, {{'order_id': order.pk}})\n" for task in tasks)
+    placed = project.run(
+        "manage.py",
+        "shell",
+        "-c",
+        "from django.db import connection, transaction\n"
+        "import postbox\n"
+        "from orders.models import Order\n"
+        f"from orders.tasks import {', '.join(tasks)}\n"
+        f"for i in range({count}):\n"
+        "    with transaction.atomic():\n"
+        "        order = Order.objects.create(email=f'c{i}@example.com', total_cents=100 + i)\n" + enqueues,
+    )
+    assert placed.returncode == 0, placed.stderr
+
+
 def suite(project: Project, *options: str, **extra: str) -> subprocess.CompletedProcess[str]:
     return project.run("-m", "pytest", "-q", "-p", "no:xdist", *options, **extra)
 
@@ -142,21 +160,7 @@ def test_a_worker_started_with_only_django_settings_runs_orm_jobs_and_keeps_no_d
     worker = project.start("-m", "postbox.app", "worker", "run")  # tasks: the installed apps' tasks modules
     try:
         count = 12
-        placed = project.run(
-            "manage.py",
-            "shell",
-            "-c",
-            "from django.db import connection, transaction\n"
-            "import postbox\n"
-            "from orders.models import Order\n"
-            "from orders.tasks import audit_order, send_receipt\n"
-            f"for i in range({count}):\n"
-            "    with transaction.atomic():\n"
-            "        order = Order.objects.create(email=f'c{i}@example.com', total_cents=100 + i)\n"
-            "        postbox.enqueue(connection, send_receipt, {'order_id': order.pk})\n"
-            "        postbox.enqueue(connection, audit_order, {'order_id': order.pk})\n",
-        )
-        assert placed.returncode == 0, placed.stderr
+        place_orders(project, count, ("send_receipt", "audit_order"))
 
         def states() -> dict[str, int]:
             with psycopg.connect(project.url) as conn:
@@ -201,20 +205,7 @@ def test_manage_py_postbox_worker_run_with_two_processes_sets_django_up_in_each_
 
         wait_until(lambda: workers() == 2, timeout=90, message="two worker processes registered")
         count = 8
-        placed = project.run(
-            "manage.py",
-            "shell",
-            "-c",
-            "from django.db import connection, transaction\n"
-            "import postbox\n"
-            "from orders.models import Order\n"
-            "from orders.tasks import send_receipt\n"
-            f"for i in range({count}):\n"
-            "    with transaction.atomic():\n"
-            "        order = Order.objects.create(email=f'p{i}@example.com', total_cents=200 + i)\n"
-            "        postbox.enqueue(connection, send_receipt, {'order_id': order.pk})\n",
-        )
-        assert placed.returncode == 0, placed.stderr
+        place_orders(project, count, ("send_receipt",))
 
         def succeeded() -> int:
             with psycopg.connect(project.url) as conn:
