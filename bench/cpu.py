@@ -95,6 +95,7 @@ def measure(
     worker_env: dict[str, str],
     profile: str | None = None,
     *,
+    profile_role: str = "worker",
     spread: bool = False,
     rate: float | None = None,
 ) -> list[dict[str, float]]:
@@ -131,7 +132,8 @@ def measure(
                     pg_before = _backends(conn)
                     before = {"worker": cpu_seconds(worker), "relay": cpu_seconds(relay)}
                     before["redis"] = cpu_seconds(redis_pid) if redis_pid else 0.0
-                    spy = _py_spy(worker, f"{profile}.{len(results) + 1}") if profile else None
+                    sampled = relay if profile_role == "relay" else worker
+                    spy = _py_spy(sampled, f"{profile}.{len(results) + 1}") if profile else None
                     conn.commit()
                     if rate is not None:  # one job per transaction, on schedule (the producers' backends
                         # have ended when the drain does: they are not counted)
@@ -161,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE", help="extra worker environment")
-    p.add_argument("--profile", metavar="PATH", help="py-spy the worker: collapsed stacks to PATH.<rep>")
+    p.add_argument("--profile", metavar="PATH", help="py-spy a process: collapsed stacks to PATH.<rep>")
+    p.add_argument("--profile-role", choices=("worker", "relay"), default="worker", help="what --profile samples")
     p.add_argument("--spread", action="store_true", help="jobs over 100 queues x 10 priorities, one worker on all")
     p.add_argument("--rate", type=float, help="commit the jobs one by one at this rate (jobs/s) instead of at once")
     args = p.parse_args(argv)
@@ -174,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             args.concurrency,
             worker_env,
             args.profile,
+            profile_role=args.profile_role,
             spread=args.spread,
             rate=args.rate,
         ),

@@ -1,11 +1,13 @@
-"""The REST enqueue's CPU without HTTP: ``python -m postbox_bench.rest_app {api,bare,database}``.
+"""The REST enqueue's CPU without HTTP: ``python -m postbox_bench.rest_app {api,bare,bare-outbox,database}``.
 
-``api`` and ``bare`` call an app as ASGI, in this process, with the body
-``bench rest`` posts (``POST /api/v1/jobs``, 10 requests at a time, after 200
-unmeasured): ``postbox api run``'s app (``POSTBOX_API_KEY`` sent when set,
-the bench's tasks) or the bare route (:mod:`postbox_bench.bare_api`, its
-table created). It prints the process's CPU per request (``time.process_time``:
-the app, psycopg and the event loop; no uvicorn, no sockets to a client). To
+``api``, ``bare`` and ``bare-outbox`` call an app as ASGI, in this process,
+with the body ``bench rest`` posts (``POST /api/v1/jobs``, 10 requests at a
+time, after 200 unmeasured): ``postbox api run``'s app (``POSTBOX_API_KEY``
+sent when set, the bench's tasks), the bare route
+(:mod:`postbox_bench.bare_api`, its table created), or the bare route running
+postbox's enqueue INSERT (its ``--outbox``). It prints the process's CPU per
+request (``time.process_time``: the app, psycopg and the event loop; no
+uvicorn, no sockets to a client). To
 compare two versions of postbox, run it with each on ``PYTHONPATH`` in turn,
 A B A B.
 
@@ -104,10 +106,11 @@ async def _drive(app: Any, key: str | None, requests: int) -> tuple[float, list[
 async def measure_app(kind: str, requests: int) -> float:
     """µs of this process's CPU per enqueue through the app (``api`` or ``bare``); raises on a non-2xx."""
     database_url = os.environ["POSTBOX_DATABASE_URL"]
-    if kind == "bare":
+    if kind in ("bare", "bare-outbox"):
         with psycopg.connect(database_url) as conn:
             conn.execute(bare_api.ROWS_DDL)
-        app: Any = bare_api.create_app(database_url, int(os.environ.get("POSTBOX_API_POOL_SIZE", "10")))
+        pool_size = int(os.environ.get("POSTBOX_API_POOL_SIZE", "10"))
+        app: Any = bare_api.create_app(database_url, pool_size, outbox=kind == "bare-outbox")
         key = None
     else:
         from postbox.app.api.main import create_app
@@ -152,7 +155,7 @@ def measure_database(inserts: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m postbox_bench.rest_app", description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("api", "bare", "database"))
+    p.add_argument("what", choices=("api", "bare", "bare-outbox", "database"))
     p.add_argument("--requests", type=int, default=1500, help="measured requests or inserts (default 1500)")
     p.add_argument("--repeat", type=int, default=1)
     args = p.parse_args(argv)

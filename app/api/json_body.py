@@ -81,7 +81,7 @@ class JsonGuard:
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client left: let the app see it
-                await self.app(scope, _replay(b"".join(chunks), receive, message), send)
+                await self.app(scope, replay(b"".join(chunks), receive, message), send)
                 return
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
@@ -100,7 +100,7 @@ class JsonGuard:
                 )
                 await response(scope, receive, send)
                 return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay(body, receive), send)
 
 
 def _may_hold_json(scope: Scope) -> bool:
@@ -119,11 +119,11 @@ def _may_hold_json(scope: Scope) -> bool:
     return content_type is None or content_type == "application/json" or content_type.endswith("+json")
 
 
-def _replay(body: bytes, receive: Receive, pending: Message | None = None) -> Receive:
+def replay(body: bytes, receive: Receive, pending: Message | None = None) -> Receive:
     """A ``receive`` that gives ``body`` once (then ``pending``, if any), then the client's next messages."""
     sent = False
 
-    async def replay() -> Message:
+    async def replayed() -> Message:
         nonlocal sent, pending
         if not sent:
             sent = True
@@ -133,4 +133,4 @@ def _replay(body: bytes, receive: Receive, pending: Message | None = None) -> Re
             return message
         return await receive()
 
-    return replay
+    return replayed

@@ -123,6 +123,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
     app.add_middleware(Shedder, limit=settings.api_max_in_flight, lag=lag, max_lag=settings.api_max_loop_lag)
     app.add_middleware(Observer, metrics=metrics)
 
+    app.include_router(routes_jobs.enqueue_router, prefix="/api/v1")  # the hot path, matched first
     app.include_router(routes_system.router)
     app.include_router(routes_schedules.router, prefix="/api/v1")  # periodic jobs (routes_schedules.py)
     for router in (

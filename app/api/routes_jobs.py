@@ -13,6 +13,7 @@ from psycopg.rows import dict_row
 
 from postbox import sql
 from postbox.app.api import results
+from postbox.app.api.enqueue_route import MAX_IDEMPOTENCY_KEY, EnqueueRoute
 from postbox.app.api.errors import responses
 from postbox.app.api.json_body import StrictJsonRoute
 from postbox.app.api.params import Cursor, JobId, Limit, QueueFilter, StateFilter, TaskFilter
@@ -26,6 +27,9 @@ from postbox.producer import EnqueueOptions, JobRow, Limits, prepare
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
+# The enqueue alone, included before every other router (app/api/main.py): the API's hot path is
+# matched first instead of after every system, schedule and move route.
+enqueue_router = APIRouter(prefix="/jobs", tags=["jobs"], dependencies=[Depends(read_access)], route_class=EnqueueRoute)
 
 
 def _reject_nul(value: Any, path: str = "args") -> None:
@@ -43,28 +47,19 @@ def _reject_nul(value: Any, path: str = "args") -> None:
             _reject_nul(item, f"{path}.{index}")
 
 
-@router.post(
-    "",
-    status_code=201,
-    response_model=EnqueuedJob,
-    summary="Enqueue a job",
-    responses={
-        200: {
-            "model": EnqueuedJob,
-            "description": "An existing job with the same dedup key, or the same unique key (the task's rule).",
-        },
-        **responses(400, 401, 413, 422, 429),
-    },
-)
 async def enqueue(
     body: EnqueueRequest,
     request: Request,
-    response: Response,
     idempotency_key: Annotated[
         str | None,
-        Header(alias="Idempotency-Key", max_length=512, description="Dedup key; wins over the body's dedup_key."),
+        Header(
+            alias="Idempotency-Key",
+            max_length=MAX_IDEMPOTENCY_KEY,
+            description="Dedup key; wins over the body's dedup_key.",
+        ),
     ] = None,
-) -> dict[str, Any] | Response:
+) -> Response:
+    # Plain requests come straight from EnqueueRoute (enqueue_route.py), the rest through FastAPI.
     st = api_state(request)
     _reject_nul(body.args)
     key = idempotency_key or body.dedup_key
@@ -115,10 +110,26 @@ async def enqueue(
     if not done.duplicate and log.isEnabledFor(logging.INFO):
         log.info("enqueued", extra={"outbox_id": job.id, "task": job.task, "queue": job.queue})
     encoded = enqueued_json(job, done.duplicate)
-    if encoded is not None:  # returned as is: FastAPI does not validate a Response against the model
-        return Response(encoded, status_code=status, media_type="application/json")
-    response.status_code = status
-    return {**as_dict(job), "duplicate": done.duplicate}
+    if encoded is None:  # history or progress: the model writes it (FastAPI does not check a Response)
+        encoded = EnqueuedJob.model_validate({**as_dict(job), "duplicate": done.duplicate}).model_dump_json().encode()
+    return Response(encoded, status_code=status, media_type="application/json")
+
+
+enqueue_router.add_api_route(
+    "",
+    enqueue,
+    methods=["POST"],
+    status_code=201,
+    response_model=EnqueuedJob,
+    summary="Enqueue a job",
+    responses={
+        200: {
+            "model": EnqueuedJob,
+            "description": "An existing job with the same dedup key, or the same unique key (the task's rule).",
+        },
+        **responses(400, 401, 413, 422, 429),
+    },
+)
 
 
 # The answer's fields in EnqueuedJob's order; all but the last two are the job's own.
