@@ -18,9 +18,9 @@ from postbox.app.services.results import as_dict
 
 router = APIRouter(prefix="/limits", tags=["limits"], dependencies=[Depends(read_access)], route_class=StrictJsonRoute)
 
-Scope = Annotated[str, Path(description="queue or task.")]
+Scope = Annotated[str, Path(description="queue or task.", examples=["queue"])]
 # A task name may hold any character but NUL (slashes too: the rest of the path).
-Name = Annotated[str, Path(description="The queue's or the task's name.")]
+Name = Annotated[str, Path(description="The queue's or the task's name.", examples=["default"])]
 
 
 class LimitNameConvertor(Convertor[str]):

@@ -164,7 +164,7 @@ class Limit(BaseModel):
 class LimitOverride(BaseModel):
     """Fields left out keep their override; null lifts that limit (even one declared in code)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"concurrency": 5, "rate": "50/s"}]})
 
     concurrency: StrictInt | None = Field(default=None, description="Jobs running at once, 1-1000000; null: none.")
     rate: Any = Field(
