@@ -4,13 +4,13 @@ The enqueue is the API's hot path. For every request FastAPI solves the route's
 parameters afresh (the router's ``read_access`` dependency and its ``X-API-Key``
 header, the ``Idempotency-Key`` header, the body model), reading query
 parameters, content types and field metadata on the way; that cost more CPU
-than the rest of the enqueue did (docs/benchmarks.md, "REST: solving the enqueue's parameters").
+than the rest of the enqueue did (docs/benchmarks.md, "REST, third round").
 
 A plain request is answered here by the same steps, in FastAPI's order: the
 access check (``read_access``, which raises the same 401 or 429), then the body
-validated by the same model, then the same endpoint. A plain request is a
-``application/json`` body that the model accepts, each of the two headers at
-most once, and an ``Idempotency-Key`` within its bound. Anything else goes to
+validated by the same model, then the same endpoint. A plain request is an
+``application/json`` body that the model accepts, its content type, API key
+and idempotency key each given at most once, the last within its bound. Anything else goes to
 FastAPI's own handler, so every refusal (a 422's shape and wording included)
 is still FastAPI's. The endpoint returns a finished ``Response`` either way.
 """
@@ -35,15 +35,17 @@ MAX_IDEMPOTENCY_KEY = 512  # the endpoint's Header(max_length=...): longer goes 
 def plain_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None] | None:
     """The request's API key and idempotency key when its headers make it plain (else None).
 
-    Plain: a JSON content type (``application/json``, parameters allowed), each
-    of the two keys given at most once, the idempotency key within its bound.
+    Plain: one content type, ``application/json`` (parameters allowed), each of
+    the two keys given at most once, the idempotency key within its bound.
     """
     api_key: bytes | None = None
     idempotency: bytes | None = None
-    json = False
+    content_type: bytes | None = None
     for name, value in headers:
         if name == b"content-type":
-            json = value.split(b";", 1)[0].strip().lower() == b"application/json"
+            if content_type is not None:
+                return None
+            content_type = value
         elif name == API_KEY_HEADER:
             if api_key is not None:
                 return None
@@ -52,7 +54,7 @@ def plain_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str | None, str |
             if idempotency is not None:
                 return None
             idempotency = value
-    if not json:
+    if content_type is None or content_type.split(b";", 1)[0].strip().lower() != b"application/json":
         return None
     key = None if idempotency is None else idempotency.decode("latin-1")
     if key is not None and len(key) > MAX_IDEMPOTENCY_KEY:
@@ -81,15 +83,14 @@ class EnqueueRoute(StrictJsonRoute):
             if keys is None:
                 return await standard(request)
             body = await request.body()
-            fallback = Request(request.scope, replay(body, request.receive))
             if not body:
-                return await standard(fallback)
+                return await standard(Request(request.scope, replay(body, request.receive)))
             strict = StrictJsonRequest(request.scope, replay(body, request.receive))
             await read_access(strict, keys[0])
             try:
                 model = EnqueueRequest.model_validate(parse(body))
             except (ValueError, ValidationError):  # FastAPI writes the refusal (422) as for any request
-                return await standard(fallback)
+                return await standard(Request(request.scope, replay(body, request.receive)))
             type(self).plain_answers += 1
             response: Response = await endpoint(body=model, request=strict, idempotency_key=keys[1])
             return response

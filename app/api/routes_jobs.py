@@ -47,6 +47,19 @@ def _reject_nul(value: Any, path: str = "args") -> None:
             _reject_nul(item, f"{path}.{index}")
 
 
+@enqueue_router.post(
+    "",
+    status_code=201,
+    response_model=EnqueuedJob,
+    summary="Enqueue a job",
+    responses={
+        200: {
+            "model": EnqueuedJob,
+            "description": "An existing job with the same dedup key, or the same unique key (the task's rule).",
+        },
+        **responses(400, 401, 413, 422, 429),
+    },
+)
 async def enqueue(
     body: EnqueueRequest,
     request: Request,
@@ -113,23 +126,6 @@ async def enqueue(
     if encoded is None:  # history or progress: the model writes it (FastAPI does not check a Response)
         encoded = EnqueuedJob.model_validate({**as_dict(job), "duplicate": done.duplicate}).model_dump_json().encode()
     return Response(encoded, status_code=status, media_type="application/json")
-
-
-enqueue_router.add_api_route(
-    "",
-    enqueue,
-    methods=["POST"],
-    status_code=201,
-    response_model=EnqueuedJob,
-    summary="Enqueue a job",
-    responses={
-        200: {
-            "model": EnqueuedJob,
-            "description": "An existing job with the same dedup key, or the same unique key (the task's rule).",
-        },
-        **responses(400, 401, 413, 422, 429),
-    },
-)
 
 
 # The answer's fields in EnqueuedJob's order; all but the last two are the job's own.

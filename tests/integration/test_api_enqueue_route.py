@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from postbox.app.api.enqueue_route import EnqueueRoute, plain_headers
 from postbox.settings import Settings
-from tests.harness.api import API_KEY, make_client
+from tests.harness.api import API_KEY, insert_job, make_client
 
 VOLATILE = {"id", "created_at", "available_at", "request_id"}
 JSON = {"content-type": "application/json"}
@@ -111,6 +111,31 @@ def test_plain_headers() -> None:
     assert plain_headers([*json, (b"idempotency-key", b"i" * 512)]) == (None, "i" * 512)
     assert plain_headers([*json, (b"idempotency-key", b"i" * 513)]) is None
     assert plain_headers([*json, (b"x-api-key", b"a"), (b"x-api-key", b"b")]) is None
+    assert plain_headers([(b"content-type", b"text/plain"), *json]) is None  # FastAPI reads the first
     assert plain_headers([(b"content-type", b"application/problem+json")]) is None  # FastAPI's to parse
     assert plain_headers([(b"content-type", b"text/plain")]) is None
     assert plain_headers([]) is None
+
+
+def test_a_duplicate_with_history_is_written_by_the_model_either_way(
+    settings: Settings, conn: psycopg.Connection[Any], shortcut: None
+) -> None:
+    """The answer orjson does not write (an existing job with history) is the same through both paths."""
+    job_id = insert_job(conn, "api_echo", dedup_key="hist", state="retrying", attempts=1)
+    conn.execute(
+        "INSERT INTO postbox.job_attempts (outbox_id, attempt, worker_id, finished_at, outcome, error_class, error)"
+        " VALUES (%s, 1, 'w-1', now(), 'retry', 'ValueError', 'boom')",
+        (job_id,),
+    )
+    conn.commit()
+    answers = []
+    with make_client(settings) as client:
+        for plain in (True, False):
+            EnqueueRoute.plain = plain
+            r = client.post("/api/v1/jobs", json={"task": "api_echo"}, headers={"Idempotency-Key": "hist"})
+            answers.append((r.status_code, r.json()))
+    assert answers[0] == answers[1]
+    status, body = answers[0]
+    assert status == 200 and body["duplicate"] is True and body["id"] == job_id
+    assert [(a["attempt"], a["outcome"], a["error_class"]) for a in body["history"]] == [(1, "retry", "ValueError")]
+    assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (1,)
