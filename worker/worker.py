@@ -52,6 +52,7 @@ from postbox.worker.heartbeat import Heartbeat
 from postbox.worker.isolation import Isolation
 from postbox.worker.metrics import WorkerMetrics
 from postbox.worker.reclaimer import Reclaimer
+from postbox.worker.shutdown import cancel_all
 from postbox.worker.signals import WorkerSignals, fire
 from postbox.worker.threads import HandlerThreads
 
@@ -240,9 +241,7 @@ class Worker:
             isolation = getattr(self, "_isolation", None)
             if isolation is not None and isolation.task is not None:
                 background.append(isolation.task)
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await cancel_all(background)
             threads.shutdown()
             await pool.close()
             await redis.aclose()
