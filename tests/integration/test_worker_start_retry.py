@@ -25,6 +25,19 @@ from tests.harness.wait import wait_until_async
 from tests.harness.worker import worker_settings
 
 
+async def _retrying(
+    task: asyncio.Task[None], worker: Worker, caplog: pytest.LogCaptureFixture, what: str, message: str
+) -> None:
+    """Wait until the starting worker logs that ``what`` is unavailable; it must be waiting, not done or ready."""
+    await wait_until_async(
+        lambda: any(f"{what} unavailable while starting" in r.getMessage() for r in caplog.records) or task.done(),
+        30,
+        message=message,
+    )
+    assert not task.done(), task.exception() if task.done() else None
+    assert not worker.ready.is_set()
+
+
 async def test_a_start_up_write_that_times_out_on_a_lock_is_retried(
     settings: Settings, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -35,15 +48,7 @@ async def test_a_start_up_write_that_times_out_on_a_lock_is_retried(
         blocker.execute("LOCK TABLE postbox.workers IN ACCESS EXCLUSIVE MODE")  # held until the commit below
         task = asyncio.create_task(worker.run())
         try:
-            await wait_until_async(
-                lambda: (
-                    any("database unavailable while starting" in r.getMessage() for r in caplog.records) or task.done()
-                ),
-                30,
-                message="the start-up heartbeat timing out on the lock",
-            )
-            assert not task.done(), task.exception() if task.done() else None
-            assert not worker.ready.is_set()
+            await _retrying(task, worker, caplog, "database", "the start-up heartbeat timing out on the lock")
             blocker.commit()
             await asyncio.wait_for(worker.ready.wait(), 30)
             with psycopg.connect(database_url) as conn:
@@ -64,13 +69,7 @@ async def test_a_worker_starting_while_redis_is_down_waits_for_it(
     worker = Worker(worker_settings(settings.model_copy(update={"redis_url": private_redis.url})))
     task = asyncio.create_task(worker.run())
     try:
-        await wait_until_async(
-            lambda: any("Redis unavailable while starting" in r.getMessage() for r in caplog.records) or task.done(),
-            30,
-            message="the start-up's consumer groups failing on the stopped Redis",
-        )
-        assert not task.done(), task.exception() if task.done() else None
-        assert not worker.ready.is_set()
+        await _retrying(task, worker, caplog, "Redis", "the start-up's consumer groups failing on the stopped Redis")
         private_redis.start()
         await asyncio.wait_for(worker.ready.wait(), 30)
         client = aioredis.Redis.from_url(private_redis.url)

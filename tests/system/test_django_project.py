@@ -139,6 +139,13 @@ def test_the_projects_suite_fails_when_the_view_enqueues_nothing(project: Projec
     assert "expected 1 job(s) send_receipt" in done.stdout, done.stdout
 
 
+def terminate(*processes: subprocess.Popen[str]) -> list[str]:
+    """SIGTERM to every process at once, then each one's output once it has exited."""
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    return [process.communicate(timeout=60)[0] for process in processes]
+
+
 def django_connections(url: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
@@ -180,9 +187,7 @@ def test_a_worker_started_with_only_django_settings_runs_orm_jobs_and_keeps_no_d
         )
         assert worker.poll() is None and relay.poll() is None
     finally:
-        for process in (worker, relay):
-            process.send_signal(signal.SIGTERM)
-        outputs = [process.communicate(timeout=60)[0] for process in (worker, relay)]
+        outputs = terminate(worker, relay)
     assert worker.returncode == 0, outputs[0]
     assert relay.returncode == 0, outputs[1]
 
@@ -219,9 +224,7 @@ def test_manage_py_postbox_worker_run_with_two_processes_sets_django_up_in_each_
         assert receipts == (count, count) and attempts == (count,)
         assert supervisor.poll() is None and relay.poll() is None
     finally:
-        for process in (supervisor, relay):
-            process.send_signal(signal.SIGTERM)
-        outputs = [process.communicate(timeout=60)[0] for process in (supervisor, relay)]
+        outputs = terminate(supervisor, relay)
     assert supervisor.returncode == 0, outputs[0]
     assert "every worker process has ended; exit status 0" in outputs[0]
     assert relay.returncode == 0, outputs[1]
