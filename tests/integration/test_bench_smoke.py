@@ -376,6 +376,25 @@ def test_bench_phases_splits_each_jobs_path_by_its_own_timestamps(
     assert all(value >= 0 for value in p50)
 
 
+def test_bench_floor_runs_the_contracts_shortest_path_beside_postbox(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each mode delivers every job it was given (a job missing would time the wait out) and prints its line."""
+    from postbox_bench import floor as bench_floor
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    assert bench_floor.main(["--rate", "60", "--seconds", "0.5", "--repeat", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    runs = [line.split()[2] for line in lines if line.startswith("rep 1 ")]
+    assert runs == list(bench_floor.MODES)
+    table = {line.split()[0]: float(line.split()[1]) for line in lines[lines.index("") + 2 :]}
+    assert set(table) == set(bench_floor.MODES) and all(p50 > 0 for p50 in table.values())
+    with pytest.raises(SystemExit):
+        bench_floor.main(["--modes", "floor,nope"])
+    assert "unknown mode(s) nope" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("path", "variant"), [("enqueue", "general"), ("enqueue", "one-statement"), ("transaction", "pipeline")]
 )

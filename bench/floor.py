@@ -1,0 +1,233 @@
+"""The contract's shortest path, as the floor under ``bench latency``: ``python -m postbox_bench.floor --rate 1000``.
+
+The delivery contract fixes the hops a job takes from its commit to its
+handler: the outbox's NOTIFY wakes the relay, the relay reads the row and
+XADDs it to Redis Streams, Redis hands the entry to a consumer of the group,
+and the worker claims the row in PostgreSQL before the handler runs. This tool
+runs two minimal processes that take exactly those hops and nothing else (no
+leadership, term or fence, no flow control, retries, metrics, wake-ups over
+many streams, fair queues or workflows), with the same producer, the same
+probe line and the same statistic as ``bench latency``:
+
+- ``floor``: the relay LISTENs, selects the due rows, XADDs them in one
+  pipeline and marks them; the worker blocks in ``XREADGROUP ... >`` (the entry
+  comes with the wake-up), claims the batch, writes the probe lines, and records
+  the successes and acknowledges in the background.
+- ``floor-xread``: the same, but the worker wakes on a plain ``XREAD BLOCK``
+  and then reads with ``XREADGROUP`` (two Redis round trips, as postbox's
+  worker does today): the difference is what delivering with the wake-up saves.
+- ``postbox``: postbox's own relay and worker (``bench latency``'s setup).
+
+The modes run in turn, ``--repeat`` times, so each repetition is a pair (or a
+triple) measured minutes apart at most. A mode's figure is commit → handler
+start, p50 and p99 in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import LiteralString
+
+import psycopg
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from postbox import startup
+from postbox_bench import outbox
+from postbox_bench.latency import wait_started
+from postbox_bench.procs import bench_env, children
+from postbox_bench.sandbox import sandbox
+from postbox_bench.stats import Latency
+from postbox_bench.steady import produce
+from postbox_bench.tasks import PROBE_FILE_ENV
+from postbox_bench.worker import worker_argv
+
+MODES = ("floor", "floor-xread", "postbox")
+GROUP = "floor"
+BATCH = 50
+
+SELECT_DUE: LiteralString = """
+SELECT id FROM postbox.outbox
+ WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+ ORDER BY id LIMIT 1000
+"""
+# Rows locked in id order first (as postbox's mark and claim do), so the two never deadlock.
+MARK: LiteralString = """
+WITH l AS (SELECT id FROM postbox.outbox WHERE id = ANY(%s) AND published_at IS NULL ORDER BY id FOR UPDATE)
+UPDATE postbox.outbox o SET state = 'queued', published_at = now() FROM l WHERE o.id = l.id
+"""
+CLAIM: LiteralString = """
+WITH l AS (SELECT id FROM postbox.outbox WHERE id = ANY(%s) AND state IN ('pending', 'queued')
+            ORDER BY id FOR UPDATE)
+UPDATE postbox.outbox o
+   SET state = 'running', attempts = o.attempts + 1, started_at = now(), published_at = coalesce(published_at, now())
+  FROM l WHERE o.id = l.id
+RETURNING o.id
+"""
+SUCCEED: LiteralString = """
+WITH l AS (SELECT id FROM postbox.outbox WHERE id = ANY(%s) AND state = 'running' ORDER BY id FOR UPDATE)
+UPDATE postbox.outbox o SET state = 'succeeded', finished_at = now() FROM l WHERE o.id = l.id
+"""
+
+
+def stream_key(prefix: str) -> str:
+    return f"{prefix}floor"
+
+
+async def relay_main(database_url: str, redis_url: str, prefix: str) -> None:
+    """LISTEN; per wake-up: select the due rows, XADD them (one pipeline), mark them."""
+    key = stream_key(prefix)
+    redis = aioredis.Redis.from_url(redis_url)
+    with contextlib.suppress(ResponseError):  # BUSYGROUP: the worker made it first
+        await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+    # synchronous_commit=off on the marking session, as postbox's relay has it
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True, options="-c synchronous_commit=off")
+    listener = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    await listener.execute("LISTEN postbox_outbox")
+    wake = asyncio.Event()
+
+    async def listen() -> None:
+        async for _ in listener.notifies():
+            wake.set()
+
+    listening = asyncio.ensure_future(listen())
+    try:
+        while True:
+            wake.clear()
+            rows = await (await conn.execute(SELECT_DUE)).fetchall()
+            if rows:
+                ids = [row[0] for row in rows]
+                async with redis.pipeline(transaction=False) as pipe:
+                    for job_id in ids:
+                        pipe.xadd(key, {"id": job_id})
+                    await pipe.execute()
+                await conn.execute(MARK, (ids,))
+                if len(rows) == 1000:
+                    continue
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+    finally:
+        listening.cancel()
+
+
+async def worker_main(database_url: str, redis_url: str, prefix: str, probe: str, wake_first: bool) -> None:
+    """Read (blocking), claim, probe, then succeed + acknowledge in the background."""
+    key = stream_key(prefix)
+    redis = aioredis.Redis.from_url(redis_url)
+    claims = await psycopg.AsyncConnection.connect(
+        database_url,
+        autocommit=True,
+        options="-c synchronous_commit=off",  # as postbox's claim commits
+    )
+    outcomes = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    fd = os.open(probe, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    with contextlib.suppress(ResponseError):  # BUSYGROUP: the relay made it first
+        await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+    last = "$"
+    finishing: list[asyncio.Task[None]] = []  # one outcome write in flight at a time, overlapping the next read
+
+    async def finish(ids: list[int], entries: list[bytes]) -> None:
+        await outcomes.execute(SUCCEED, (ids,))
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.xack(key, GROUP, *entries)
+            pipe.xdel(key, *entries)
+            await pipe.execute()
+
+    while True:
+        if wake_first:
+            woke = await redis.xread({key: last}, count=1, block=1000)
+            if not woke:
+                continue
+            got = await redis.xreadgroup(GROUP, "c", {key: ">"}, count=BATCH)
+        else:
+            got = await redis.xreadgroup(GROUP, "c", {key: ">"}, count=BATCH, block=1000)
+        if not got:
+            continue
+        entries = got[0][1]
+        last = entries[-1][0].decode()
+        ids = [int(fields[b"id"]) for _entry, fields in entries]
+        claimed = [row[0] for row in await (await claims.execute(CLAIM, (ids,))).fetchall()]
+        now = time.time()
+        os.write(fd, "".join(f"{job_id} {now:.6f}\n" for job_id in claimed).encode())
+        if finishing:
+            await finishing.pop()
+        finishing.append(asyncio.create_task(finish(claimed, [entry for entry, _fields in entries])))
+
+
+def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: float, seconds: float) -> Latency:
+    """One run of ``mode``: commit → handler start over ``seconds`` at ``rate`` (after a one-second warm-up)."""
+    probe = Path(tempfile.mkdtemp(prefix="postbox-bench-floor-")) / "probe.txt"
+    env = bench_env(database_url, redis_url, prefix, **{PROBE_FILE_ENV: str(probe)})
+    try:
+        with psycopg.connect(database_url) as conn:
+            outbox.reset(conn)
+        with children(env) as kids:
+            if mode == "postbox":
+                kids.python("relay", ["postbox.relay", "run"])
+                kids.python("worker", worker_argv(50))
+            else:
+                args = [database_url, redis_url, prefix]
+                kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
+                kids.python("floor-worker", ["postbox_bench.floor", "worker", *args, str(probe), mode])
+            warm = produce(database_url, "bench_probe", rate, 1.0)
+            wait_started(probe, warm.commits.keys(), kids.check_alive)
+            measured = produce(database_url, "bench_probe", rate, seconds)
+            starts = wait_started(probe, measured.commits.keys(), kids.check_alive)
+        return Latency.of([starts[i] - t for i, t in measured.commits.items()])
+    finally:
+        probe.unlink(missing_ok=True)
+        probe.parent.rmdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["relay"]:
+        startup.run_loop(relay_main(*argv[1:4]))
+        return 0
+    if argv[:1] == ["worker"]:
+        startup.run_loop(worker_main(*argv[1:5], wake_first=argv[5] == "floor-xread"))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m postbox_bench.floor", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rate", type=float, default=1000.0, help="jobs committed per second (default 1000)")
+    p.add_argument("--seconds", type=float, default=5.0, help="measured seconds per run (default 5)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, run in turn (default {','.join(MODES)})")
+    args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        p.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    results: dict[str, list[Latency]] = {m: [] for m in modes}
+    with sandbox(os.environ["POSTBOX_DATABASE_URL"], os.environ["POSTBOX_REDIS_URL"]) as box:
+        url = box.database()
+        for rep in range(args.repeat):
+            for mode in modes:
+                box.clean_redis_prefix()
+                lat = measure(mode, url, box.redis_url, box.prefix, args.rate, args.seconds)
+                results[mode].append(lat)
+                print(
+                    f"rep {rep + 1} {mode:<12} @ {args.rate:g}/s  p50 {lat.p50:6.2f} ms  p99 {lat.p99:6.2f} ms"
+                    f"  (load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+        box.clean_redis_prefix()
+    print(f"\n{'mode':<12} {'p50 ms (median)':>16} {'p99 ms (median)':>16}   per repetition p50")
+    for mode, runs in results.items():
+        p50s = sorted(r.p50 for r in runs)
+        p99s = sorted(r.p99 for r in runs)
+        each = ", ".join(f"{r.p50:.2f}" for r in runs)
+        print(f"{mode:<12} {p50s[len(p50s) // 2]:>16.2f} {p99s[len(p99s) // 2]:>16.2f}   {each}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
