@@ -32,6 +32,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import LiteralString
 
@@ -70,6 +71,13 @@ UPDATE postbox.outbox o
    SET state = 'running', attempts = o.attempts + 1, started_at = now(), published_at = coalesce(published_at, now())
   FROM l WHERE o.id = l.id
 RETURNING o.id
+"""
+# The path's halves by the rows' timestamps, PostgreSQL's clock (see postbox_bench.phases). A row
+# claimed before the relay's mark has published_at = started_at: its relay half includes the claim.
+HALVES: LiteralString = """
+SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - created_at) * 1000),
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - published_at) * 1000)
+  FROM postbox.outbox WHERE started_at IS NOT NULL
 """
 SUCCEED: LiteralString = """
 WITH l AS (SELECT id FROM postbox.outbox WHERE id = ANY(%s) AND state = 'running' ORDER BY id FOR UPDATE)
@@ -163,8 +171,18 @@ async def worker_main(database_url: str, redis_url: str, prefix: str, probe: str
         finishing.append(asyncio.create_task(finish(claimed, [entry for entry, _fields in entries])))
 
 
-def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: float, seconds: float) -> Latency:
-    """One run of ``mode``: commit → handler start over ``seconds`` at ``rate`` (after a one-second warm-up)."""
+@dataclass
+class Run:
+    latency: Latency  # commit -> handler start, ms
+    relay_p50: float  # created_at -> published_at (the relay's mark, after its XADD), ms
+    worker_p50: float  # published_at -> started_at (the claim), ms
+
+
+def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: float, seconds: float) -> Run:
+    """One run of ``mode``: commit → handler start over ``seconds`` at ``rate`` (after a one-second warm-up).
+
+    Also the two halves of the path by the rows' own timestamps (``postbox_bench.phases``), p50.
+    """
     probe = Path(tempfile.mkdtemp(prefix="postbox-bench-floor-")) / "probe.txt"
     env = bench_env(database_url, redis_url, prefix, **{PROBE_FILE_ENV: str(probe)})
     try:
@@ -182,7 +200,10 @@ def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: flo
             wait_started(probe, warm.commits.keys(), kids.check_alive)
             measured = produce(database_url, "bench_probe", rate, seconds)
             starts = wait_started(probe, measured.commits.keys(), kids.check_alive)
-        return Latency.of([starts[i] - t for i, t in measured.commits.items()])
+        with psycopg.connect(database_url) as conn:
+            row = conn.execute(HALVES).fetchone()
+        assert row is not None
+        return Run(Latency.of([starts[i] - t for i, t in measured.commits.items()]), row[0], row[1])
     finally:
         probe.unlink(missing_ok=True)
         probe.parent.rmdir()
@@ -206,25 +227,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         p.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
-    results: dict[str, list[Latency]] = {m: [] for m in modes}
+    results: dict[str, list[Run]] = {m: [] for m in modes}
     with sandbox(os.environ["POSTBOX_DATABASE_URL"], os.environ["POSTBOX_REDIS_URL"]) as box:
         url = box.database()
         for rep in range(args.repeat):
             for mode in modes:
                 box.clean_redis_prefix()
-                lat = measure(mode, url, box.redis_url, box.prefix, args.rate, args.seconds)
-                results[mode].append(lat)
+                run = measure(mode, url, box.redis_url, box.prefix, args.rate, args.seconds)
+                results[mode].append(run)
                 print(
-                    f"rep {rep + 1} {mode:<12} @ {args.rate:g}/s  p50 {lat.p50:6.2f} ms  p99 {lat.p99:6.2f} ms"
-                    f"  (load {os.getloadavg()[0]:.1f})",
+                    f"rep {rep + 1} {mode:<12} @ {args.rate:g}/s  p50 {run.latency.p50:6.2f} ms"
+                    f"  p99 {run.latency.p99:6.2f} ms  (created -> published p50 {run.relay_p50:.2f},"
+                    f" published -> started p50 {run.worker_p50:.2f}; load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
         box.clean_redis_prefix()
     print(f"\n{'mode':<12} {'p50 ms (median)':>16} {'p99 ms (median)':>16}   per repetition p50")
     for mode, runs in results.items():
-        p50s = sorted(r.p50 for r in runs)
-        p99s = sorted(r.p99 for r in runs)
-        each = ", ".join(f"{r.p50:.2f}" for r in runs)
+        p50s = sorted(r.latency.p50 for r in runs)
+        p99s = sorted(r.latency.p99 for r in runs)
+        each = ", ".join(f"{r.latency.p50:.2f}" for r in runs)
         print(f"{mode:<12} {p50s[len(p50s) // 2]:>16.2f} {p99s[len(p99s) // 2]:>16.2f}   {each}")
     return 0
 
