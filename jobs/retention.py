@@ -24,7 +24,6 @@ the clock (tests); production leaves it None and the database's ``now()`` is use
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from psycopg import AsyncConnection, Connection
 from psycopg.pq import TransactionStatus
 
 from postbox import sql
+from postbox.cancellation import cancel_all
 from postbox.settings import Settings
 
 SECONDS_PER_DAY = 86_400.0
@@ -261,8 +261,5 @@ class PruneDuty:
 
     async def stop(self) -> None:
         task, self.task = self.task, None
-        if task is not None and not task.done():
-            task.cancel()
         if task is not None:
-            with contextlib.suppress(BaseException):
-                await task
+            await cancel_all([task])  # a round's connect or statement can lose one cancel

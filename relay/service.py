@@ -41,6 +41,7 @@ from psycopg import AsyncConnection
 from redis.exceptions import RedisError
 
 from postbox import redis_conn, revision, sql
+from postbox.cancellation import cancel_all
 from postbox.relay.fairness import FairQueues, FillResult
 from postbox.relay.leader import LeaderSession, LeadershipLost
 from postbox.relay.metrics import RelayMetrics
@@ -417,12 +418,7 @@ class Relay:
         finally:
             self._wake = None
             await prune.stop()
-            listener.cancel()
-            forwarder.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await listener
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await forwarder
+            await cancel_all([listener, forwarder])  # a connect under way can lose one cancel
             self.notifier = None
             self.workflow_events = None
 

@@ -11,19 +11,17 @@ call on the event loop), a watchdog thread ends it with exit status
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
 GRACE = 10.0  # seconds past the drain timeout for outcomes, the registry row, closing connections
 ABORT_GRACE = 2.0  # seconds after a second signal
 EXIT_FORCED = 3
-RECANCEL_AFTER = 0.5  # seconds a cancelled task may take before it is cancelled again (cancel_all)
 
 
 class Stoppable(Protocol):
@@ -71,22 +69,3 @@ class ShutdownGuard:
             except Exception:  # exiting anyway
                 pass
         self._exit(EXIT_FORCED)
-
-
-async def cancel_all(tasks: Iterable[asyncio.Future[Any]], *, recancel_after: float = RECANCEL_AFTER) -> None:
-    """Cancel ``tasks`` and wait for them all, cancelling again any still running after ``recancel_after`` s.
-
-    One cancel is not sure to end a task that loops until it is cancelled: a library can
-    lose it. On Python 3.11, ``asyncio.wait_for`` returns a result that arrives together
-    with the cancel and drops the cancel, and psycopg_pool waits for a free connection
-    that way. A worker stopped while starting (its pool still opening connections) then
-    kept its control task polling until the shutdown deadline forced the process out
-    (exit status 3 after 40 s).
-    """
-    tasks = list(tasks)
-    pending = {task for task in tasks if not task.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=recancel_after)
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from postbox import db, definitions, events, redis_conn, revision
 from postbox import flow as flow_limits
+from postbox.cancellation import cancel_all
 from postbox.errors import SettingsError
 from postbox.progress import Progress
 from postbox.registry import Registry, default_registry
@@ -52,7 +53,6 @@ from postbox.worker.heartbeat import Heartbeat
 from postbox.worker.isolation import Isolation
 from postbox.worker.metrics import WorkerMetrics
 from postbox.worker.reclaimer import Reclaimer
-from postbox.worker.shutdown import cancel_all
 from postbox.worker.signals import WorkerSignals, fire
 from postbox.worker.threads import HandlerThreads
 

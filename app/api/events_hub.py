@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from postbox.audience import Audience
+from postbox.cancellation import cancel_all
 from postbox.events import TERMINAL_EVENTS, EventType, decode, encode, event
 from postbox.redis_conn import is_cluster
 from postbox.streams import events_channel
@@ -105,9 +106,7 @@ class EventHub:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_all([self._task])  # its Redis reads can lose one cancel
             self._task = None
 
     async def _run(self) -> None:

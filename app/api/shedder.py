@@ -17,13 +17,13 @@ their own semaphore) are never shed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from postbox.app.api.errors import error_response
+from postbox.cancellation import cancel_all
 
 API_PREFIX = "/api/v1/"
 RETRY_AFTER_SECONDS = 1
@@ -52,9 +52,7 @@ class LoopLag:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_all([self._task])
 
     async def _watch(self) -> None:
         while True:

@@ -47,4 +47,3 @@ def test_the_settings_read_the_cluster_flag_and_check_every_url(monkeypatch: pyt
     monkeypatch.setenv("POSTBOX_REDIS_URL", "redis://a:1")
     with pytest.raises(SettingsError, match="POSTBOX_REDIS_CLUSTER"):
         load_settings()
-
