@@ -121,6 +121,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --peers and worker: first measure every configuration of every peer, then pair the best",
     )
+    p.add_argument(
+        "--floor",
+        action="store_true",
+        help="latency: also run the delivery contract's shortest path after each run (postbox_bench.floor)",
+    )
     p.add_argument("--requests", type=_positive_int, default=3_000, help="bench rest: POSTs per ab run (default 3000)")
     p.add_argument("--clients", type=_positive_int, default=10, help="bench rest: ab and pgbench clients (default 10)")
     p.add_argument(
@@ -263,6 +268,7 @@ def main(argv: Sequence[str]) -> int:
             "growth": args.growth,
             "workflow_task": args.workflow_task,
             "fair_window": args.fair_window,
+            "floor": args.floor,
         },
     )
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]

@@ -2,7 +2,9 @@
 
 A relay and one worker process run (concurrency ``--concurrency``); the bench
 commits ``bench_probe`` jobs one per transaction at each ``--rate`` for
-``--duration`` seconds (after a one-second warm-up at the same rate).  The
+``--duration`` seconds (after a one-second warm-up at the same rate). With
+``--floor``, each run is followed by one of the delivery contract's shortest
+path (:mod:`postbox_bench.floor`), reported beside the peers as system ``floor``.  The
 handler's first statement writes ``<job id> <time.time()>`` to a file; the
 bench has the commit time of each job (``time.time()`` right after COMMIT
 returned).  Both clocks are this machine's wall clock.
@@ -29,6 +31,8 @@ from postbox_bench.tasks import PROBE_FILE_ENV, read_probes
 from postbox_bench.worker import worker_argv
 
 SCENARIO = "latency"
+# --floor: postbox_bench.floor's shortest path, reported as a system of its own (ratio postbox / floor)
+FLOOR = "floor"
 TARGETS = {200: {"p50": Target("<=", 5), "p99": Target("<=", 20)}}
 
 
@@ -50,6 +54,15 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
     for rate in params.rates:
         figures.append(Figure(SCENARIO, f"latency.offered@{rate}", f"offered rate achieved (asked {rate}/s)", "jobs/s"))
     by_key = {f.key: f for f in figures}
+    floor_figures: dict[str, Figure] = {}
+    if params.extra.get("floor"):  # the contract's shortest path, right after each of postbox's runs
+        for rate in params.rates:
+            for name in ("p50", "p95", "p99"):
+                key = f"latency.{name}@{rate}"
+                floor_figures[key] = Figure(
+                    SCENARIO, key, by_key[key].label, "ms", system=FLOOR, higher_is_better=False, paired=True
+                )
+        figures.extend(floor_figures.values())
     folder = Path(tempfile.mkdtemp(prefix="postbox-bench-probe-"))
     with psycopg.connect(database_url) as conn:
         for rep in range(params.repeat):
@@ -74,6 +87,17 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                     f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"
                 )
                 probe.unlink(missing_ok=True)
+                if floor_figures:
+                    from postbox_bench import floor  # it uses this module's wait_started
+
+                    box.clean_redis_prefix()
+                    run = floor.measure("floor", database_url, box.redis_url, box.prefix, rate, params.duration)
+                    for name in ("p50", "p95", "p99"):
+                        floor_figures[f"latency.{name}@{rate}"].values.append(getattr(run.latency, name))
+                    progress.say(
+                        f"latency rep {rep + 1}/{params.repeat} @ {rate}/s, the contract's floor: "
+                        f"p50 {run.latency.p50:.2f} ms, p99 {run.latency.p99:.2f} ms"
+                    )
         outbox.reset(conn)
     box.clean_redis_prefix()
     os.rmdir(folder)

@@ -395,6 +395,23 @@ def test_bench_floor_runs_the_contracts_shortest_path_beside_postbox(
     assert "unknown mode(s) nope" in capsys.readouterr().err
 
 
+def test_bench_latency_with_floor_pairs_each_run_with_the_contracts_shortest_path(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from postbox_bench import cli as bench_cli
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    argv = ["latency", "--floor", "--rate", "60", "--duration", "0.5", "--repeat", "2", "--json", "--quiet"]
+    assert bench_cli.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    floor = {f["key"]: f for f in report["figures"] if f["system"] == "floor"}
+    assert set(floor) == {"latency.p50@60", "latency.p95@60", "latency.p99@60"}
+    assert all(len(f["values"]) == 2 and min(f["values"]) > 0 for f in floor.values())
+    ratios = {r["key"]: r for r in report["ratios"] if r["peer"] == "floor"}
+    assert set(ratios) == set(floor) and all(r["paired"] for r in ratios.values())
+
+
 @pytest.mark.parametrize(
     ("path", "variant"), [("enqueue", "general"), ("enqueue", "one-statement"), ("transaction", "pipeline")]
 )
