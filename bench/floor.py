@@ -17,6 +17,8 @@ probe line and the same statistic as ``bench latency``:
   and then reads with ``XREADGROUP`` (two Redis round trips, as postbox's
   worker does today): the difference is what delivering with the wake-up saves.
 - ``postbox``: postbox's own relay and worker (``bench latency``'s setup).
+- ``postbox-relay``: postbox's relay with the ``floor-xread`` worker reading
+  postbox's stream: what postbox's relay adds, apart from its worker.
 
 The modes run in turn, ``--repeat`` times, so each repetition is a pair (or a
 triple) measured minutes apart at most. A mode's figure is commit → handler
@@ -41,16 +43,18 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from postbox import startup
+from postbox.streams import GROUP as POSTBOX_GROUP
+from postbox.streams import stream_key as postbox_stream_key
 from postbox_bench import outbox
 from postbox_bench.latency import wait_started
 from postbox_bench.procs import bench_env, children
 from postbox_bench.sandbox import sandbox
 from postbox_bench.stats import Latency
 from postbox_bench.steady import produce
-from postbox_bench.tasks import PROBE_FILE_ENV
+from postbox_bench.tasks import PROBE_FILE_ENV, QUEUE
 from postbox_bench.worker import worker_argv
 
-MODES = ("floor", "floor-xread", "postbox")
+MODES = ("floor", "floor-xread", "postbox", "postbox-relay")
 GROUP = "floor"
 BATCH = 50
 
@@ -127,9 +131,15 @@ async def relay_main(database_url: str, redis_url: str, prefix: str) -> None:
         listening.cancel()
 
 
-async def worker_main(database_url: str, redis_url: str, prefix: str, probe: str, wake_first: bool) -> None:
-    """Read (blocking), claim, probe, then succeed + acknowledge in the background."""
-    key = stream_key(prefix)
+async def worker_main(
+    database_url: str, redis_url: str, prefix: str, probe: str, wake_first: bool, on_postbox_stream: bool = False
+) -> None:
+    """Read (blocking), claim, probe, then succeed + acknowledge in the background.
+
+    ``on_postbox_stream``: read what postbox's relay publishes (``bench_probe``'s stream, postbox's group).
+    """
+    key = postbox_stream_key(prefix, QUEUE, 5) if on_postbox_stream else stream_key(prefix)
+    group = POSTBOX_GROUP if on_postbox_stream else GROUP
     redis = aioredis.Redis.from_url(redis_url)
     claims = await psycopg.AsyncConnection.connect(
         database_url,
@@ -139,14 +149,14 @@ async def worker_main(database_url: str, redis_url: str, prefix: str, probe: str
     outcomes = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
     fd = os.open(probe, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     with contextlib.suppress(ResponseError):  # BUSYGROUP: the relay made it first
-        await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+        await redis.xgroup_create(key, group, id="0", mkstream=True)
     last = "$"
     finishing: list[asyncio.Task[None]] = []  # one outcome write in flight at a time, overlapping the next read
 
     async def finish(ids: list[int], entries: list[bytes]) -> None:
         await outcomes.execute(SUCCEED, (ids,))
         async with redis.pipeline(transaction=False) as pipe:
-            pipe.xack(key, GROUP, *entries)
+            pipe.xack(key, group, *entries)
             pipe.xdel(key, *entries)
             await pipe.execute()
 
@@ -155,9 +165,9 @@ async def worker_main(database_url: str, redis_url: str, prefix: str, probe: str
             woke = await redis.xread({key: last}, count=1, block=1000)
             if not woke:
                 continue
-            got = await redis.xreadgroup(GROUP, "c", {key: ">"}, count=BATCH)
+            got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH)
         else:
-            got = await redis.xreadgroup(GROUP, "c", {key: ">"}, count=BATCH, block=1000)
+            got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH, block=1000)
         if not got:
             continue
         entries = got[0][1]
@@ -192,6 +202,10 @@ def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: flo
             if mode == "postbox":
                 kids.python("relay", ["postbox.relay", "run"])
                 kids.python("worker", worker_argv(50))
+            elif mode == "postbox-relay":
+                kids.python("relay", ["postbox.relay", "run"])
+                args = [database_url, redis_url, prefix, str(probe), "floor-xread", "postbox-stream"]
+                kids.python("floor-worker", ["postbox_bench.floor", "worker", *args])
             else:
                 args = [database_url, redis_url, prefix]
                 kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
@@ -215,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         startup.run_loop(relay_main(*argv[1:4]))
         return 0
     if argv[:1] == ["worker"]:
-        startup.run_loop(worker_main(*argv[1:5], wake_first=argv[5] == "floor-xread"))
+        startup.run_loop(
+            worker_main(
+                *argv[1:5], wake_first=argv[5] == "floor-xread", on_postbox_stream=argv[6:] == ["postbox-stream"]
+            )
+        )
         return 0
     p = argparse.ArgumentParser(prog="python -m postbox_bench.floor", description=__doc__.split("\n\n")[0])
     p.add_argument("--rate", type=float, default=1000.0, help="jobs committed per second (default 1000)")
