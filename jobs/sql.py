@@ -258,13 +258,16 @@ class Statements(schema.Templates):
     # for the visibility timeout) is cancelled. The locked rows are then updated by
     # ctid (a TID scan, whatever the statistics say). A row updated in between (a
     # worker's claim) fails the lock's recheck and is skipped, which is what we want.
+    # The rows are found by primary key only (IS TRUE, as in JOB_CLAIM_ATTEMPTS): the
+    # unpublished index, with a backlog and the entries updates leave until autovacuum,
+    # made a 1,000-row mark over a 25,000-row backlog take 37-74 ms; 10 ms by primary key.
     JOB_MARK_PUBLISHED: LiteralString = """
     WITH lead AS (
         SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM {schema}.relays
     ), locked AS MATERIALIZED (
         SELECT ctid FROM {schema}.outbox
          WHERE (SELECT leads FROM lead)
-           AND id = ANY(%(ids)s::int8[]) AND published_at IS NULL AND state IN ('pending', 'retrying')
+           AND id = ANY(%(ids)s::int8[]) AND (published_at IS NULL AND state IN ('pending', 'retrying')) IS TRUE
          ORDER BY id
            FOR UPDATE
     ), marked AS (
