@@ -91,12 +91,12 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                     from postbox_bench import floor  # it uses this module's wait_started
 
                     box.clean_redis_prefix()
-                    run = floor.measure("floor", database_url, box.redis_url, box.prefix, rate, params.duration)
+                    shortest = floor.measure("floor", database_url, box.redis_url, box.prefix, rate, params.duration)
                     for name in ("p50", "p95", "p99"):
-                        floor_figures[f"latency.{name}@{rate}"].values.append(getattr(run.latency, name))
+                        floor_figures[f"latency.{name}@{rate}"].values.append(getattr(shortest.latency, name))
                     progress.say(
                         f"latency rep {rep + 1}/{params.repeat} @ {rate}/s, the contract's floor: "
-                        f"p50 {run.latency.p50:.2f} ms, p99 {run.latency.p99:.2f} ms"
+                        f"p50 {shortest.latency.p50:.2f} ms, p99 {shortest.latency.p99:.2f} ms"
                     )
         outbox.reset(conn)
     box.clean_redis_prefix()
