@@ -4,8 +4,9 @@ A worker's statements call what the newest migrations created (migration 0006's
 functions for ``ctx.transaction()``, 0007's version of its success, stamped at
 commit time; the API reads 0008's dashboard sessions; 0009's triggers release a
 workflow's jobs and ``ctx.upstream()`` reads its edges; a run writes 0010's
-``outbox.progress`` and debounced tasks need its ``unique_claim()``), so a worker started on
-a database that was not migrated that far would fail such jobs or time them wrongly. It checks at start, and
+``outbox.progress`` and debounced tasks need its ``unique_claim()``; claims and
+outcomes call 0013's functions), so a worker started on a database that was not
+migrated that far would fail such jobs or time them wrongly. It checks at start, and
 refuses with :class:`postbox.errors.SchemaOutdatedError` instead; so do the
 relay and ``api run``. A statement that meets a missing postbox table or
 function later (the producer's enqueue, a relay whose schema was dropped) is
@@ -28,7 +29,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0012_workflow_events"
+REQUIRED = "0013_generic_plans"
 
 
 def order(revision: str) -> int | None:

@@ -590,94 +590,26 @@ class Statements(schema.Templates):
     # and Redis lost the entry, the relay's sweep (JOB_GET_INFLIGHT) could not see that
     # the entry was gone: the job stayed running.
     #
-    # The state condition is wrapped in IS TRUE (the same rows: WHERE drops NULL and
-    # false alike) so that no plan can take it from an index: the rows are found by
-    # primary key. Bare, it matched outbox_live_state, and the generic plan a prepared
-    # claim settles on (its ids unknown, the statistics counting few live rows) read the
-    # state index instead, every live entry and every entry left by updates not yet
+    # The statement is the body of claim_attempts() (migration 0013), which PostgreSQL
+    # plans once per connection (plan_cache_mode = force_generic_plan, for the function
+    # only): as a prepared statement it was planned again at every run, and planning was
+    # most of a one-row claim's cost (docs/benchmarks.md, "Plans kept per connection").
+    # A generic plan cannot see the ids, so the state condition is wrapped in IS TRUE
+    # (the same rows: WHERE drops NULL and false alike) and no index can serve it: the
+    # rows are found by primary key. Bare, it matched outbox_live_state, and the generic
+    # plan read the state index, every live entry and every entry left by updates not yet
     # vacuumed, then filtered by id: over 33,000 finished rows whose entries autovacuum
     # had not reached, a one-row claim ran 2.2-2.7 ms; by primary key, 0.18-0.23 ms.
+    #
+    # The claim commits without waiting for its WAL flush (its set_config(
+    # 'synchronous_commit', 'off', true) lasts to the end of the caller's transaction):
+    # handlers start sooner, and the outcome's synchronous commit flushes the claim's
+    # record first. A claim lost in a PostgreSQL crash only means the delivery runs again.
+    # Jobs ended here (dead, expired) are followed by a synchronous NOTIFY commit, which
+    # flushes them before their entries are acknowledged.
     JOB_CLAIM_ATTEMPTS: LiteralString = """
-    WITH locked AS (
-        SELECT o.id, o.state AS old_state, o.attempts AS old_attempts, o.claimed_by AS old_worker,
-               o.started_at AS old_started_at, x.refund, x.spared,
-               (%(entries)s::text[])[array_position(%(ids)s::int8[], o.id)] AS entry,
-               CASE WHEN o.expires_at IS NOT NULL AND o.expires_at <= now() THEN 'expired'
-                    WHEN o.attempts - x.spared >= o.max_attempts AND NOT x.refund THEN 'dead'
-                    ELSE 'running' END AS verdict
-          FROM {schema}.outbox o
-         CROSS JOIN LATERAL (
-               SELECT CASE WHEN o.state = 'running' AND o.claimed_by IS DISTINCT FROM %(worker)s
-                           THEN NOT EXISTS (SELECT 1 FROM {schema}.job_attempts a
-                                             WHERE a.outbox_id = o.id AND a.attempt = o.attempts)
-                           ELSE false END AS refund,
-                      -- this life's runs interrupted among others: not charged
-                      CASE WHEN o.attempts = 0 THEN 0
-                           ELSE (SELECT count(*)::int FROM {schema}.job_attempts a
-                                  WHERE a.outbox_id = o.id AND a.attempt BETWEEN 1 AND o.attempts
-                                    AND a.outcome = 'lost' AND a.error_class = 'Interrupted') END AS spared
-         ) x
-         WHERE o.id = ANY(%(ids)s::int8[])
-           -- IS TRUE: the rows are found by primary key only (see above)
-           AND ((o.state IN ('pending', 'queued', 'retrying') AND o.available_at <= now())
-                OR (o.state = 'running' AND o.lease_until < now())) IS TRUE
-         ORDER BY o.id
-           FOR UPDATE OF o
-    ), claimed AS (
-        UPDATE {schema}.outbox o
-           SET state = l.verdict,
-               attempts = o.attempts + (l.verdict = 'running')::int,
-               claimed_by = CASE WHEN l.verdict = 'running' THEN %(worker)s END,
-               lease_until = CASE WHEN l.verdict = 'running' THEN now() + make_interval(secs => %(lease)s) END,
-               started_at = CASE WHEN l.verdict = 'running' THEN now() ELSE o.started_at END,
-               finished_at = CASE WHEN l.verdict = 'running' THEN NULL ELSE now() END,
-               published_at = coalesce(o.published_at, now()),
-               stream_id = CASE WHEN l.verdict = 'running' THEN l.entry ELSE o.stream_id END,
-               -- a claim that beats the relay's mark stands in for it: the publish is counted here
-               publish_count = o.publish_count + (o.published_at IS NULL)::int,
-               last_error_class = CASE WHEN l.verdict = 'dead' THEN 'AttemptsExhausted'
-                                       WHEN l.refund THEN 'Interrupted'
-                                       ELSE o.last_error_class END,
-               last_error = CASE WHEN l.verdict = 'dead'
-                                 THEN 'every attempt was used; the last run never recorded an outcome (worker lost)'
-                                 WHEN l.refund
-                                 THEN 'attempt ' || o.attempts || ' was interrupted: its worker ('
-                                      || coalesce(l.old_worker, '?') || ') was lost while running it with other '
-                                      || 'jobs; not charged, run again alone'
-                                 ELSE o.last_error END,
-               result = CASE WHEN l.verdict = 'dead' THEN jsonb_build_object('error', jsonb_build_object(
-                                 'class', 'AttemptsExhausted',
-                                 'message',
-                                 'every attempt was used; the last run never recorded an outcome (worker lost)'))
-                             ELSE o.result END
-          FROM locked l
-         WHERE o.id = l.id
-     RETURNING o.id, o.state, o.attempts, o.max_attempts + l.spared + l.refund::int AS max_attempts,
-               o.timeout_seconds, o.keep_result, (extract(epoch FROM o.created_at) * 1000)::int8 AS enq_ms,
-               l.old_state, l.old_attempts
-    ), lost AS (
-        -- An attempt's history row is written when it ends: by its outcome, or here,
-        -- when a claim takes over a run whose lease went stale and charges it. A
-        -- running attempt has no row yet (JOB_ATTEMPT_LIST shows it from the outbox
-        -- row), except an isolated one, whose row its worker wrote at its start. Written
-        -- once: the row lock above, and the claim renews the lease. An interrupted run
-        -- (refund) is recorded lost too, with error class 'Interrupted': not charged.
-        INSERT INTO {schema}.job_attempts AS a
-               (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error)
-        SELECT id, old_attempts, old_worker, coalesce(old_started_at, now()), now(), 'lost',
-               CASE WHEN refund THEN 'Interrupted' END,
-               CASE WHEN refund THEN 'its worker was lost while running it with other jobs; not charged' END
-          FROM locked WHERE old_state = 'running'
-        ON CONFLICT (outbox_id, attempt) DO UPDATE SET finished_at = now(), outcome = 'lost'
-         WHERE a.finished_at IS NULL
-    )
-    -- The claim commits without waiting for its WAL flush (set_config is local to this
-    -- statement's transaction): handlers start sooner, and the outcome's synchronous
-    -- commit flushes the claim's record first. A claim lost in a PostgreSQL crash only
-    -- means the delivery runs again. Jobs ended here (dead, expired) are followed by a
-    -- synchronous NOTIFY commit, which flushes them before their entries are acknowledged.
-    SELECT id, state, attempts, max_attempts, timeout_seconds, keep_result, enq_ms, old_state = 'running' AS isolate
-      FROM claimed CROSS JOIN (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+    SELECT id, state, attempts, max_attempts, timeout_seconds, keep_result, enq_ms, isolate
+      FROM {schema}.claim_attempts(%(ids)s::int8[], %(entries)s::text[], %(worker)s::text, %(lease)s::float8)
     """
 
     # Which of these jobs are running (under someone's claim): a reclaimed entry of
@@ -688,61 +620,20 @@ class Statements(schema.Templates):
 
     # Record a batch of outcomes, fenced. ``state`` per row: succeeded, retrying,
     # dead, cancelled. Retries go back through the outbox (the relay republishes
-    # when due). Terminal outcomes wake result waiters with one NOTIFY per batch.
+    # when due). Terminal outcomes wake result waiters with one NOTIFY per batch (not
+    # inside a handler's ctx.transaction(), ``notify`` false: PostgreSQL serializes the
+    # commits of transactions that NOTIFY, which would undo group commit across jobs).
+    # The outcome is stamped with clock_timestamp(), when it is written: now() is the
+    # transaction's start. A snooze gives its attempt back (postbox.outcomes.snoozed).
+    # The statement is the body of record_outcomes() (migration 0013), planned once per
+    # connection as the claim is; its fence's state condition is wrapped in IS TRUE for
+    # the same reason.
     JOB_RECORD_OUTCOMES: LiteralString = """
-    WITH clock AS MATERIALIZED (
-        -- When the outcome is written: now() is the transaction's start, long before it
-        -- when the statement runs inside a job's or a test's transaction.
-        SELECT clock_timestamp() AS at
-    ), fenced AS (
-        -- Rows are found by id and matched to their input by position: no join with
-        -- unnest() for the planner to get wrong on a table whose stats see few running rows.
-        -- IS TRUE keeps the state index out of the plan, as in JOB_CLAIM_ATTEMPTS.
-        SELECT j.id, array_position(%(ids)s::int8[], j.id) AS i
-          FROM {schema}.outbox j
-         WHERE j.id = ANY(%(ids)s::int8[]) AND (j.claimed_by = %(worker)s AND j.state = 'running') IS TRUE
-         ORDER BY j.id
-           FOR UPDATE
-    ), done AS (
-        UPDATE {schema}.outbox j
-           SET state = (%(states)s::text[])[f.i],
-               finished_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL
-                                  ELSE (SELECT at FROM clock) END,
-               available_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying'
-                                   THEN (SELECT at FROM clock) + make_interval(secs => (%(delays)s::float8[])[f.i])
-                                   ELSE j.available_at END,
-               published_at = CASE WHEN (%(states)s::text[])[f.i] = 'retrying' THEN NULL ELSE j.published_at END,
-               claimed_by = NULL,
-               lease_until = NULL,
-               result = ((%(results)s::text[])[f.i])::jsonb,
-               result_expires_at = CASE WHEN (%(results)s::text[])[f.i] IS NULL THEN NULL
-                                        ELSE now() + make_interval(secs => (%(result_ttls)s::float8[])[f.i]) END,
-               last_error_class = coalesce((%(error_classes)s::text[])[f.i], j.last_error_class),
-               last_error = coalesce((%(errors)s::text[])[f.i], j.last_error),
-               -- A snooze gives its attempt back (postbox.outcomes.snoozed).
-               max_attempts = j.max_attempts + CASE WHEN (%(outcomes)s::text[])[f.i] = 'snoozed' THEN 1 ELSE 0 END
-          FROM fenced f
-         WHERE j.id = f.id AND j.attempts = (%(attempts)s::int4[])[f.i]
-     RETURNING j.id, j.state, j.attempts, f.i, j.started_at
-    ), history AS (
-        -- One row per ended attempt, written once. ON CONFLICT: a row written at the
-        -- claim (an isolated run's, written at its start), finished here.
-        INSERT INTO {schema}.job_attempts AS a
-               (outbox_id, attempt, worker_id, started_at, finished_at, outcome, error_class, error, traceback)
-        SELECT d.id, d.attempts, %(worker)s, coalesce(d.started_at, c.at), c.at, (%(outcomes)s::text[])[d.i],
-               (%(error_classes)s::text[])[d.i], (%(errors)s::text[])[d.i], (%(tracebacks)s::text[])[d.i]
-          FROM done d CROSS JOIN clock c
-        ON CONFLICT (outbox_id, attempt) DO UPDATE
-           SET finished_at = excluded.finished_at, outcome = excluded.outcome,
-               error_class = excluded.error_class, error = excluded.error, traceback = excluded.traceback
-    ), woken AS (
-        -- Off inside a handler's ctx.transaction(): PostgreSQL serializes the commits
-        -- of transactions that NOTIFY, which would undo group commit across jobs.
-        SELECT pg_notify('postbox_results', concat_ws(',', string_agg(id::text, ','), %(also_notify)s::text)) AS n
-          FROM done WHERE %(notify)s AND state <> 'retrying'
-        HAVING count(*) > 0 OR %(also_notify)s::text IS NOT NULL
-    )
-    SELECT d.id, (SELECT count(*) FROM woken) FROM done d
+    SELECT id, notified
+      FROM {schema}.record_outcomes(
+           %(worker)s::text, %(ids)s::int8[], %(attempts)s::int4[], %(states)s::text[], %(outcomes)s::text[],
+           %(delays)s::float8[], %(results)s::text[], %(result_ttls)s::float8[], %(error_classes)s::text[],
+           %(errors)s::text[], %(tracebacks)s::text[], %(notify)s::bool, %(also_notify)s::text)
     """
 
     # ctx.transaction(): the job's success inside the handler's own transaction, sent

@@ -1,10 +1,15 @@
 """The claim, the outcome and the relay's mark find their rows by primary key, whatever the statistics say.
 
-A prepared statement settles on a generic plan. If the state condition of the claim or
-the outcome could be served by ``outbox_live_state`` (the mark's by the unpublished
-index), that plan reads the index (every live entry, and every entry updates left until
-autovacuum) and filters by id: milliseconds per one-row claim on an outbox of finished
-rows, tens of milliseconds per mark over a backlog (docs/benchmarks.md).
+The claim and the outcome run in functions that keep a generic plan per connection
+(migration 0013), and a prepared mark may settle on one. If the state condition of the
+claim or the outcome could be served by ``outbox_live_state`` (the mark's by the
+unpublished index), that plan reads the index (every live entry, and every entry
+updates left until autovacuum) and filters by id: milliseconds per one-row claim on an
+outbox of finished rows, tens of milliseconds per mark over a backlog
+(docs/benchmarks.md).
+
+The functions' plans are the ones they ran, as ``auto_explain`` reports them (nested
+statements, sent to the client as notices); the mark's is its prepared generic plan.
 """
 
 from __future__ import annotations
@@ -17,30 +22,47 @@ import pytest
 
 from postbox import sql
 
-# Each statement's parameters as SQL literals, for EXECUTE.
-ARGS = {
-    "JOB_CLAIM_ATTEMPTS": {"ids": "'{1,2}'", "entries": "'{1-1,1-2}'", "worker": "'w'", "lease": "30"},
-    "JOB_MARK_PUBLISHED": {"ids": "'{1,2}'", "sids": "'{1-1,1-2}'", "term": "1"},
+# The mark's parameters as SQL literals, for EXECUTE.
+MARK_ARGS = {"ids": "'{1,2}'", "sids": "'{1-1,1-2}'", "term": "1"}
+
+# The functions' statements and their parameters, run as a worker runs them.
+RUN_ARGS: dict[str, dict[str, Any]] = {
+    "JOB_CLAIM_ATTEMPTS": {"ids": "{1,2}", "entries": "{1-1,1-2}", "worker": "w", "lease": 30.0},
     "JOB_RECORD_OUTCOMES": {
-        "worker": "'w'",
-        "ids": "'{1,2}'",
-        "attempts": "'{1,1}'",
-        "states": "'{succeeded,succeeded}'",
-        "outcomes": "'{succeeded,succeeded}'",
-        "notify": "true",
+        "worker": "w",
+        "ids": "{1,2}",
+        "attempts": "{1,1}",
+        "states": "{succeeded,succeeded}",
+        "outcomes": "{succeeded,succeeded}",
+        **dict.fromkeys(["delays", "results", "result_ttls", "error_classes", "errors", "tracebacks"]),
+        "notify": True,
+        "also_notify": None,
     },
 }
 
 
 def generic_plan(conn: psycopg.Connection[Any], name: str) -> str:
-    """EXPLAIN of ``name``'s generic plan, as a prepared claim or outcome ends up running it."""
+    """EXPLAIN of ``name``'s generic plan, as a prepared mark may end up running it."""
     statement = getattr(sql.active(), name)
     params = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
     text = re.sub(r"%\((\w+)\)s", lambda m: f"${params.index(m.group(1)) + 1}", statement)
     conn.execute(f"PREPARE probe AS {text}")  # parameter types from the statement's own casts
-    args = ", ".join(ARGS[name].get(param, "NULL") for param in params)
+    args = ", ".join(MARK_ARGS.get(param, "NULL") for param in params)
     conn.execute("SET plan_cache_mode = force_generic_plan")
     return "\n".join(row[0] for row in conn.execute(f"EXPLAIN EXECUTE probe({args})"))
+
+
+def function_plan(conn: psycopg.Connection[Any], name: str) -> str:
+    """The plan ``name``'s function ran its statement with, as auto_explain logs it."""
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting, value in [("log_min_duration", "0"), ("log_nested_statements", "on"), ("log_level", "notice")]:
+        conn.execute(f"SET auto_explain.{setting} = {value}")
+    conn.execute(getattr(sql.active(), name), RUN_ARGS[name])
+    plans = [notice for notice in notices if re.search(r"Scan.* on outbox ", notice)]
+    assert len(plans) == 1, notices
+    return plans[0]
 
 
 def scans_by_id(plan: str) -> list[tuple[str, list[str]]]:
@@ -59,12 +81,12 @@ def scans_by_id(plan: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-@pytest.mark.parametrize("name", sorted(ARGS))
+@pytest.mark.parametrize("name", ["JOB_CLAIM_ATTEMPTS", "JOB_MARK_PUBLISHED", "JOB_RECORD_OUTCOMES"])
 def test_the_generic_plan_reads_the_outbox_by_primary_key(conn: psycopg.Connection[Any], name: str) -> None:
     conn.execute("INSERT INTO postbox.outbox (queue, task) SELECT 'default', 'noop' FROM generate_series(1, 3000)")
     conn.execute("UPDATE postbox.outbox SET state = 'succeeded', published_at = now(), finished_at = now()")
     conn.execute("ANALYZE postbox.outbox")  # none live, as in a quiet shop: the indexes look free
-    plan = generic_plan(conn, name)
+    plan = function_plan(conn, name) if name in RUN_ARGS else generic_plan(conn, name)
     scans = scans_by_id(plan)
     assert scans, plan
     for scan, details in scans:
@@ -72,3 +94,17 @@ def test_the_generic_plan_reads_the_outbox_by_primary_key(conn: psycopg.Connecti
         assert any(d.startswith("Index Cond:") and re.search(r"\bid = ANY \(\$", d) for d in details), plan
     assert "outbox_live_state" not in plan
     conn.rollback()
+
+
+def test_the_claims_settings_last_as_they_should(conn: psycopg.Connection[Any]) -> None:
+    """The claim's asynchronous commit lasts to the end of its transaction; the forced plan mode does not."""
+    [(job_id,)] = conn.execute("INSERT INTO postbox.outbox (queue, task) VALUES ('default', 'noop') RETURNING id")
+    conn.commit()
+    assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    claim = {"ids": f"{{{job_id}}}", "entries": "{1-1}", "worker": "w", "lease": 30.0}
+    claimed = conn.execute(sql.active().JOB_CLAIM_ATTEMPTS, claim).fetchall()
+    assert [(row[0], row[1], row[2]) for row in claimed] == [(job_id, "running", 1)]
+    assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)  # a handler's statements: planned as before
+    conn.commit()
+    assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)

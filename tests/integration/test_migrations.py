@@ -75,6 +75,9 @@ WORKFLOW_OBJECTS = {
 # What migration 0012 creates (its column and trigger are not objects of pg_class).
 WORKFLOW_EVENT_OBJECTS = {("postbox", "workflow_job_left_waiting", "function")}
 
+# What migration 0013 creates: the claim and the outcome as functions.
+PLAN_OBJECTS = {("postbox", "claim_attempts", "function"), ("postbox", "record_outcomes", "function")}
+
 # What migration 0011 creates (outbox_unpublished_id is rebuilt under its own name).
 FAIR_OBJECTS = {
     ("postbox", "fair_queues", "r"),
@@ -118,7 +121,9 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0001_postbox")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | {
+    assert everything - objects(
+        empty_database_url
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | {
         ("postbox", "schedules", "r"),
         ("postbox", "schedules_pkey", "i"),
         ("postbox", "schedules_due", "i"),
@@ -147,7 +152,9 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0004_unique_jobs")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | {
+    assert everything - objects(
+        empty_database_url
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | {
         ("postbox", "require_current_attempt", "function"),
         ("postbox", "begin_processed", "function"),  # 0006's, which calls it
         ("postbox", "record_success", "function"),
@@ -167,7 +174,9 @@ def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url:
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0005_fenced_success")
-    assert everything - objects(empty_database_url) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | {
+    assert everything - objects(
+        empty_database_url
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | {
         ("postbox", "begin_processed", "function"),
         ("postbox", "record_success", "function"),
     }
@@ -247,7 +256,7 @@ def test_0009_downgrades_to_0008_dropping_only_the_workflow_objects(empty_databa
             " VALUES ('q', 't', 'waiting', 1, 1)"
         )
     migrate.downgrade(empty_database_url, "0008_sessions")
-    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS | FAIR_OBJECTS
+    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS
     assert objects(empty_database_url) - everything == set()
     with psycopg.connect(empty_database_url) as conn:
         # a waiting job has no meaning without workflows: cancelled, saying why
@@ -279,7 +288,9 @@ def test_0010_downgrades_to_0009_dropping_the_progress_column_and_the_debounce(e
         conn.execute("INSERT INTO postbox.outbox (queue, task, progress) VALUES ('q', 't', '{\"done\": 1}')")
     migrate.downgrade(empty_database_url, "0009_workflows")
     assert state(empty_database_url) == (False, False, False)
-    assert objects(empty_database_url) == everything - FAIR_OBJECTS - WORKFLOW_EVENT_OBJECTS  # 0011's, 0012's go too
+    assert (
+        objects(empty_database_url) == everything - FAIR_OBJECTS - WORKFLOW_EVENT_OBJECTS - PLAN_OBJECTS
+    )  # 0011-0013's go too
     with psycopg.connect(empty_database_url) as conn:  # 0004's functions again: a plain unique rule still works
         conn.execute(
             "INSERT INTO postbox.tasks (name, queue, priority, max_attempts, keep_result, unique_rule)"
@@ -309,6 +320,8 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("workflow_job_ended", "function"),
         ("workflow_release", "function"),
         ("workflow_job_left_waiting", "function"),
+        ("claim_attempts", "function"),
+        ("record_outcomes", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),
@@ -665,10 +678,28 @@ def test_0012_downgrades_to_0011_dropping_the_workflow_events_trigger_and_ended_
     before = objects(empty_database_url)
     migrate.upgrade(empty_database_url)
     assert state(empty_database_url) == (1, 1)
-    assert objects(empty_database_url) - before == WORKFLOW_EVENT_OBJECTS
+    assert objects(empty_database_url) - before == WORKFLOW_EVENT_OBJECTS | PLAN_OBJECTS
     with psycopg.connect(empty_database_url) as conn:  # the ended one is not announced by the first relay
         ended = conn.execute("SELECT name, ended_at IS NOT NULL FROM postbox.workflows ORDER BY id").fetchall()
     assert ended == [("old", True), ("open", False)]
     migrate.downgrade(empty_database_url, "0011_fair_queues")
     assert state(empty_database_url) == (0, 0)
     assert objects(empty_database_url) == before
+
+
+def test_0013_downgrades_to_0012_dropping_only_the_claim_and_outcome_functions(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        settings = conn.execute(
+            "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = 'postbox'::regnamespace"
+            " AND proname IN ('claim_attempts', 'record_outcomes') ORDER BY proname"
+        ).fetchall()
+    assert settings == [
+        (name, ["plan_cache_mode=force_generic_plan"]) for name in ("claim_attempts", "record_outcomes")
+    ]
+    migrate.downgrade(empty_database_url, "0012_workflow_events")
+    assert everything - objects(empty_database_url) == PLAN_OBJECTS
+    assert objects(empty_database_url) - everything == set()
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
