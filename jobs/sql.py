@@ -261,27 +261,13 @@ class Statements(schema.Templates):
     # The rows are found by primary key only (IS TRUE, as in JOB_CLAIM_ATTEMPTS): the
     # unpublished index, with a backlog and the entries updates leave until autovacuum,
     # made a 1,000-row mark over a 25,000-row backlog take 37-74 ms; 10 ms by primary key.
+    #
+    # The statement is the body of mark_published() (migration 0013), planned once per
+    # connection as the claim is: re-planned at every run, a one-row mark's planning
+    # cost more than its execution. The row it returns also answers JOB_NEXT_DUE, so
+    # that an idle relay need not ask it separately: (leads, marked, next_due).
     JOB_MARK_PUBLISHED: LiteralString = """
-    WITH lead AS (
-        SELECT %(term)s::int8 IS NULL OR coalesce(max(term), 0) <= %(term)s::int8 AS leads FROM {schema}.relays
-    ), locked AS MATERIALIZED (
-        SELECT ctid FROM {schema}.outbox
-         WHERE (SELECT leads FROM lead)
-           AND id = ANY(%(ids)s::int8[]) AND (published_at IS NULL AND state IN ('pending', 'retrying')) IS TRUE
-         ORDER BY id
-           FOR UPDATE
-    ), marked AS (
-        UPDATE {schema}.outbox AS o
-           SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
-          FROM unnest(%(ids)s::int8[], %(sids)s::text[]) AS u(id, sid)
-         WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked)) AND o.id = u.id
-        RETURNING 1
-    )
-    SELECT (SELECT leads FROM lead), (SELECT count(*) FROM marked),
-           -- JOB_NEXT_DUE, answered here so that an idle relay need not ask it separately
-           (SELECT extract(epoch FROM min(available_at) - now())::float8
-              FROM {schema}.outbox
-             WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at > now())
+    SELECT leads, marked, next_due FROM {schema}.mark_published(%(ids)s::int8[], %(sids)s::text[], %(term)s::int8)
     """
 
     # The planner's estimate of the unpublished rows. Right after a bulk load it can

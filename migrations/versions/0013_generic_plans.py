@@ -1,22 +1,25 @@
-"""The claim and the outcome as functions whose plans PostgreSQL keeps per connection.
+"""The claim, the outcome and the relay's mark as functions whose plans PostgreSQL keeps.
 
 A worker sends its claim (``JOB_CLAIM_ATTEMPTS``) and its outcomes
-(``JOB_RECORD_OUTCOMES``) as prepared statements. PostgreSQL plans a prepared
-statement's first five runs for their parameters, then keeps a generic plan only
-if its estimated cost is no higher than theirs; for these two statements (common
-table expressions, arrays of unknown length) the estimate never says so, and
-every run was planned again. At one job per read (a quiet worker, 200 jobs/s),
-planning was most of their cost: a one-row claim took 700-770 us of its backend's
-CPU, 230-240 us with the plan kept; an outcome 560-620 us, 290 us
-(docs/benchmarks.md, "Plans kept per connection").
+(``JOB_RECORD_OUTCOMES``), and the relay its mark (``JOB_MARK_PUBLISHED``), as
+prepared statements. PostgreSQL plans a prepared statement's first five runs for
+their parameters, then keeps a generic plan only if its estimated cost is no
+higher than theirs; for these statements (common table expressions, arrays of
+unknown length) the estimate never says so, and every run was planned again. At
+one job per batch (200 jobs/s), planning was most of their cost: a one-row claim
+took 700-770 us of its backend's CPU, 230-290 us with the plan kept; an outcome
+560-620 us, 290-330 us; a mark 570-730 us, 255-305 us (docs/benchmarks.md,
+"Plans kept per connection").
 
-Here the two statements become PL/pgSQL functions, ``claim_attempts()`` and
-``record_outcomes()``, declared ``SET plan_cache_mode = force_generic_plan``:
+Here the statements become PL/pgSQL functions, ``claim_attempts()``,
+``record_outcomes()`` and ``mark_published()``, declared
+``SET plan_cache_mode = force_generic_plan``:
 their statements are planned once per connection, for any parameters, and the
 setting holds only while the function runs (a handler's own statements on the
 same connection are planned as before). A generic plan cannot see the ids, so
-both find their rows by primary key whatever the statistics say: their state
-conditions are wrapped in ``IS TRUE`` (no index on ``state`` can serve them).
+each finds its rows by primary key whatever the statistics say: their state
+conditions are wrapped in ``IS TRUE`` (no index on ``state`` can serve them). A
+1,000-row mark's generic plan still hashes the ids to their stream entries.
 
 The statements are those of ``jobs/sql.py`` before this revision, unchanged but
 for their parameters, which are the functions' arguments; what they return is
@@ -171,9 +174,38 @@ BEGIN
     SELECT d.id, (SELECT count(*) FROM woken) FROM done d;
 END;
 $$;
+
+CREATE FUNCTION {schema}.mark_published(_ids bigint[], _sids text[], _term bigint)
+RETURNS TABLE (leads boolean, marked bigint, next_due double precision)
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH lead AS (
+        SELECT _term IS NULL OR coalesce(max(r.term), 0) <= _term AS leads FROM {schema}.relays r
+    ), locked AS MATERIALIZED (
+        SELECT j.ctid FROM {schema}.outbox j
+         WHERE (SELECT l.leads FROM lead l)
+           AND j.id = ANY(_ids) AND (j.published_at IS NULL AND j.state IN ('pending', 'retrying')) IS TRUE
+         ORDER BY j.id
+           FOR UPDATE
+    ), marked AS (
+        UPDATE {schema}.outbox AS o
+           SET state = 'queued', published_at = now(), publish_count = o.publish_count + 1, stream_id = u.sid
+          FROM unnest(_ids, _sids) AS u(id, sid)
+         WHERE o.ctid = ANY(ARRAY(SELECT k.ctid FROM locked k)) AND o.id = u.id
+        RETURNING 1
+    )
+    SELECT (SELECT l.leads FROM lead l), (SELECT count(*) FROM marked),
+           (SELECT extract(epoch FROM min(d.available_at) - now())::float8
+              FROM {schema}.outbox d
+             WHERE d.published_at IS NULL AND d.state IN ('pending', 'retrying') AND d.available_at > now());
+END;
+$$;
 """
 
 DOWNGRADE = r"""
+DROP FUNCTION {schema}.mark_published(bigint[], text[], bigint);
 DROP FUNCTION {schema}.record_outcomes(text, bigint[], integer[], text[], text[], double precision[], text[],
                                        double precision[], text[], text[], text[], boolean, text);
 DROP FUNCTION {schema}.claim_attempts(bigint[], text[], text, double precision);

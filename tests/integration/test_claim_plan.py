@@ -1,15 +1,12 @@
 """The claim, the outcome and the relay's mark find their rows by primary key, whatever the statistics say.
 
-The claim and the outcome run in functions that keep a generic plan per connection
-(migration 0013), and a prepared mark may settle on one. If the state condition of the
-claim or the outcome could be served by ``outbox_live_state`` (the mark's by the
-unpublished index), that plan reads the index (every live entry, and every entry
-updates left until autovacuum) and filters by id: milliseconds per one-row claim on an
-outbox of finished rows, tens of milliseconds per mark over a backlog
-(docs/benchmarks.md).
-
-The functions' plans are the ones they ran, as ``auto_explain`` reports them (nested
-statements, sent to the client as notices); the mark's is its prepared generic plan.
+The three run in functions that keep a generic plan per connection (migration 0013). If
+the state condition of the claim or the outcome could be served by ``outbox_live_state``
+(the mark's by the unpublished index), that plan reads the index (every live entry, and
+every entry updates left until autovacuum) and filters by id: milliseconds per one-row
+claim on an outbox of finished rows, tens of milliseconds per mark over a backlog
+(docs/benchmarks.md). The plans are the ones the functions ran, as ``auto_explain``
+reports them (nested statements, sent to the client as notices).
 """
 
 from __future__ import annotations
@@ -22,12 +19,10 @@ import pytest
 
 from postbox import sql
 
-# The mark's parameters as SQL literals, for EXECUTE.
-MARK_ARGS = {"ids": "'{1,2}'", "sids": "'{1-1,1-2}'", "term": "1"}
-
 # The functions' statements and their parameters, run as a worker runs them.
 RUN_ARGS: dict[str, dict[str, Any]] = {
     "JOB_CLAIM_ATTEMPTS": {"ids": "{1,2}", "entries": "{1-1,1-2}", "worker": "w", "lease": 30.0},
+    "JOB_MARK_PUBLISHED": {"ids": "{1,2}", "sids": "{1-1,1-2}", "term": None},
     "JOB_RECORD_OUTCOMES": {
         "worker": "w",
         "ids": "{1,2}",
@@ -39,17 +34,6 @@ RUN_ARGS: dict[str, dict[str, Any]] = {
         "also_notify": None,
     },
 }
-
-
-def generic_plan(conn: psycopg.Connection[Any], name: str) -> str:
-    """EXPLAIN of ``name``'s generic plan, as a prepared mark may end up running it."""
-    statement = getattr(sql.active(), name)
-    params = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
-    text = re.sub(r"%\((\w+)\)s", lambda m: f"${params.index(m.group(1)) + 1}", statement)
-    conn.execute(f"PREPARE probe AS {text}")  # parameter types from the statement's own casts
-    args = ", ".join(MARK_ARGS.get(param, "NULL") for param in params)
-    conn.execute("SET plan_cache_mode = force_generic_plan")
-    return "\n".join(row[0] for row in conn.execute(f"EXPLAIN EXECUTE probe({args})"))
 
 
 def function_plan(conn: psycopg.Connection[Any], name: str) -> str:
@@ -81,12 +65,12 @@ def scans_by_id(plan: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-@pytest.mark.parametrize("name", ["JOB_CLAIM_ATTEMPTS", "JOB_MARK_PUBLISHED", "JOB_RECORD_OUTCOMES"])
+@pytest.mark.parametrize("name", sorted(RUN_ARGS))
 def test_the_generic_plan_reads_the_outbox_by_primary_key(conn: psycopg.Connection[Any], name: str) -> None:
     conn.execute("INSERT INTO postbox.outbox (queue, task) SELECT 'default', 'noop' FROM generate_series(1, 3000)")
     conn.execute("UPDATE postbox.outbox SET state = 'succeeded', published_at = now(), finished_at = now()")
     conn.execute("ANALYZE postbox.outbox")  # none live, as in a quiet shop: the indexes look free
-    plan = function_plan(conn, name) if name in RUN_ARGS else generic_plan(conn, name)
+    plan = function_plan(conn, name)
     scans = scans_by_id(plan)
     assert scans, plan
     for scan, details in scans:

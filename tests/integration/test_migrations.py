@@ -75,8 +75,12 @@ WORKFLOW_OBJECTS = {
 # What migration 0012 creates (its column and trigger are not objects of pg_class).
 WORKFLOW_EVENT_OBJECTS = {("postbox", "workflow_job_left_waiting", "function")}
 
-# What migration 0013 creates: the claim and the outcome as functions.
-PLAN_OBJECTS = {("postbox", "claim_attempts", "function"), ("postbox", "record_outcomes", "function")}
+# What migration 0013 creates: the claim, the outcome and the mark as functions.
+PLAN_OBJECTS = {
+    ("postbox", "claim_attempts", "function"),
+    ("postbox", "record_outcomes", "function"),
+    ("postbox", "mark_published", "function"),
+}
 
 # What migration 0011 creates (outbox_unpublished_id is rebuilt under its own name).
 FAIR_OBJECTS = {
@@ -322,6 +326,7 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("workflow_job_left_waiting", "function"),
         ("claim_attempts", "function"),
         ("record_outcomes", "function"),
+        ("mark_published", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),
@@ -687,16 +692,17 @@ def test_0012_downgrades_to_0011_dropping_the_workflow_events_trigger_and_ended_
     assert objects(empty_database_url) == before
 
 
-def test_0013_downgrades_to_0012_dropping_only_the_claim_and_outcome_functions(empty_database_url: str) -> None:
+def test_0013_downgrades_to_0012_dropping_only_its_functions(empty_database_url: str) -> None:
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     with psycopg.connect(empty_database_url) as conn:
         settings = conn.execute(
             "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = 'postbox'::regnamespace"
-            " AND proname IN ('claim_attempts', 'record_outcomes') ORDER BY proname"
+            " AND proname IN ('claim_attempts', 'mark_published', 'record_outcomes') ORDER BY proname"
         ).fetchall()
     assert settings == [
-        (name, ["plan_cache_mode=force_generic_plan"]) for name in ("claim_attempts", "record_outcomes")
+        (name, ["plan_cache_mode=force_generic_plan"])
+        for name in ("claim_attempts", "mark_published", "record_outcomes")
     ]
     migrate.downgrade(empty_database_url, "0012_workflow_events")
     assert everything - objects(empty_database_url) == PLAN_OBJECTS
