@@ -24,8 +24,8 @@ def test_exactly_once_scripts_run_the_workers_statements_on_one_picked_job() -> 
         assert re.search(r"BEGIN;\nSELECT \"postbox\".begin_processed\(\(:id\)::int8::int8\);\n", script)
         # The worker's in-transaction success, fenced on the pretend worker's attempt 1, just before COMMIT.
         assert re.search(r"record_success\(\(:id\)::int8::int8, 'pgbench'::text, 1::int4\);\nCOMMIT;\n$", script)
-    assert "synchronous_commit" not in transaction and "synchronous_commit" in with_claim
-    assert with_claim.index("FOR UPDATE") < with_claim.index("BEGIN;")  # the claim is its own transaction
+    assert "claim_attempts(" not in transaction and "claim_attempts(" in with_claim
+    assert with_claim.index("claim_attempts(") < with_claim.index("BEGIN;")  # the claim is its own transaction
 
 
 def test_exactly_once_uses_as_many_pgbench_clients_as_the_worker_pool_holds() -> None:
