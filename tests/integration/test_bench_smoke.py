@@ -395,6 +395,25 @@ def test_bench_floor_runs_the_contracts_shortest_path_beside_postbox(
     assert "unknown mode(s) nope" in capsys.readouterr().err
 
 
+def test_bench_plans_times_the_claim_outcome_and_mark_per_call_under_each_plan_mode(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each mode's line times the three statements (each call claimed, recorded or marked its row)."""
+    from postbox_bench import plans as bench_plans
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    assert bench_plans.main(["--jobs", "20", "--repeat", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == list(bench_plans.MODES)
+    for line in lines[1:]:
+        cells = line.split()[1:]
+        assert len(cells) == 3 * len(bench_plans.STATEMENTS) and all(float(c) > 0 for c in cells[::3] + cells[2::3])
+    with pytest.raises(SystemExit):
+        bench_plans.main(["--modes", "auto,nope"])
+    assert "unknown mode(s) nope" in capsys.readouterr().err
+
+
 def test_bench_latency_with_floor_pairs_each_run_with_the_contracts_shortest_path(
     servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
