@@ -263,8 +263,8 @@ class Statements(schema.Templates):
     # made a 1,000-row mark over a 25,000-row backlog take 37-74 ms; 10 ms by primary key.
     #
     # The statement is the body of mark_published() (migration 0013), planned once per
-    # connection as the claim is: re-planned at every run, a one-row mark's planning
-    # cost more than its execution. The row it returns also answers JOB_NEXT_DUE, so
+    # connection as the claim is: a one-row mark planned again at every run spent more
+    # on planning than on running. The row it returns also answers JOB_NEXT_DUE, so
     # that an idle relay need not ask it separately: (leads, marked, next_due).
     JOB_MARK_PUBLISHED: LiteralString = """
     SELECT leads, marked, next_due FROM {schema}.mark_published(%(ids)s::int8[], %(sids)s::text[], %(term)s::int8)
@@ -578,8 +578,10 @@ class Statements(schema.Templates):
     #
     # The statement is the body of claim_attempts() (migration 0013), which PostgreSQL
     # plans once per connection (plan_cache_mode = force_generic_plan, for the function
-    # only): as a prepared statement it was planned again at every run, and planning was
-    # most of a one-row claim's cost (docs/benchmarks.md, "Plans kept per connection").
+    # only). As a prepared statement it was planned again at every run whenever the
+    # statistics favoured custom plans, as they do over a backlog of claimable rows, and
+    # planning was most of a one-row claim's cost (docs/benchmarks.md, "Plans kept per
+    # connection").
     # A generic plan cannot see the ids, so the state condition is wrapped in IS TRUE
     # (the same rows: WHERE drops NULL and false alike) and no index can serve it: the
     # rows are found by primary key. Bare, it matched outbox_live_state, and the generic

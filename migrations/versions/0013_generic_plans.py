@@ -4,12 +4,14 @@ A worker sends its claim (``JOB_CLAIM_ATTEMPTS``) and its outcomes
 (``JOB_RECORD_OUTCOMES``), and the relay its mark (``JOB_MARK_PUBLISHED``), as
 prepared statements. PostgreSQL plans a prepared statement's first five runs for
 their parameters, then keeps a generic plan only if its estimated cost is no
-higher than theirs; for these statements (common table expressions, arrays of
-unknown length) the estimate never says so, and every run was planned again. At
-one job per batch (200 jobs/s), planning was most of their cost: a one-row claim
-took 700-770 us of its backend's CPU, 230-290 us with the plan kept; an outcome
-560-620 us, 290-330 us; a mark 570-730 us, 255-305 us (docs/benchmarks.md,
-"Plans kept per connection").
+higher than theirs. For these statements (common table expressions, arrays of
+unknown length) that depends on the statistics: over a backlog of claimable
+rows the estimates kept the custom plans, and every run was planned again. At
+one job per call (a worker claiming one delivery at a time while a backlog
+waits), planning was most of their cost: a one-row claim took 530-800 us of its
+backend's CPU, 310-330 us with the plan kept; an outcome 630-710 us, 360-380
+us; a mark 730-780 us, 340-400 us (docs/benchmarks.md, "Plans kept per
+connection").
 
 Here the statements become PL/pgSQL functions, ``claim_attempts()``,
 ``record_outcomes()`` and ``mark_published()``, declared
