@@ -150,7 +150,9 @@ async def worker_main(
     fd = os.open(probe, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     with contextlib.suppress(ResponseError):  # BUSYGROUP: the relay made it first
         await redis.xgroup_create(key, group, id="0", mkstream=True)
-    last = "$"
+    # The wake-up reads after the newest entry seen, from the stream's start at first: "$" would miss
+    # every entry added before this process first blocked (a slow start can miss the whole warm-up).
+    last = "0-0"
     finishing: list[asyncio.Task[None]] = []  # one outcome write in flight at a time, overlapping the next read
 
     async def finish(ids: list[int], entries: list[bytes]) -> None:
@@ -160,25 +162,34 @@ async def worker_main(
             pipe.xdel(key, *entries)
             await pipe.execute()
 
-    while True:
-        if wake_first:
-            woke = await redis.xread({key: last}, count=1, block=1000)
-            if not woke:
+    try:
+        while True:
+            if wake_first:
+                woke = await redis.xread({key: last}, count=1, block=1000)
+                if not woke:
+                    continue
+                got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH)
+            else:
+                got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH, block=1000)
+            if not got:
                 continue
-            got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH)
-        else:
-            got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH, block=1000)
-        if not got:
-            continue
-        entries = got[0][1]
-        last = entries[-1][0].decode()
-        ids = [int(fields[b"id"]) for _entry, fields in entries]
-        claimed = [row[0] for row in await (await claims.execute(CLAIM, (ids,))).fetchall()]
-        now = time.time()
-        os.write(fd, "".join(f"{job_id} {now:.6f}\n" for job_id in claimed).encode())
-        if finishing:
-            await finishing.pop()
-        finishing.append(asyncio.create_task(finish(claimed, [entry for entry, _fields in entries])))
+            entries = got[0][1]
+            last = entries[-1][0].decode()
+            ids = [int(fields[b"id"]) for _entry, fields in entries]
+            claimed = [row[0] for row in await (await claims.execute(CLAIM, (ids,))).fetchall()]
+            now = time.time()
+            os.write(fd, "".join(f"{job_id} {now:.6f}\n" for job_id in claimed).encode())
+            if finishing:
+                await finishing.pop()
+            finishing.append(asyncio.create_task(finish(claimed, [entry for entry, _fields in entries])))
+    finally:  # stopped (a signal in its process, a cancel in a test): nothing left open
+        for task in finishing:
+            task.cancel()
+        await asyncio.gather(*finishing, return_exceptions=True)
+        await redis.aclose()
+        await claims.close()
+        await outcomes.close()
+        os.close(fd)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -27,6 +29,7 @@ from postbox_bench.progress import Progress
 from postbox_bench.report import Report, render
 from postbox_bench.sandbox import sandbox
 from tests.harness.servers import Servers
+from tests.harness.wait import wait_until_async
 
 pytestmark = pytest.mark.alone  # CPU-heavy; some figures are bounded
 
@@ -412,6 +415,44 @@ def test_bench_plans_times_the_claim_outcome_and_mark_per_call_under_each_plan_m
     with pytest.raises(SystemExit):
         bench_plans.main(["--modes", "auto,nope"])
     assert "unknown mode(s) nope" in capsys.readouterr().err
+
+
+async def test_bench_floor_worker_runs_entries_added_before_it_first_waited(servers: Servers, tmp_path: Any) -> None:
+    """The floor worker's wake-up reads from the stream's start: a worker slower to start than the warm-up misses none.
+
+    (It used to wait after ``$``, the entries to come only: ``bench latency --floor`` and ``floor`` timed out when
+    the worker process started after the last warm-up entry.)
+    """
+    from postbox_bench import floor as bench_floor
+    from postbox_bench.sandbox import sandbox
+
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        with psycopg.connect(url) as conn:
+            rows = conn.execute(
+                "INSERT INTO postbox.outbox (queue, task) SELECT 'bench', 'bench_probe' FROM generate_series(1, 3)"
+                " RETURNING id"
+            ).fetchall()
+        ids = sorted(row[0] for row in rows)
+        client = syncredis.Redis.from_url(box.redis_url)
+        key = bench_floor.stream_key(box.prefix)
+        client.xgroup_create(key, bench_floor.GROUP, id="0", mkstream=True)
+        for job_id in ids:  # published before the worker exists
+            client.xadd(key, {"id": job_id})
+        client.close()
+        probe = tmp_path / "probe.txt"
+        worker = asyncio.ensure_future(bench_floor.worker_main(url, box.redis_url, box.prefix, str(probe), True))
+
+        def started() -> list[int]:
+            return sorted(int(line.split()[0]) for line in probe.read_text().splitlines()) if probe.exists() else []
+
+        try:
+            await wait_until_async(lambda: started() == ids or worker.done(), 20, message="the three jobs started")
+            assert started() == ids
+        finally:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
 
 
 def test_bench_latency_with_floor_pairs_each_run_with_the_contracts_shortest_path(
