@@ -8,7 +8,9 @@ from postbox.settings import load_settings
 
 
 def test_database_url_falls_back_to_database_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DATABASE_URL and REDIS_URL serve when postbox's own are unset (even in a shell that exports them)."""
     monkeypatch.delenv("POSTBOX_DATABASE_URL", raising=False)
+    monkeypatch.delenv("POSTBOX_REDIS_URL", raising=False)
     monkeypatch.setenv("DATABASE_URL", "postgresql://u@h/db")
     monkeypatch.setenv("REDIS_URL", "redis://h:1/2")
     settings = load_settings()
