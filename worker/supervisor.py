@@ -8,7 +8,9 @@ their own process group, so a terminal's Ctrl-C reaches them once, through the s
 - SIGTERM/SIGINT: forwarded to every child (each drains, ``worker/shutdown.py``); the supervisor waits
   for all of them and exits 0 if all exited 0, else the worst status (3: a child's drain was forced; a
   child killed by signal ``S`` counts as 128 + ``S``). Every further signal is forwarded again: the
-  children end their drain at once.
+  children end their drain at once. A repeat goes to each child as the other stop signal when the
+  same one was the last it was sent (:func:`forwarded_signal`): two of one signal sent back to back
+  can reach a process as one, and the child would go on draining.
 - A child that ends while the supervisor is not stopping is restarted after a delay
   (:class:`RestartPolicy`: 1 s, doubling to 30 s, back to 1 s for a child that ran 60 s), with one log
   line naming its pid, how it ended and the delay.
@@ -174,6 +176,18 @@ class Command:
     env: dict[str, str]
 
 
+def forwarded_signal(received: int, last_sent: int | None) -> int:
+    """The stop signal to send a child for ``received``, given the last one it was sent (None: none).
+
+    The kernel keeps one pending instance of each signal: two SIGTERMs sent before the child runs
+    arrive as one, and a second signal meant to end its drain would be lost. The other stop signal
+    (a worker treats SIGTERM and SIGINT alike) is always delivered as a signal of its own.
+    """
+    if received != last_sent:
+        return received
+    return signal.SIGINT if received == signal.SIGTERM else signal.SIGTERM
+
+
 def parent_death_signal() -> Callable[[], None] | None:
     """Linux: a ``preexec_fn`` that has the child sent SIGTERM when the supervisor dies; elsewhere None."""
     if not sys.platform.startswith("linux"):
@@ -200,6 +214,7 @@ def supervise(
     plan = Supervisor(processes, policy)
     children: dict[int, subprocess.Popen[bytes]] = {}
     received: list[int] = []
+    sent: dict[int, int] = {}  # pid -> the last stop signal forwarded to it
     preexec = parent_death_signal()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -221,7 +236,8 @@ def supervise(
                         "%s again: forwarded to worker processes %s (they end their drain now)", name, _pids(pids)
                     )
                 for pid in pids:
-                    _send(children[pid], signum)
+                    sent[pid] = forwarded_signal(signum, sent.get(pid))
+                    _send(children[pid], sent[pid])
             now = clock()
             for pid, proc in list(children.items()):
                 returncode = proc.poll()

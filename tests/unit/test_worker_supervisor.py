@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from postbox.worker.supervisor import Ended, RestartPolicy, Supervisor, describe, exit_status
+from postbox.worker.supervisor import Ended, RestartPolicy, Supervisor, describe, exit_status, forwarded_signal
 
 SIGKILL = -signal.SIGKILL
 
@@ -108,3 +108,17 @@ def test_a_configuration_error_stops_the_others_instead_of_restarting() -> None:
 def test_a_process_count_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Supervisor(0)
+
+
+def test_a_repeated_stop_signal_is_forwarded_as_the_other_one_so_it_is_not_merged_with_the_first() -> None:
+    term, intr = signal.SIGTERM, signal.SIGINT
+    assert forwarded_signal(term, None) == term  # the first goes as it came
+    assert forwarded_signal(intr, None) == intr
+    assert forwarded_signal(term, term) == intr  # SIGTERM twice: the child gets SIGTERM, then SIGINT
+    assert forwarded_signal(term, intr) == term
+    assert forwarded_signal(intr, intr) == term
+    sent = None
+    for _ in range(4):  # each forward differs from the one before it, whatever arrives
+        nxt = forwarded_signal(term, sent)
+        assert nxt != sent
+        sent = nxt
