@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import hiredis
 from redis.asyncio import Redis
@@ -96,22 +96,33 @@ async def send_batch(redis: Redis, payload: bytes, replies: int) -> list[Any]:
     if replies == 0:
         return []
     pool = redis.connection_pool
-    try:
-        conn = await pool.get_connection()
-    except TypeError:  # redis-py < 5.3 requires a command name (5.3+ deprecates it)
-        conn = await pool.get_connection("XADD")  # type: ignore[call-arg,unused-ignore]
+    conn = await take_connection(redis)
     try:
         return await exchange(conn, payload, replies)
     finally:
         await pool.release(conn)
 
 
-async def exchange(conn: Connection, payload: bytes, replies: int) -> list[Any]:
+async def take_connection(redis: Redis) -> Connection:
+    """A connection from ``redis``'s pool; the caller gives it back (``redis.connection_pool.release``)."""
+    pool = redis.connection_pool
+    try:
+        conn = await pool.get_connection()
+    except TypeError:  # redis-py < 5.3 requires a command name (5.3+ deprecates it)
+        conn = await pool.get_connection("XADD")  # type: ignore[call-arg,unused-ignore]
+    return cast(Connection, conn)
+
+
+async def exchange(conn: Connection, payload: bytes, replies: int, *, blocks: float = 0.0) -> list[Any]:
     """Write ``payload`` on ``conn``, read ``replies`` replies (errors as instances); drop ``conn`` on failure.
 
-    The caller owns ``conn`` (takes it from its pool and gives it back).
+    The caller owns ``conn`` (takes it from its pool and gives it back). A
+    command of ``payload`` that blocks on the server for up to ``blocks``
+    seconds extends the connection's timeout by that much.
     """
     limit = conn.socket_timeout
+    if limit is not None:
+        limit += blocks
     try:
         await conn.send_packed_command(payload, check_health=False)
         results: list[Any] = []

@@ -48,6 +48,18 @@ class Capacity:
             self._freed.clear()
         return got
 
+    def add(self, count: int) -> None:
+        """Count ``count`` slots as used without asking: a read sent while they were free, answered later.
+
+        (:meth:`postbox.worker.consumer.Consumer.wait_then_read`: no capacity is held
+        during its wait, and another reservation may have been made meanwhile.)
+        """
+        if count <= 0:
+            return
+        self.used += count
+        if self.free <= 0:
+            self._freed.clear()
+
     def release(self, count: int = 1) -> None:
         if count <= 0:
             return

@@ -15,6 +15,18 @@ stream's tail, so the next wait answers at once and nothing is missed. The
 wait blocks per group of :data:`WAIT_GROUP` streams, and the groups that did
 not answer stay blocked into the next wait: Redis re-registers one group's
 keys per wake-up, not every stream's.
+
+On one server, over at most :data:`WAIT_GROUP` streams, the wake-up and the read
+after it go out together (:meth:`Consumer.wait_then_read`): the blocked XREAD
+and then the read script, in one send on the consumer's own connection. Redis
+keeps a blocked client's next command in its buffer and runs it as soon as the
+XREAD answers, so the entries come back with the wake-up instead of one round
+trip after it. The read's count is fixed when the wait starts (the worker's free
+capacity then). :meth:`Consumer.interrupt_wait` ends such a wait early with
+``CLIENT UNBLOCK`` (the worker stops, or a queue was paused): the XREAD answers
+as at its timeout and the read behind it runs at once, so nothing the read
+takes is lost with a dropped connection.
+
 A group that vanished (Redis lost its data) is recreated from ``0`` once its
 stream holds an entry again (a read of an empty stream never asks for it).
 
@@ -35,6 +47,8 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from postbox import redis_conn, resp
@@ -42,6 +56,10 @@ from postbox.streams import GROUP, by_slot
 from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger(__name__)
+
+# What a read returns: deliveries in priority order, malformed (stream, id) pairs, and the
+# streams' tails when it drained them (empty when it reached its count).
+Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 
 # KEYS: streams, highest priority first. ARGV: group, consumer, count.
 # Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the
@@ -127,6 +145,10 @@ class Consumer:
         # Wake-up reads still blocked, by their group of streams (wait_for_new): they outlive the call
         # that started them, so a wake-up re-registers only the group that answered.
         self._blocked: dict[tuple[str, ...], asyncio.Future[set[str]]] = {}
+        # wait_then_read's own connection (held between waits), and its client id while a wait is blocked
+        self._wait_conn: Connection | None = None
+        self._wait_client: int | None = None
+        self._waiting: int | None = None
 
     async def _run_script(self, streams: Sequence[str], count: int) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
@@ -138,13 +160,7 @@ class Consumer:
         """
         if self._cluster:
             return await self._run_script_per_queue(streams, count)
-        if streams is not self._read_for:  # packed once per list of streams (a read of every stream names 1,000)
-            keys = [self._key(key) for key in streams]
-            self._read_head = resp.command_head(
-                b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer
-            )
-            self._read_for = streams
-        payload = resp.with_tail(self._read_head, b"%d" % count)
+        payload = self._read_command(streams, count)
         for attempt in (1, 2):
             [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)  # one server here
             if not isinstance(reply, ResponseError):
@@ -153,6 +169,16 @@ class Consumer:
                 await self._redis.script_load(READ_SCRIPT)
                 continue
             raise reply
+
+    def _read_command(self, streams: Sequence[str], count: int) -> bytes:
+        """The read script's EVALSHA over ``streams`` for ``count`` entries, RESP-encoded."""
+        if streams is not self._read_for:  # packed once per list of streams (a read of every stream names 1,000)
+            keys = [self._key(key) for key in streams]
+            self._read_head = resp.command_head(
+                b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer
+            )
+            self._read_for = streams
+        return resp.with_tail(self._read_head, b"%d" % count)
 
     async def _run_script_per_queue(self, streams: Sequence[str], count: int) -> Any:
         """A cluster: the script once per queue (one slot each), merged into one reply of the same shape."""
@@ -181,9 +207,7 @@ class Consumer:
             return [found, 1, tails]
         return [found, 0, []]
 
-    async def read(
-        self, streams: Sequence[str], count: int
-    ) -> tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]:
+    async def read(self, streams: Sequence[str], count: int) -> Read:
         """Up to ``count`` new entries in priority order, malformed (stream, id) pairs, and tails.
 
         Tails are empty when ``count`` entries were found (more may be waiting);
@@ -197,6 +221,79 @@ class Consumer:
             log.warning("consumer group missing (Redis lost data?); recreating it from 0")
             await ensure_groups(self._redis, streams)
             reply = await self._run_script(streams, count)
+        return self._parse(reply, streams)
+
+    def reads_on_wake(self, streams: Sequence[str]) -> bool:
+        """Whether :meth:`wait_then_read` serves ``streams``: one server, one wait group, no wait blocked."""
+        return not self._cluster and len(streams) <= WAIT_GROUP and not self._blocked
+
+    async def wait_then_read(self, tails: dict[str, str], streams: Sequence[str], count: int, block: float) -> Read:
+        """Block until an entry newer than ``tails`` arrives (or ``block`` seconds pass), then read as :meth:`read`.
+
+        One send: ``XREAD BLOCK`` over ``tails``' streams, then the read script over
+        ``streams`` for ``count`` entries, which Redis runs as soon as the XREAD
+        answers. At the timeout the read runs too (it finds nothing new, and
+        reports the tails again). For one server and at most :data:`WAIT_GROUP`
+        streams (:meth:`reads_on_wake`). Cancelling the call drops the connection:
+        entries its read took then stay pending until they are reclaimed, so
+        end a wait with :meth:`interrupt_wait` rather than a cancellation.
+        """
+        conn = await self._own_connection()
+        waited = list(tails)
+        payload = resp.command(
+            b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
+            *(self._key(stream) for stream in waited), *(tails[stream].encode() for stream in waited),
+        ) + self._read_command(streams, count)  # fmt: skip
+        self._waiting = self._wait_client
+        try:
+            [woke, reply] = await resp.exchange(conn, payload, 2, blocks=block)
+        finally:
+            self._waiting = None
+        if isinstance(woke, ResponseError):
+            log.warning("the wake-up read failed: %s", woke)  # the read behind it ran all the same
+        if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and is_nogroup(reply)):
+            if isinstance(reply, NoScriptError):
+                await self._redis.script_load(READ_SCRIPT)
+            return await self.read(streams, count)  # recreates a lost group
+        if isinstance(reply, ResponseError):
+            raise reply
+        return self._parse(reply, streams)
+
+    async def interrupt_wait(self) -> None:
+        """End a :meth:`wait_then_read` wait now, as at its timeout: its read runs and answers at once."""
+        client = self._waiting
+        if client is not None:
+            await self._redis.execute_command("CLIENT", "UNBLOCK", client)
+
+    async def _own_connection(self) -> Connection:
+        """This consumer's connection for :meth:`wait_then_read` (its client id known, for ``CLIENT UNBLOCK``).
+
+        A connection that was dropped (a failed or cancelled exchange) is opened
+        again, and its new id asked for.
+        """
+        conn = self._wait_conn
+        if conn is None:
+            conn = self._wait_conn = await resp.take_connection(cast(Redis, self._redis))
+            self._wait_client = None
+        elif conn.is_connected:
+            # As the pool checks a connection it hands out: one closed by the server
+            # meanwhile (killed, a timeout, a restart) reads as readable. Opened again.
+            try:
+                stale = await conn.can_read()
+            except (RedisConnectionError, OSError):
+                stale = True
+            if stale:
+                await conn.disconnect()
+        if self._wait_client is None or not conn.is_connected:
+            self._wait_client = None
+            await conn.connect()
+            [client] = await resp.exchange(conn, resp.command(b"CLIENT", b"ID"), 1)
+            if isinstance(client, ResponseError):
+                raise client
+            self._wait_client = int(client)
+        return conn
+
+    def _parse(self, reply: Any, streams: Sequence[str]) -> Read:
         found, drained, tails = reply
         deliveries: list[Delivery] = []
         malformed: list[tuple[str, bytes]] = []
@@ -267,6 +364,13 @@ class Consumer:
         """End the wake-up reads still blocked (their connections are dropped: a reply cannot come back later)."""
         waits, self._blocked = list(self._blocked.values()), {}
         await self._cancel(waits)
+
+    async def close(self) -> None:
+        """End blocked waits and give :meth:`wait_then_read`'s connection back to the pool."""
+        await self.cancel_waits()
+        conn, self._wait_conn, self._wait_client = self._wait_conn, None, None
+        if conn is not None:
+            await cast(Redis, self._redis).connection_pool.release(conn)
 
     @staticmethod
     async def _cancel(waits: list[asyncio.Future[set[str]]]) -> None:

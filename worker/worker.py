@@ -44,7 +44,7 @@ from postbox.worker import claims, control
 from postbox.worker import flow as flow_claims
 from postbox.worker.capacity import Capacity
 from postbox.worker.completer import Completer, Finished
-from postbox.worker.consumer import Consumer, ensure_groups
+from postbox.worker.consumer import Consumer, Read, ensure_groups
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.executor import Executor
 from postbox.worker.flow_wait import FlowWaits
@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 MAX_READ = 1000  # most entries taken by one read, whatever the free capacity
 MAX_DISPATCHES = 2  # claims in flight at once (the next read overlaps the last claim)
 IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
+UNBLOCK_GRACE = 5.0  # seconds a stopping worker waits for its ended wait's read to answer
 START_RETRY_SECONDS = 60.0  # how long the start-up writes are retried while the database is unavailable
 START_RETRY_INTERVAL = 0.5
 UNMARKED_FIRST_LOOK = 0.01  # seconds before looking again at a limited job read before its publish's mark
@@ -375,6 +376,9 @@ class Worker:
         woken: set[str] | None = None
         tails_seen: dict[str, str] = {}
         tails_for: list[str] | None = None  # the active streams ``tails_seen`` covers
+        # The last read drained the streams and the consumer can wait and read in one send
+        # (Consumer.wait_then_read): the next read is made on the wake-up, by Redis.
+        read_on_wake = False
         try:
             while not self._stopping.is_set():
                 try:
@@ -398,16 +402,27 @@ class Worker:
                     if woken and tails_for is streams:
                         read_from = self._woken_streams(woken) or streams
                     woken = None
-                    taken = self.capacity.take(min(self.capacity.free, MAX_READ))
-                    try:
-                        deliveries, malformed, tails = await self._consumer.read(read_from, taken)
-                    except BaseException:
-                        self.capacity.release(taken)
-                        raise
+                    if read_on_wake and tails_for is streams and self._consumer.reads_on_wake(streams):
+                        # No capacity is held during the wait (a finished limited job's slot may be
+                        # refilled from its parking meanwhile): the read's count is what is free now,
+                        # and what it brings is counted when it comes.
+                        deliveries, malformed, tails = await self._wait_then_read(
+                            tails_seen, streams, min(self.capacity.free, MAX_READ)
+                        )
+                        self.capacity.add(len(deliveries))
+                        deliveries = self._not_paused(deliveries)
+                    else:
+                        taken = self.capacity.take(min(self.capacity.free, MAX_READ))
+                        try:
+                            deliveries, malformed, tails = await self._consumer.read(read_from, taken)
+                        except BaseException:
+                            self.capacity.release(taken)
+                            raise
+                        self.capacity.release(taken - len(deliveries))
+                    read_on_wake = False
                     if tails and read_from is not streams:
                         tails = {**tails_seen, **tails}
                     tails_seen, tails_for = (tails, streams) if tails else ({}, None)
-                    self.capacity.release(taken - len(deliveries))
                     self._drop_malformed(malformed)
                     if deliveries:
                         # Claim in the background and read on: the next read overlaps this claim.
@@ -419,8 +434,12 @@ class Worker:
                     if tails:
                         # This read drained the streams (it found fewer entries than it asked
                         # for): wait for an entry newer than their tails rather than read again
-                        # and find nothing. One Redis round trip less per wake-up at low rates.
-                        woken = await self._wait_new(tails)
+                        # and find nothing. One Redis round trip less per wake-up at low rates;
+                        # two where the read rides with the wake-up (the next turn).
+                        if self._consumer.reads_on_wake(streams):
+                            read_on_wake = True
+                        else:
+                            woken = await self._wait_new(tails)
                     delay = 0.05
                 except asyncio.CancelledError:
                     raise
@@ -429,7 +448,7 @@ class Worker:
                     await self._sleep(delay)
                     delay = min(delay * 2, 2.0)
         finally:
-            await self._consumer.cancel_waits()
+            await self._consumer.close()
             if dispatching:
                 await asyncio.gather(*dispatching, return_exceptions=True)
 
@@ -457,6 +476,49 @@ class Worker:
         if reader.exception() is not None:
             raise reader.exception()  # type: ignore[misc]
         return reader.result()
+
+    async def _wait_then_read(self, tails: dict[str, str], streams: list[str], count: int) -> Read:
+        """Wait for an entry newer than ``tails`` and read ``streams`` on the wake-up (Consumer.wait_then_read).
+
+        A stop ends the wait at once (``CLIENT UNBLOCK``); the read behind it still
+        answers, and what it took is dispatched as a read in flight at the stop is.
+        """
+        reader = asyncio.ensure_future(self._consumer.wait_then_read(tails, streams, count, IDLE_BLOCK))
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            deadline = time.monotonic() + UNBLOCK_GRACE
+            while not reader.done() and time.monotonic() < deadline:
+                # Stopping. An UNBLOCK sent before Redis blocked the wait finds nothing to end: again.
+                with contextlib.suppress(Exception):
+                    await self._consumer.interrupt_wait()
+                await asyncio.wait({reader}, timeout=0.05)
+        except BaseException:
+            reader.cancel()
+            raise
+        finally:
+            stopper.cancel()
+        if not reader.done():
+            reader.cancel()  # its connection is dropped: what its read took is reclaimed later
+            await asyncio.gather(reader, return_exceptions=True)
+            return [], [], {}
+        return reader.result()
+
+    def _not_paused(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Deliveries of a queue paused while they were read are left pending, their capacity released.
+
+        They are reclaimed, like any idle entry, once the queue is read again.
+        """
+        if not self.paused or not deliveries:
+            return deliveries
+        kept = [d for d in deliveries if d.queue not in self.paused]
+        if len(kept) < len(deliveries):
+            self.capacity.release(len(deliveries) - len(kept))
+            log.info(
+                "entries of a queue paused during the wait left pending",
+                extra={"count": len(deliveries) - len(kept), "worker_id": self.id},
+            )
+        return kept
 
     async def _rescue(self, deleted: dict[str, list[bytes]]) -> None:
         """Rescue jobs whose entries vanished; watch those still running under a live claim."""
@@ -780,7 +842,9 @@ class Worker:
         await self._reload_limits()
         if paused != self.paused:
             log.info("paused queues: %s", ",".join(sorted(paused)) or "none", extra={"worker_id": self.id})
-        self.paused = paused
+            self.paused = paused
+            with contextlib.suppress(Exception):  # a wait reading the queue just paused reads no longer
+                await self._consumer.interrupt_wait()
         for job_id in cancel:
             job = self.running.get(job_id)
             if job is None or job.cancel_requested:
