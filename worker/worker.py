@@ -161,8 +161,14 @@ class Worker:
         background: list[asyncio.Task[None]] = []
         try:
             await pool.open(wait=True, timeout=30)
-            async with pool.connection() as conn:  # this code's statements need the newest migration
-                await revision.require(conn)
+
+            async def check_revision() -> None:  # this code's statements need the newest migration
+                async with pool.connection() as conn:
+                    await revision.require(conn)
+
+            # Retried like the other start-up steps: a database failing over while this worker
+            # starts ended it here before (a wrong revision is not transient: it ends the start).
+            await self._retry_at_start(check_revision, (psycopg.OperationalError, PoolTimeout), "database")
             await self._ensure_groups_at_start(redis)
             self._redis = redis
             self._pool = pool

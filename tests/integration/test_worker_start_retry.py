@@ -59,6 +59,25 @@ async def test_a_start_up_write_that_times_out_on_a_lock_is_retried(
             await asyncio.wait_for(task, 30)
 
 
+async def test_the_schema_revision_check_that_times_out_on_a_lock_is_retried(
+    settings: Settings, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first statement a worker sends, the check of the database's schema revision, retried as the
+    writes after it are (a primary crashing then ended the worker before it served)."""
+    caplog.set_level(logging.WARNING, logger="postbox.worker.worker")
+    worker = Worker(worker_settings(settings, visibility_timeout=1.0, heartbeat_interval=0.25))
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("LOCK TABLE postbox.alembic_version IN ACCESS EXCLUSIVE MODE")  # until the commit below
+        task = asyncio.create_task(worker.run())
+        try:
+            await _retrying(task, worker, caplog, "database", "the revision check timing out on the lock")
+            blocker.commit()
+            await asyncio.wait_for(worker.ready.wait(), 30)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 30)
+
+
 async def test_a_worker_starting_while_redis_is_down_waits_for_it(
     settings: Settings, private_redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
