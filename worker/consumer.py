@@ -149,6 +149,7 @@ class Consumer:
         self._wait_conn: Connection | None = None
         self._wait_client: int | None = None
         self._waiting: int | None = None
+        self._no_unblock = False  # the server refused CLIENT ID (an ACL): wait and read apart, as on a cluster
 
     async def _run_script(self, streams: Sequence[str], count: int) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
@@ -225,7 +226,7 @@ class Consumer:
 
     def reads_on_wake(self, streams: Sequence[str]) -> bool:
         """Whether :meth:`wait_then_read` serves ``streams``: one server, one wait group, no wait blocked."""
-        return not self._cluster and len(streams) <= WAIT_GROUP and not self._blocked
+        return not self._cluster and len(streams) <= WAIT_GROUP and not self._blocked and not self._no_unblock
 
     async def wait_then_read(self, tails: dict[str, str], streams: Sequence[str], count: int, block: float) -> Read:
         """Block until an entry newer than ``tails`` arrives (or ``block`` seconds pass), then read as :meth:`read`.
@@ -239,6 +240,8 @@ class Consumer:
         end a wait with :meth:`interrupt_wait` rather than a cancellation.
         """
         conn = await self._own_connection()
+        if conn is None:  # no CLIENT ID here: nothing waited, nothing read; the caller waits apart from now on
+            return [], [], dict(tails)
         waited = list(tails)
         payload = resp.command(
             b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
@@ -265,11 +268,14 @@ class Consumer:
         if client is not None:
             await self._redis.execute_command("CLIENT", "UNBLOCK", client)
 
-    async def _own_connection(self) -> Connection:
+    async def _own_connection(self) -> Connection | None:
         """This consumer's connection for :meth:`wait_then_read` (its client id known, for ``CLIENT UNBLOCK``).
 
         A connection that was dropped (a failed or cancelled exchange) is opened
-        again, and its new id asked for.
+        again, and its new id asked for. None when the server refuses ``CLIENT
+        ID`` or ``CLIENT UNBLOCK`` (an ACL without them): a wait this consumer
+        could not end without dropping its read is not made, and
+        :meth:`reads_on_wake` answers False from then on.
         """
         conn = self._wait_conn
         if conn is None:
@@ -288,8 +294,18 @@ class Consumer:
             self._wait_client = None
             await conn.connect()
             [client] = await resp.exchange(conn, resp.command(b"CLIENT", b"ID"), 1)
-            if isinstance(client, ResponseError):
-                raise client
+            refused = client if isinstance(client, ResponseError) else None
+            if refused is None:  # may this user end a wait? (a client that is not blocked: answers 0)
+                [probe] = await resp.exchange(conn, resp.command(b"CLIENT", b"UNBLOCK", b"%d" % int(client)), 1)
+                refused = probe if isinstance(probe, ResponseError) else None
+            if refused is not None:
+                log.warning(
+                    "CLIENT ID / CLIENT UNBLOCK refused (%s): this worker waits for entries and then reads them",
+                    refused,
+                )
+                self._no_unblock = True
+                await self.close()
+                return None
             self._wait_client = int(client)
         return conn
 

@@ -193,3 +193,33 @@ async def test_a_pause_ends_the_wait_so_the_paused_queue_is_not_read_and_runs_at
         resumed = time.monotonic()
         assert await finished(worker, 1, within=20) == [(paused_job, "succeeded")]
         assert time.monotonic() - resumed < 15  # not the 60 s visibility timeout
+
+
+@pytest.mark.parametrize("refused", ["-client", "-client|unblock"])
+async def test_a_user_without_client_unblock_waits_and_reads_apart(private_redis: RedisServer, refused: str) -> None:
+    """An ACL that refuses CLIENT ID or CLIENT UNBLOCK: a wait the consumer could not end is never made."""
+    admin = aioredis.Redis.from_url(private_redis.url, socket_timeout=30)
+    user = f"limited{refused.replace('|', '_').replace('-', '')}"
+    key = stream_key("acl", "q", 5)
+    try:
+        await admin.execute_command("ACL", "SETUSER", user, "on", "nopass", "~*", "&*", "+@all", refused)
+        await ensure_groups(admin, [key])
+        client = aioredis.Redis.from_url(private_redis.url, socket_timeout=30, username=user, password="")
+        try:
+            consumer = Consumer(client, consumer=CONSUMER)
+            _, _, tails = await consumer.read([key], 5)
+            assert consumer.reads_on_wake([key])
+            await add(admin, key, 9, 5)  # waiting: a wait would answer at once and its read take this
+            got, _, again = await consumer.wait_then_read(tails, [key], 5, 0.05)
+            assert (got, again) == ([], tails)  # nothing waited, nothing read
+            assert not consumer.reads_on_wake([key])
+            # The worker then waits apart (a plain XREAD) and reads after it.
+            assert await consumer.wait_for_new(tails, 5) == {key}
+            got, _, _ = await consumer.read([key], 5)
+            assert [d.job_id for d in got] == [9]
+            await consumer.close()
+        finally:
+            await client.aclose()
+    finally:
+        await admin.execute_command("ACL", "DELUSER", user)
+        await admin.aclose()
