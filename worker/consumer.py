@@ -149,7 +149,7 @@ class Consumer:
         self._wait_conn: Connection | None = None
         self._wait_client: int | None = None
         self._waiting: int | None = None
-        self._no_unblock = False  # the server refused CLIENT ID (an ACL): wait and read apart, as on a cluster
+        self._no_unblock = False  # CLIENT ID or CLIENT UNBLOCK refused (an ACL): wait and read apart
 
     async def _run_script(self, streams: Sequence[str], count: int) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
