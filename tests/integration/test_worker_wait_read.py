@@ -27,16 +27,16 @@ from tests.harness.redis_server import RedisServer
 from tests.harness.tasks import worker as t
 from tests.harness.wait import wait_until_async
 from tests.harness.worker import enqueue, finished, job_state, running_worker
+from tests.integration.test_worker_consumer import add
 
 CONSUMER = "worker-wa17ead0"
 
 
-async def add(client: aioredis.Redis, key: str, job_id: int, priority: int) -> bytes:
-    fields = encode_entry(
+def entry(job_id: int, priority: int) -> Any:
+    return encode_entry(
         job_id=job_id, task="t", args="{}", headers="{}", attempt=0, queue="q", priority=priority,
         enqueued_ms=1, published_ms=2,
     )  # fmt: skip
-    return await client.xadd(key, fields)  # type: ignore[arg-type]
 
 
 async def blocked(client: aioredis.Redis) -> int:
@@ -71,14 +71,8 @@ async def test_entries_added_during_the_wait_come_with_the_wake_up_in_priority_o
         await wait_blocked(client)
         # Both in one MULTI: the wake-up answers once, and the read behind it takes both.
         async with client.pipeline(transaction=True) as pipe:
-            pipe.xadd(low, encode_entry(  # type: ignore[arg-type]
-                job_id=1, task="t", args="{}", headers="{}", attempt=0, queue="q", priority=1,
-                enqueued_ms=1, published_ms=2,
-            ))  # fmt: skip
-            pipe.xadd(high, encode_entry(  # type: ignore[arg-type]
-                job_id=2, task="t", args="{}", headers="{}", attempt=0, queue="q", priority=9,
-                enqueued_ms=1, published_ms=2,
-            ))  # fmt: skip
+            pipe.xadd(low, entry(1, 1))
+            pipe.xadd(high, entry(2, 9))
             low_id, high_id = await pipe.execute()
         got, malformed, tails = await asyncio.wait_for(waiting, 10)
         assert [(d.stream, d.job_id) for d in got] == [(high, 2), (low, 1)] and malformed == []
@@ -91,10 +85,7 @@ async def test_entries_added_during_the_wait_come_with_the_wake_up_in_priority_o
         await wait_blocked(client)
         async with client.pipeline(transaction=True) as pipe:
             for job_id in (3, 4, 5):
-                pipe.xadd(low, encode_entry(  # type: ignore[arg-type]
-                    job_id=job_id, task="t", args="{}", headers="{}", attempt=0, queue="q", priority=1,
-                    enqueued_ms=1, published_ms=2,
-                ))  # fmt: skip
+                pipe.xadd(low, entry(job_id, 1))
             await pipe.execute()
         got, _, tails = await asyncio.wait_for(waiting, 10)
         assert [d.job_id for d in got] == [3, 4] and tails == {}
