@@ -95,6 +95,16 @@ class Settings(BaseSettings):
         default=0.5, gt=0, le=60, description="Relay poll interval in seconds (NOTIFY wakes it sooner)."
     )
     relay_batch_size: int = Field(default=1000, ge=1, le=50_000, description="Rows the relay publishes per batch.")
+    relay_mark_delay: float = Field(
+        default=0.025,
+        ge=0,
+        le=1,
+        description=(
+            "Seconds the relay may hold back marking a part batch published (docs/relay.md#deferred-marks): "
+            "a worker usually claims the job first, so one mark covers many jobs and mostly finds them "
+            "claimed; 0 marks every batch at once."
+        ),
+    )
     fair_window: int = Field(
         default=2000,
         ge=1,

@@ -234,13 +234,14 @@ class Statements(schema.Templates):
     # is 0 except inside one burst, where it skips the batch still being marked.
     # A fair queue's rows leave this list once the relay gave them their key
     # (JOB_SET_FAIR_KEY); the fair queue's window takes them (JOB_GET_FAIR_DUE).
+    # ``held``: rows already sent whose mark the relay holds back (relay/publisher.py).
     JOB_GET_DUE_UNPUBLISHED: LiteralString = """
     SELECT id, queue, task, args::text, headers::text, priority, attempts,
            (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
            coalesce(expires_at < now(), false) AS expired
       FROM {schema}.outbox
      WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
-       AND fair_key IS NULL AND id > %(after)s
+       AND fair_key IS NULL AND id > %(after)s AND id <> ALL(%(held)s::int8[])
      ORDER BY id
      LIMIT %(limit)s
     """

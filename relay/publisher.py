@@ -7,6 +7,16 @@ events channel), one UPDATE marking the whole batch with ``unnest`` arrays. The
 SELECT and the UPDATE run on the leader's lock session (see :mod:`postbox.relay.leader`).
 A backlog goes out in bursts: batch N+1 is sent to Redis while batch N is marked.
 
+The relay's own loop may hold back the mark of a part batch (``mark_delay``,
+``POSTBOX_RELAY_MARK_DELAY``): at moderate rates every job is a batch of its own,
+and a worker usually claims it (which records ``published_at`` and the entry
+itself) before the relay's mark arrives, so the mark mostly finds nothing left to
+change. Held back, one mark covers every part batch of the delay and locks no row a
+claim wants at that moment. Until it goes out, the held ids are left out of every
+select (the rows are still unpublished in PostgreSQL); a relay that dies meanwhile
+leaves them to be published again by the next leader, as a relay that dies between
+its XADD and its mark always did.
+
 XADD is never given MAXLEN: the relay never trims. Streams stay bounded because
 workers XDEL an entry after its outcome is committed (only acknowledged entries
 are ever deleted).
@@ -56,6 +66,16 @@ class BatchResult:
     marked: int = 0  # rows the UPDATE changed (a row a worker claimed first is not counted)
 
 
+@dataclass
+class _Held:
+    """A part batch XADDed and not yet marked (see ``mark_delay``)."""
+
+    result: BatchResult
+    ids: list[int]
+    sids: list[str]
+    on_batch: Callable[[BatchResult], None] | None
+
+
 async def check_term(cur: AsyncCursor[Any], term: int | None) -> int:
     """Rows a term-checked mark changed; raise :class:`LeadershipLost` if a newer term was recorded."""
     return term_checked(await cur.fetchone(), term)
@@ -81,6 +101,7 @@ class Publisher:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         before_mark: Callable[[list[int]], Awaitable[None]] | None = None,
+        mark_delay: float = 0.0,
     ) -> None:
         self.redis = redis
         self.cluster = redis_conn.is_cluster(redis)  # a Redis Cluster: batches go per node (redis_conn.send_per_node)
@@ -101,6 +122,12 @@ class Publisher:
         # When the next delayed row is due (a monotonic time; None: none waits), as the
         # current burst's last mark saw it; consumed by the next call of next_due().
         self._due_seen_by_mark: tuple[float | None] | None = None
+        # Part batches whose mark is held back (publish_burst(hold=True)), their ids (left
+        # out of every select until marked) and when the first of them was held.
+        self.mark_delay = mark_delay
+        self._held: list[_Held] = []
+        self._held_ids: list[int] = []
+        self._held_since = 0.0
 
     async def events_wanted(self) -> bool:
         """Whether to PUBLISH ``published`` events: always, never, or while the channel has subscribers."""
@@ -198,7 +225,8 @@ class Publisher:
     async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
         """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
         cur = await conn.execute(
-            sql.active().JOB_GET_DUE_UNPUBLISHED, {"after": after, "limit": limit or self.batch_size}
+            sql.active().JOB_GET_DUE_UNPUBLISHED,
+            {"after": after, "limit": limit or self.batch_size, "held": pgarray.ints(self._held_ids)},
         )
         rows = await cur.fetchall()
         if len(rows) >= self.batch_size:
@@ -287,12 +315,50 @@ class Publisher:
             await self._mark(conn, result, ids, sids)
         return result
 
+    def marks_due_in(self) -> float | None:
+        """Seconds until the held marks must go out (0: now); None while none is held."""
+        if not self._held:
+            return None
+        return max(0.0, self._held_since + self.mark_delay - self.monotonic())
+
+    async def flush_marks(self, conn: AsyncConnection[Any], *, due_only: bool = False) -> None:
+        """Mark every held part batch in one statement (``due_only``: only once their delay is up).
+
+        Raises :class:`LeadershipLost` as any mark does. The held list is emptied first:
+        a mark that fails leaves the rows unpublished, to be selected and sent again.
+        """
+        due_in = self.marks_due_in()
+        if due_in is None or (due_only and due_in > 0):
+            return
+        held, self._held, self._held_ids = self._held, [], []
+        merged = BatchResult()
+        await self._mark(conn, merged, [i for h in held for i in h.ids], [sid for h in held for sid in h.sids])
+        held[-1].result.marked = merged.marked  # one count for the lot, on the last batch
+        for h in held:
+            if h.on_batch is not None:
+                h.on_batch(h.result)
+
+    def forget_held(self) -> None:
+        """After Redis lost data: the held rows are selected and sent again rather than marked."""
+        self._held, self._held_ids = [], []
+
+    def _hold(
+        self, result: BatchResult, ids: list[int], sids: list[str], on_batch: Callable[[BatchResult], None] | None
+    ) -> None:
+        if not self._held:
+            self._held_since = self.monotonic()
+        self._held.append(_Held(result, ids, sids, on_batch))
+        self._held_ids.extend(ids)
+        result.published = ids
+
     async def publish_burst(
         self,
         conn: AsyncConnection[Any],
         max_batches: int = 8,
         keep_going: Callable[[], bool] | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
+        *,
+        hold: bool = False,
     ) -> list[BatchResult]:
         """Publish up to ``max_batches`` full batches back to back, marking one while sending the next.
 
@@ -303,6 +369,10 @@ class Publisher:
         Stops after a batch that was not full, or when ``keep_going()`` turns false
         (a stopping relay finishes the batch in hand only). ``on_batch`` sees each batch
         once it is marked (even if a later batch of the burst fails). Returns one result per batch.
+
+        ``hold``: the last batch, if not full, is left unmarked for up to ``mark_delay``
+        (:meth:`flush_marks` marks it; ``on_batch`` sees it then); once a full batch's
+        worth of ids is held, they are marked at once.
         """
         self._due_seen_by_mark = None  # only this burst's marks may answer next_due()
         rows = await self.select_due(conn)
@@ -314,6 +384,11 @@ class Publisher:
             more = len(rows) == self.batch_size and len(results) < max_batches and not result.failed
             more = more and (keep_going is None or keep_going())
             next_rows = await self.select_due(conn, after=rows[-1][0]) if more else []
+            if not next_rows and hold and self.mark_delay > 0 and ids:
+                self._hold(result, ids, sids, on_batch)
+                if len(self._held_ids) >= self.batch_size:  # a full batch's worth: no point waiting
+                    await self.flush_marks(conn)
+                return results
             next_result, next_live = await self._expire(conn, next_rows)
             marking = asyncio.ensure_future(self._mark(conn, result, ids, sids))
             try:

@@ -195,6 +195,7 @@ class Reconciler:
         await self.redis.set(self.key, RECOVERING + self.token)
         self.publisher.forget_groups()
         self.publisher.high_water.forget()
+        self.publisher.forget_held()  # their entries may be gone: sent again, not marked
         cur = await conn.execute(sql.active().DATABASE_NOW)
         row = await cur.fetchone()
         assert row is not None

@@ -323,6 +323,7 @@ class Relay:
             batch_size=batch_size,
             emit_events=self.emit_events,
             before_mark=self.signals.before_mark,
+            mark_delay=self.settings.relay_mark_delay,
         )
         publisher.term = session.term  # every mark checks that no newer leader was recorded
         # Fair queues (relay/fairness.py): their rows wait for their queue's window.
@@ -378,7 +379,9 @@ class Relay:
                         max_batches=1 if fair.busy() else 8,
                         keep_going=lambda: not self.stopping,
                         on_batch=self._record,
+                        hold=True,  # a part batch's mark may wait, to go with the next ones
                     )
+                    await publisher.flush_marks(conn, due_only=True)
                     await fair.step(conn, notified=notified)
                     await reconciler.step(conn)
                     await reconciler.sweep(conn)
@@ -408,13 +411,17 @@ class Relay:
                     await asyncio.sleep(0)  # more is due: next batch at once
                     continue
                 timeout = min(self.settings.poll_interval, self.heartbeat_interval, self.epoch_check_interval)
-                due = await publisher.next_due(conn)
+                marks_in = publisher.marks_due_in()
+                # While marks are held, the next delayed row is asked with them (their mark's row
+                # answers it): a delayed row due meanwhile waits at most the mark delay.
+                due = await publisher.next_due(conn) if marks_in is None else marks_in
                 if due is not None:
                     timeout = min(timeout, max(0.001, due))
                 for hint in (reconciler.wait_hint(), schedules.wait_hint(), fair.wait_hint()):
                     if hint is not None:
                         timeout = min(timeout, max(0.001, hint))
                 await self._wait(wake, timeout)
+            await publisher.flush_marks(conn)  # stopping: what was sent is marked, not sent again
         finally:
             self._wake = None
             await prune.stop()

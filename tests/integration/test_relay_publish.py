@@ -100,7 +100,7 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
     [job] = enqueue_sql(conn, 1)
     await aconn.set_autocommit(True)
     publisher = Publisher(redis, settings.redis_prefix)
-    cur = await aconn.execute(sql.active().JOB_GET_DUE_UNPUBLISHED, {"after": 0, "limit": 10})
+    cur = await aconn.execute(sql.active().JOB_GET_DUE_UNPUBLISHED, {"after": 0, "limit": 10, "held": "{}"})
     ids, sids, refused = await publisher.xadd_rows(await cur.fetchall())
     assert (ids, refused) == ([job], [])
     conn.execute(
