@@ -92,7 +92,7 @@ def measure(url: str, mode: str, jobs: int) -> dict[str, tuple[float, float]]:
             conn.execute(statements.JOB_RECORD_OUTCOMES, params).fetchall()
 
         def mark(job_id: int) -> None:
-            params = {"ids": pgarray.ints([job_id]), "sids": "{1-1}", "term": None}
+            params = {"ids": pgarray.ints([job_id]), "sids": "{1-1}", "term": None, "attempts": "{0}"}
             conn.execute(statements.JOB_MARK_PUBLISHED, params).fetchall()
 
         ids = _backlog(setup, jobs)

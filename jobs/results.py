@@ -1,25 +1,34 @@
 """Read a job's result, or wait for it without polling.
 
 ``get_result(conn, job_id)`` reads it now; ``await wait_result(job_id,
-timeout)`` LISTENs on ``postbox_results`` (workers NOTIFY the ids of finished
-jobs, one notification per outcome batch, in the outcome's transaction) and
-returns once the job is finished. A job that ended dead records its failure as
+timeout)`` registers as the job's waiter (a row in ``result_waiters``), LISTENs
+on ``postbox_results`` and returns once the job is finished. Workers NOTIFY the
+ids of the finished jobs that have a waiter (or belong to a workflow), one
+notification per outcome batch, in the outcome's transaction; jobs nobody waits
+for cost no NOTIFY (migration 0014). The waiter reads the job again half a
+second after it registered and then every :data:`REREAD_INTERVAL` seconds: an
+outcome whose check for waiters ran just before the registration committed
+sends no NOTIFY, and its row is then read instead. A job that ended dead records its failure as
 its result, so a waiter learns why: ``error_class`` and ``error`` are set.
 A value is kept only for tasks (or enqueues) with ``keep_result``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection, Connection
 
 from postbox import encryption, sql
 from postbox.states import TERMINAL_STATES
 
 RESULTS_CHANNEL = "postbox_results"
+FIRST_REREAD = 0.5  # seconds after registering: an outcome racing the registration has committed by then
+REREAD_INTERVAL = 5.0  # then: a safety net, not the way a result is normally learned
 
 
 @dataclass(frozen=True)
@@ -75,11 +84,18 @@ async def wait_result(job_id: int, timeout: float, *, database_url: str | None =
         database_url = load_settings().require_database_url()
     deadline = time.monotonic() + timeout
     conn = await AsyncConnection.connect(database_url, autocommit=True, application_name="postbox-wait-result")
+    waiter: int | None = None
     try:
+        # Registered, then listening, then reading: an outcome that sees the registration NOTIFYs
+        # after this LISTEN or commits before this read; one that does not is caught by a re-read.
+        cur = await conn.execute(sql.active().RESULT_WAITER_ADD, {"job": job_id, "seconds": max(0.0, timeout)})
+        row = await cur.fetchone()
+        assert row is not None
+        waiter = int(row[0])
         await conn.execute("LISTEN postbox_results")  # RESULTS_CHANNEL
         wanted = str(job_id)
+        reread = FIRST_REREAD
         while True:
-            # Listening before reading: a NOTIFY after this read cannot be missed.
             result = await get_result_async(conn, job_id)
             if result is None:
                 raise LookupError(f"no job {job_id}")
@@ -88,8 +104,12 @@ async def wait_result(job_id: int, timeout: float, *, database_url: str | None =
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"job {job_id} not finished after {timeout}s (state {result.state})")
-            async for note in conn.notifies(timeout=remaining):
+            async for note in conn.notifies(timeout=min(remaining, reread)):
                 if wanted in note.payload.split(","):
                     break
+            reread = REREAD_INTERVAL
     finally:
+        if waiter is not None:
+            with contextlib.suppress(psycopg.Error):
+                await conn.execute(sql.active().RESULT_WAITER_REMOVE, {"id": waiter})
         await conn.close()

@@ -267,8 +267,11 @@ class Statements(schema.Templates):
     # connection as the claim is: a one-row mark planned again at every run spent more
     # on planning than on running. The row it returns also answers JOB_NEXT_DUE, so
     # that an idle relay need not ask it separately: (leads, marked, next_due).
+    # ``attempts`` are the rows' counts as selected: a row claimed since (run, then
+    # retrying: unpublished again, for its next attempt) is not marked (migration 0015).
     JOB_MARK_PUBLISHED: LiteralString = """
-    SELECT leads, marked, next_due FROM {schema}.mark_published(%(ids)s::int8[], %(sids)s::text[], %(term)s::int8)
+    SELECT leads, marked, next_due
+      FROM {schema}.mark_published(%(ids)s::int8[], %(sids)s::text[], %(term)s::int8, %(attempts)s::int4[])
     """
 
     # The planner's estimate of the unpublished rows. Right after a bulk load it can
@@ -1026,6 +1029,20 @@ class Statements(schema.Templates):
                  FROM {schema}.job_attempts WHERE outbox_id = %(id)s AND attempt <= 0))
      WHERE outbox_id = %(id)s AND attempt > 0
     """
+
+    # --- result_waiters: who waits for a job's result (postbox.results; migration 0014) ------------
+
+    # A waiter registers before it reads the job (record_outcomes() and notify_results() NOTIFY
+    # only the jobs of a workflow or with a waiter); a registration also clears the ones a
+    # minute past their deadline that nobody removed (a waiter that died).
+    RESULT_WAITER_ADD: LiteralString = """
+    WITH stale AS (DELETE FROM {schema}.result_waiters WHERE until < now() - interval '1 minute')
+    INSERT INTO {schema}.result_waiters (job_id, until)
+    VALUES (%(job)s, now() + make_interval(secs => %(seconds)s))
+    RETURNING id
+    """
+
+    RESULT_WAITER_REMOVE: LiteralString = "DELETE FROM {schema}.result_waiters WHERE id = %(id)s"
 
     # --- processed_jobs: the idempotency keys of ctx.transaction() --------------------------------
 
@@ -2004,7 +2021,9 @@ class Statements(schema.Templates):
 
     OUTBOX_NOTIFY: LiteralString = "SELECT pg_notify('postbox_outbox', '')"
 
-    RESULTS_NOTIFY: LiteralString = "SELECT pg_notify('postbox_results', %(ids)s)"
+    # Wake the result waiters of these ended jobs, and the relay for those of a workflow: only the
+    # jobs that have either are named (notify_results(), migration 0014); no NOTIFY when none has.
+    RESULTS_NOTIFY: LiteralString = "SELECT {schema}.notify_results(%(ids)s::int8[])"
 
     DATABASE_NOW: LiteralString = "SELECT now()"
 

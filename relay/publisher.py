@@ -73,12 +73,19 @@ class _Held:
     result: BatchResult
     ids: list[int]
     sids: list[str]
+    attempts: list[int]
     on_batch: Callable[[BatchResult], None] | None
 
 
 async def check_term(cur: AsyncCursor[Any], term: int | None) -> int:
     """Rows a term-checked mark changed; raise :class:`LeadershipLost` if a newer term was recorded."""
     return term_checked(await cur.fetchone(), term)
+
+
+def attempts_of(rows: Sequence[Row], ids: list[int]) -> list[int]:
+    """Each sent id's ``attempts`` as selected: the mark leaves a row whose count moved since."""
+    by_id = {row[0]: row[6] for row in rows}
+    return [by_id[i] for i in ids]
 
 
 def term_checked(row: Any, term: int | None) -> int:
@@ -291,14 +298,21 @@ class Publisher:
         result, live = await self._expire(conn, rows, divert=False)
         if live:
             ids, sids, result.failed = await self.xadd_rows(live)
-            await self._mark(conn, result, ids, sids)
+            await self._mark(conn, result, ids, sids, attempts_of(live, ids))
         return result
 
-    async def _mark(self, conn: AsyncConnection[Any], result: BatchResult, ids: list[int], sids: list[str]) -> None:
+    async def _mark(
+        self, conn: AsyncConnection[Any], result: BatchResult, ids: list[int], sids: list[str], attempts: list[int]
+    ) -> None:
         if ids and self.before_mark is not None:
             await self.before_mark(ids)
         if ids:
-            params = {"ids": pgarray.ints(ids), "sids": pgarray.words(sids), "term": self.term}
+            params = {
+                "ids": pgarray.ints(ids),
+                "sids": pgarray.words(sids),
+                "term": self.term,
+                "attempts": pgarray.ints(attempts),
+            }
             cur = await conn.execute(sql.active().JOB_MARK_PUBLISHED, params)
             row = await cur.fetchone()
             result.marked = term_checked(row, self.term)
@@ -312,7 +326,7 @@ class Publisher:
         result, live = await self._expire(conn, rows)
         if live:
             ids, sids, result.failed = await self.xadd_rows(live)
-            await self._mark(conn, result, ids, sids)
+            await self._mark(conn, result, ids, sids, attempts_of(live, ids))
         return result
 
     def marks_due_in(self) -> float | None:
@@ -332,7 +346,13 @@ class Publisher:
             return
         held, self._held, self._held_ids = self._held, [], []
         merged = BatchResult()
-        await self._mark(conn, merged, [i for h in held for i in h.ids], [sid for h in held for sid in h.sids])
+        await self._mark(
+            conn,
+            merged,
+            [i for h in held for i in h.ids],
+            [sid for h in held for sid in h.sids],
+            [a for h in held for a in h.attempts],
+        )
         held[-1].result.marked = merged.marked  # one count for the lot, on the last batch
         for h in held:
             if h.on_batch is not None:
@@ -343,11 +363,16 @@ class Publisher:
         self._held, self._held_ids = [], []
 
     def _hold(
-        self, result: BatchResult, ids: list[int], sids: list[str], on_batch: Callable[[BatchResult], None] | None
+        self,
+        result: BatchResult,
+        ids: list[int],
+        sids: list[str],
+        attempts: list[int],
+        on_batch: Callable[[BatchResult], None] | None,
     ) -> None:
         if not self._held:
             self._held_since = self.monotonic()
-        self._held.append(_Held(result, ids, sids, on_batch))
+        self._held.append(_Held(result, ids, sids, attempts, on_batch))
         self._held_ids.extend(ids)
         result.published = ids
 
@@ -378,6 +403,7 @@ class Publisher:
         rows = await self.select_due(conn)
         result, live = await self._expire(conn, rows)
         ids, sids, result.failed = await self.xadd_rows(live)
+        attempts = attempts_of(live, ids)
         results: list[BatchResult] = []
         while True:
             results.append(result)
@@ -385,17 +411,18 @@ class Publisher:
             more = more and (keep_going is None or keep_going())
             next_rows = await self.select_due(conn, after=rows[-1][0]) if more else []
             if not next_rows and hold and self.mark_delay > 0 and ids:
-                self._hold(result, ids, sids, on_batch)
+                self._hold(result, ids, sids, attempts, on_batch)
                 if len(self._held_ids) >= self.batch_size:  # a full batch's worth: no point waiting
                     await self.flush_marks(conn)
                 return results
             next_result, next_live = await self._expire(conn, next_rows)
-            marking = asyncio.ensure_future(self._mark(conn, result, ids, sids))
+            marking = asyncio.ensure_future(self._mark(conn, result, ids, sids, attempts))
             try:
                 if next_live:
                     ids, sids, next_result.failed = await self.xadd_rows(next_live)
+                    attempts = attempts_of(next_live, ids)
                 else:
-                    ids, sids = [], []
+                    ids, sids, attempts = [], [], []
             finally:
                 await marking
                 if on_batch is not None:  # reached only when the mark succeeded

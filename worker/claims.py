@@ -69,7 +69,7 @@ async def claim_on(
         running = {row[0] for row in await cur.fetchall()}
     ended = [job_id for job_id, row in rows.items() if row[1] != "running"]
     if ended:
-        await conn.execute(sql.active().RESULTS_NOTIFY, {"ids": ",".join(map(str, ended))})
+        await conn.execute(sql.active().RESULTS_NOTIFY, {"ids": pgarray.ints(ended)})
     for delivery in deliveries:
         row = rows.pop(delivery.job_id, None)  # a job delivered twice in one read runs once
         if row is None:

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from postbox import events, redis_conn, resp, sql
+from postbox import events, pgarray, redis_conn, resp, sql
 from postbox.outcomes import Outcome, outcome_params, storable
 from postbox.streams import GROUP, events_channel
 from postbox.worker.delivery import Delivery, Job
@@ -252,7 +252,7 @@ class Completer:
             if writes:
                 return await record_outcomes(conn, self._worker_id, writes, self._result_ttl, also_notify=committed)
             if committed:
-                await conn.execute(sql.active().RESULTS_NOTIFY, {"ids": ",".join(map(str, committed))})
+                await conn.execute(sql.active().RESULTS_NOTIFY, {"ids": pgarray.ints(committed)})
             return set()
 
     async def _write_isolated(

@@ -43,6 +43,7 @@ EXPECTED_TABLES = {
     "workflows",
     "workflow_edges",
     "workflow_joins",
+    "result_waiters",
 }
 
 # What migration 0008 creates: a downgrade below it drops these too.
@@ -80,6 +81,15 @@ PLAN_OBJECTS = {
     ("postbox", "claim_attempts", "function"),
     ("postbox", "record_outcomes", "function"),
     ("postbox", "mark_published", "function"),
+}
+
+# What migration 0014 creates: the result waiters and the notification that asks for them.
+WAITER_OBJECTS = {
+    ("postbox", "result_waiters", "r"),
+    ("postbox", "result_waiters_pkey", "i"),
+    ("postbox", "result_waiters_id_seq", "S"),
+    ("postbox", "result_waiters_job", "i"),
+    ("postbox", "notify_results", "function"),
 }
 
 # What migration 0011 creates (outbox_unpublished_id is rebuilt under its own name).
@@ -127,7 +137,7 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
     migrate.downgrade(empty_database_url, "0001_postbox")
     assert everything - objects(
         empty_database_url
-    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | {
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | {
         ("postbox", "schedules", "r"),
         ("postbox", "schedules_pkey", "i"),
         ("postbox", "schedules_due", "i"),
@@ -158,7 +168,7 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
     migrate.downgrade(empty_database_url, "0004_unique_jobs")
     assert everything - objects(
         empty_database_url
-    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | {
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | {
         ("postbox", "require_current_attempt", "function"),
         ("postbox", "begin_processed", "function"),  # 0006's, which calls it
         ("postbox", "record_success", "function"),
@@ -180,7 +190,7 @@ def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url:
     migrate.downgrade(empty_database_url, "0005_fenced_success")
     assert everything - objects(
         empty_database_url
-    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | {
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | {
         ("postbox", "begin_processed", "function"),
         ("postbox", "record_success", "function"),
     }
@@ -260,7 +270,7 @@ def test_0009_downgrades_to_0008_dropping_only_the_workflow_objects(empty_databa
             " VALUES ('q', 't', 'waiting', 1, 1)"
         )
     migrate.downgrade(empty_database_url, "0008_sessions")
-    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS
+    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS
     assert objects(empty_database_url) - everything == set()
     with psycopg.connect(empty_database_url) as conn:
         # a waiting job has no meaning without workflows: cancelled, saying why
@@ -293,8 +303,9 @@ def test_0010_downgrades_to_0009_dropping_the_progress_column_and_the_debounce(e
     migrate.downgrade(empty_database_url, "0009_workflows")
     assert state(empty_database_url) == (False, False, False)
     assert (
-        objects(empty_database_url) == everything - FAIR_OBJECTS - WORKFLOW_EVENT_OBJECTS - PLAN_OBJECTS
-    )  # 0011-0013's go too
+        objects(empty_database_url)
+        == everything - FAIR_OBJECTS - WORKFLOW_EVENT_OBJECTS - PLAN_OBJECTS - WAITER_OBJECTS
+    )  # 0011-0014's go too
     with psycopg.connect(empty_database_url) as conn:  # 0004's functions again: a plain unique rule still works
         conn.execute(
             "INSERT INTO postbox.tasks (name, queue, priority, max_attempts, keep_result, unique_rule)"
@@ -327,6 +338,7 @@ def test_up_down_up_inside_the_schema_only(empty_database_url: str) -> None:
         ("claim_attempts", "function"),
         ("record_outcomes", "function"),
         ("mark_published", "function"),
+        ("notify_results", "function"),
         ("queue_name", "domain"),
         ("task_name", "domain"),
         ("json_object", "domain"),
@@ -683,7 +695,7 @@ def test_0012_downgrades_to_0011_dropping_the_workflow_events_trigger_and_ended_
     before = objects(empty_database_url)
     migrate.upgrade(empty_database_url)
     assert state(empty_database_url) == (1, 1)
-    assert objects(empty_database_url) - before == WORKFLOW_EVENT_OBJECTS | PLAN_OBJECTS
+    assert objects(empty_database_url) - before == WORKFLOW_EVENT_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS
     with psycopg.connect(empty_database_url) as conn:  # the ended one is not announced by the first relay
         ended = conn.execute("SELECT name, ended_at IS NOT NULL FROM postbox.workflows ORDER BY id").fetchall()
     assert ended == [("old", True), ("open", False)]
@@ -705,7 +717,51 @@ def test_0013_downgrades_to_0012_dropping_only_its_functions(empty_database_url:
         for name in ("claim_attempts", "mark_published", "record_outcomes")
     ]
     migrate.downgrade(empty_database_url, "0012_workflow_events")
-    assert everything - objects(empty_database_url) == PLAN_OBJECTS
+    assert everything - objects(empty_database_url) == PLAN_OBJECTS | WAITER_OBJECTS
     assert objects(empty_database_url) - everything == set()
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
+
+
+def test_0014_downgrades_to_0013_dropping_only_the_waiters_and_notifying_every_ended_job(
+    empty_database_url: str,
+) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    migrate.downgrade(empty_database_url, "0013_generic_plans")
+    assert everything - objects(empty_database_url) == WAITER_OBJECTS
+    assert objects(empty_database_url) - everything == set()
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:  # 0013's outcome: every end is heard
+        [job] = conn.execute(
+            "INSERT INTO postbox.outbox (queue, task, state, attempts, claimed_by) VALUES ('q', 't', 'running', 1, 'w')"
+            " RETURNING id"
+        ).fetchone() or (None,)
+        conn.execute("LISTEN postbox_results")
+        conn.execute(
+            "SELECT postbox.record_outcomes('w', %s::int8[], '{1}', '{succeeded}', '{succeeded}', NULL, NULL, NULL,"
+            " NULL, NULL, NULL, true, NULL)",
+            ([job],),
+        )
+        assert [n.payload for n in conn.notifies(timeout=5, stop_after=1)] == [str(job)]
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
+
+
+def test_0015_marks_only_the_attempt_it_sent_and_downgrades_to_0014s_mark(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    mark = "SELECT marked FROM postbox.mark_published(%s::int8[], '{1-1,1-2}', NULL, %s::int4[])"
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        ids = [r[0] for r in conn.execute(
+            "INSERT INTO postbox.outbox (queue, task, attempts) VALUES ('q', 't', 0), ('q', 't', 1) RETURNING id"
+        ).fetchall()]  # fmt: skip
+        assert conn.execute(mark, (ids, [0, 0])).fetchone() == (1,)  # the second moved on to attempt 1
+        states = conn.execute("SELECT state FROM postbox.outbox ORDER BY id").fetchall()
+    assert states == [("queued",), ("pending",)]
+    migrate.downgrade(empty_database_url, "0014_result_waiters")
+    assert objects(empty_database_url) == everything  # the same function, by name, with 0013's arguments
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        marked = conn.execute("SELECT marked FROM postbox.mark_published(%s::int8[], '{1-2}', NULL)", (ids[1:],))
+        assert marked.fetchone() == (1,)
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything

@@ -167,3 +167,28 @@ async def test_the_relay_marks_what_it_holds_when_it_stops(
 
 async def entry_count(redis: aioredis.Redis, settings: Settings) -> int:
     return len(await entries(redis, settings.redis_prefix))
+
+
+async def test_a_held_row_claimed_and_back_for_a_retry_is_not_marked_but_sent_for_its_next_attempt(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The mark names the attempt it sent: a row claimed, run and retrying meanwhile is unpublished again."""
+    await aconn.set_autocommit(True)
+    clock = Clock()
+    publisher, marks = held_publisher(redis, settings, clock)
+    [job] = enqueue_sql(conn)
+    await publisher.publish_burst(aconn, hold=True)
+    conn.execute(  # a worker took the entry, ran attempt 1, and recorded a retry due now
+        """UPDATE postbox.outbox SET state = 'retrying', attempts = 1, published_at = NULL, publish_count = 1,
+                  available_at = now(), started_at = now()"""
+    )
+    conn.commit()
+    clock.now += DELAY
+    await publisher.flush_marks(aconn, due_only=True)
+    assert marks == [[job]]
+    assert [r[:3] for r in rows(conn)] == [(job, "retrying", 1)]  # not taken for sent
+    await publisher.publish_burst(aconn, hold=True)  # so the next pass sends attempt 2
+    assert [(int(e["id"]), e["attempt"]) for e in await entries(redis, settings.redis_prefix)] == [(job, 1), (job, 2)]
+    clock.now += DELAY
+    await publisher.flush_marks(aconn, due_only=True)
+    assert [r[:3] for r in rows(conn)] == [(job, "queued", 2)]

@@ -108,7 +108,8 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
                              lease_until = now() + interval '30 s'"""
     )
     conn.commit()
-    cur = await aconn.execute(sql.active().JOB_MARK_PUBLISHED, {"ids": ids, "sids": sids, "term": None})
+    params = {"ids": ids, "sids": sids, "term": None, "attempts": [0]}
+    cur = await aconn.execute(sql.active().JOB_MARK_PUBLISHED, params)
     assert await cur.fetchone() == (True, 0, None)  # leads, rows marked, seconds to the next delayed row
     assert states(conn) == {job: ("running", 0)}
 
@@ -161,7 +162,14 @@ def test_a_mark_locks_its_rows_in_id_order_with_statistics_from_before_a_truncat
     found: list[Any] = []
     with psycopg.connect(database_url) as claim, psycopg.connect(database_url, autocommit=True) as relay_conn:
         claim.execute("SELECT 1 FROM postbox.outbox WHERE id = %s FOR UPDATE", (ids[0],))
-        params = {"ids": ids, "sids": [f"1-{i}" for i in ids], "term": None, "worker": "w1", "lease": 30}
+        params = {
+            "ids": ids,
+            "sids": [f"1-{i}" for i in ids],
+            "term": None,
+            "attempts": [0] * len(ids),
+            "worker": "w1",
+            "lease": 30,
+        }
 
         def mark() -> None:
             cur = relay_conn.execute(statement, params)

@@ -1,0 +1,148 @@
+"""Result notifications only where someone listens (migration 0014), on real PostgreSQL.
+
+Absence is shown without waiting for it: after the statement under test the test sends its own
+``sentinel`` notification, and PostgreSQL delivers notifications in commit order, so anything the
+statement sent arrives before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from postbox import pgarray, results, sql
+from postbox.outcomes import Outcome, outcome_params
+from tests.harness.wait import wait_until_async
+
+WORKER = "worker-aaaaaaaa"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    id: int
+    attempt: int = 1
+
+
+def running_jobs(conn: psycopg.Connection[Any], n: int, *, workflow: bool = False) -> list[int]:
+    """``n`` jobs claimed by :data:`WORKER` (attempt 1); in a workflow of their own if asked."""
+    workflow_id = None
+    if workflow:
+        row = conn.execute("INSERT INTO postbox.workflows (name, jobs) VALUES ('w', %s) RETURNING id", (n,)).fetchone()
+        assert row is not None
+        workflow_id = row[0]
+    rows = conn.execute(
+        """INSERT INTO postbox.outbox (queue, task, state, attempts, claimed_by, started_at, workflow_id)
+           SELECT 'default', 'noop', 'running', 1, %s, now(), %s FROM generate_series(1, %s) RETURNING id""",
+        (WORKER, workflow_id, n),
+    ).fetchall()
+    conn.commit()
+    return [r[0] for r in rows]
+
+
+def succeed(conn: psycopg.Connection[Any], ids: list[int]) -> None:
+    items = [(Attempt(i), Outcome(state="succeeded", kind="succeeded")) for i in ids]
+    conn.execute(sql.active().JOB_RECORD_OUTCOMES, outcome_params(WORKER, items, lambda _job: 0.0)).fetchall()
+    conn.commit()
+
+
+def heard(listener: psycopg.Connection[Any]) -> list[str]:
+    """Every ``postbox_results`` payload up to this test's sentinel."""
+    listener.execute("SELECT pg_notify('postbox_results', 'sentinel')")
+    got = []
+    for note in listener.notifies(timeout=10):
+        if note.payload == "sentinel":
+            return got
+        got.append(note.payload)
+    raise AssertionError(f"no sentinel; heard {got}")
+
+
+def listening(database_url: str) -> psycopg.Connection[Any]:
+    listener = psycopg.connect(database_url, autocommit=True)
+    listener.execute("LISTEN postbox_results")
+    return listener
+
+
+def add_waiter(conn: psycopg.Connection[Any], job_id: int) -> int:
+    row = conn.execute(sql.active().RESULT_WAITER_ADD, {"job": job_id, "seconds": 60}).fetchone()
+    assert row is not None
+    conn.commit()
+    return int(row[0])
+
+
+def registered(conn: psycopg.Connection[Any], job_id: int) -> bool:
+    row = conn.execute("SELECT count(*) FROM postbox.result_waiters WHERE job_id = %s", (job_id,)).fetchone()
+    conn.commit()
+    return row == (1,)
+
+
+def test_outcomes_nobody_waits_for_send_no_notification(conn: psycopg.Connection[Any], database_url: str) -> None:
+    ids = running_jobs(conn, 3)
+    with listening(database_url) as listener:
+        succeed(conn, ids)
+        assert heard(listener) == []
+    assert conn.execute("SELECT count(*) FROM postbox.outbox WHERE state = 'succeeded'").fetchone() == (3,)
+
+
+def test_a_waited_for_job_and_a_workflows_jobs_are_announced_together(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    [plain, waited] = running_jobs(conn, 2)
+    in_workflow = running_jobs(conn, 2, workflow=True)
+    add_waiter(conn, waited)
+    with listening(database_url) as listener:
+        succeed(conn, [plain, waited, *in_workflow])
+        assert heard(listener) == [",".join(map(str, sorted([waited, *in_workflow])))]
+
+
+def test_jobs_that_committed_in_their_own_transaction_are_announced_only_if_waited_for(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """The worker's notice for ctx.transaction() jobs (RESULTS_NOTIFY) asks the same question."""
+    [plain, waited] = running_jobs(conn, 2)
+    add_waiter(conn, waited)
+    with listening(database_url) as listener:
+        conn.execute(sql.active().RESULTS_NOTIFY, {"ids": pgarray.ints([plain])})
+        conn.commit()
+        conn.execute(sql.active().RESULTS_NOTIFY, {"ids": pgarray.ints([plain, waited])})
+        conn.commit()
+        assert heard(listener) == [str(waited)]
+
+
+async def test_wait_result_is_woken_by_the_outcome_and_leaves_no_waiter_behind(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    [job] = running_jobs(conn, 1)
+    waiting = asyncio.create_task(results.wait_result(job, 30, database_url=database_url))
+    await wait_until_async(lambda: registered(conn, job), 10, message="the waiter registered")
+    with listening(database_url) as listener:
+        await asyncio.to_thread(succeed, conn, [job])
+        assert heard(listener) == [str(job)]
+    result = await asyncio.wait_for(waiting, 10)
+    assert (result.job_id, result.state) == (job, "succeeded")
+    assert conn.execute("SELECT count(*) FROM postbox.result_waiters").fetchone() == (0,)
+
+
+async def test_an_end_that_sent_nothing_is_still_read_by_the_waiter(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """An outcome whose check for waiters ran just before the registration sends nothing: the re-read finds it."""
+    [job] = running_jobs(conn, 1)
+    waiting = asyncio.create_task(results.wait_result(job, 60, database_url=database_url))
+    await wait_until_async(lambda: registered(conn, job), 10, message="the waiter registered")
+    conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (job,))
+    conn.commit()  # no NOTIFY at all, as for that outcome
+    result = await asyncio.wait_for(waiting, 10)  # the first re-read comes half a second after registering
+    assert (result.job_id, result.state) == (job, "succeeded")
+
+
+def test_a_waiter_that_died_is_cleared_by_the_next_registration(conn: psycopg.Connection[Any]) -> None:
+    [a, b] = running_jobs(conn, 2)
+    conn.execute("INSERT INTO postbox.result_waiters (job_id, until) VALUES (%s, now() - interval '2 minutes')", (a,))
+    conn.execute("INSERT INTO postbox.result_waiters (job_id, until) VALUES (%s, now() - interval '10 seconds')", (a,))
+    conn.commit()
+    add_waiter(conn, b)
+    left = conn.execute("SELECT job_id, until > now() FROM postbox.result_waiters ORDER BY id").fetchall()
+    assert left == [(a, False), (b, True)]  # a minute past its deadline goes; a recent one stays
