@@ -78,6 +78,13 @@ def registered(conn: psycopg.Connection[Any], job_id: int) -> bool:
     return row == (1,)
 
 
+async def waiter(conn: psycopg.Connection[Any], database_url: str, job_id: int) -> asyncio.Task[results.JobResult]:
+    """``wait_result`` under way for ``job_id``, once it has registered (its read and LISTEN come next)."""
+    waiting = asyncio.create_task(results.wait_result(job_id, 60, database_url=database_url))
+    await wait_until_async(lambda: registered(conn, job_id), 10, message="the waiter registered")
+    return waiting
+
+
 def test_outcomes_nobody_waits_for_send_no_notification(conn: psycopg.Connection[Any], database_url: str) -> None:
     ids = running_jobs(conn, 3)
     with listening(database_url) as listener:
@@ -115,8 +122,7 @@ async def test_wait_result_is_woken_by_the_outcome_and_leaves_no_waiter_behind(
     conn: psycopg.Connection[Any], database_url: str
 ) -> None:
     [job] = running_jobs(conn, 1)
-    waiting = asyncio.create_task(results.wait_result(job, 30, database_url=database_url))
-    await wait_until_async(lambda: registered(conn, job), 10, message="the waiter registered")
+    waiting = await waiter(conn, database_url, job)
     with listening(database_url) as listener:
         await asyncio.to_thread(succeed, conn, [job])
         assert heard(listener) == [str(job)]
@@ -130,8 +136,7 @@ async def test_an_end_that_sent_nothing_is_still_read_by_the_waiter(
 ) -> None:
     """An outcome whose check for waiters ran just before the registration sends nothing: the re-read finds it."""
     [job] = running_jobs(conn, 1)
-    waiting = asyncio.create_task(results.wait_result(job, 60, database_url=database_url))
-    await wait_until_async(lambda: registered(conn, job), 10, message="the waiter registered")
+    waiting = await waiter(conn, database_url, job)
     conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (job,))
     conn.commit()  # no NOTIFY at all, as for that outcome
     result = await asyncio.wait_for(waiting, 10)  # the first re-read comes half a second after registering
