@@ -177,13 +177,15 @@ class Completer:
         try:
             writes: list[tuple[Job, Outcome]] = []
             late_results: list[tuple[Job, str]] = []
+            # Jobs that succeeded in their own ctx.transaction() and keep their result: announced
+            # once it is set. The others were announced by their commit (record_success(), 0016).
             committed: list[int] = []
             for f in items:
                 if f.job is None or f.outcome is None:
                     continue
                 if _needs_write(f.outcome):
                     writes.append((f.job, f.outcome))
-                elif f.outcome.committed:
+                elif f.outcome.committed and (f.job.keep_result or f.outcome.result is not None):
                     committed.append(f.job.id)
                     if f.outcome.result is not None:
                         late_results.append((f.job, f.outcome.result))

@@ -765,3 +765,17 @@ def test_0015_marks_only_the_attempt_it_sent_and_downgrades_to_0014s_mark(empty_
         assert marked.fetchone() == (1,)
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
+
+
+def test_0016_downgrades_to_0015s_success_that_announces_nothing(empty_database_url: str) -> None:
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    migrate.downgrade(empty_database_url, "0015_mark_attempts")
+    assert objects(empty_database_url) == everything  # the same function, 0007's body
+    with psycopg.connect(empty_database_url) as conn:
+        body = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'record_success'").fetchone()
+    assert body is not None and "pg_notify" not in body[0]
+    migrate.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        body = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'record_success'").fetchone()
+    assert body is not None and "pg_notify" in body[0]

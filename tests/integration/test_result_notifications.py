@@ -118,6 +118,28 @@ def test_jobs_that_committed_in_their_own_transaction_are_announced_only_if_wait
         assert heard(listener) == [str(waited)]
 
 
+def test_a_success_in_its_own_transaction_is_announced_at_its_commit_if_someone_listens(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """record_success() (migration 0016) names the job if it has a waiter and leaves its result to the worker."""
+    [plain, waited, keeps] = running_jobs(conn, 3)
+    conn.execute("UPDATE postbox.outbox SET keep_result = true WHERE id = %s", (keeps,))
+    conn.commit()
+    for job_id in (waited, keeps):
+        add_waiter(conn, job_id)
+    with listening(database_url) as listener:
+        said = []
+        for job_id in (plain, waited, keeps):
+            conn.execute(sql.active().JOB_RECORD_SUCCESS, {"id": job_id, "worker": WORKER, "attempt": 1})
+            before = heard(listener)
+            conn.commit()
+            said.append((before, heard(listener)))
+    # (before the commit, at the commit); the job that keeps a result: once the worker set it
+    assert said == [([], []), ([], [str(waited)]), ([], [])]
+    states = conn.execute("SELECT state FROM postbox.outbox ORDER BY id").fetchall()
+    assert states == [("succeeded",)] * 3
+
+
 async def test_wait_result_is_woken_by_the_outcome_and_leaves_no_waiter_behind(
     conn: psycopg.Connection[Any], database_url: str
 ) -> None:
