@@ -35,7 +35,10 @@ def rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
     return found
 
 
-def held_publisher(redis: aioredis.Redis, settings: Settings, clock: Clock, **kw: Any) -> tuple[Publisher, list[Any]]:
+def held_publisher(
+    redis: aioredis.Redis, settings: Settings, clock: Clock, **kw: Any
+) -> tuple[Publisher, list[list[int]]]:
+    """A publisher holding marks for :data:`DELAY` on ``clock``, and the ids of each mark it sends."""
     marks: list[list[int]] = []
 
     async def before_mark(ids: list[int]) -> None:
