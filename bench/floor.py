@@ -20,6 +20,10 @@ probe line and the same statistic as ``bench latency``:
 - ``postbox-relay``: postbox's relay with the ``floor-xread`` worker reading
   postbox's stream: what postbox's relay adds, apart from its worker.
 
+:func:`drain` runs the ``floor`` pair on a prefilled outbox instead, the floor
+under ``bench worker``'s no-op drain (``postbox-bench worker --floor``): the
+worker reads as many entries per wake-up as postbox's worker runs at once.
+
 The modes run in turn, ``--repeat`` times, so each repetition is a pair (or a
 triple) measured minutes apart at most. A mode's figure is commit → handler
 start, p50 and p99 in ms.
@@ -47,7 +51,7 @@ from postbox.streams import GROUP as POSTBOX_GROUP
 from postbox.streams import stream_key as postbox_stream_key
 from postbox_bench import outbox
 from postbox_bench.latency import wait_started
-from postbox_bench.procs import bench_env, children
+from postbox_bench.procs import Children, bench_env, children
 from postbox_bench.sandbox import sandbox
 from postbox_bench.stats import Latency
 from postbox_bench.steady import produce
@@ -132,11 +136,18 @@ async def relay_main(database_url: str, redis_url: str, prefix: str) -> None:
 
 
 async def worker_main(
-    database_url: str, redis_url: str, prefix: str, probe: str, wake_first: bool, on_postbox_stream: bool = False
+    database_url: str,
+    redis_url: str,
+    prefix: str,
+    probe: str,
+    wake_first: bool,
+    on_postbox_stream: bool = False,
+    batch: int = BATCH,
 ) -> None:
     """Read (blocking), claim, probe, then succeed + acknowledge in the background.
 
-    ``on_postbox_stream``: read what postbox's relay publishes (``bench_probe``'s stream, postbox's group).
+    ``probe``: the file the start lines go to, or "" for none (a drain). ``on_postbox_stream``: read what
+    postbox's relay publishes (``bench_probe``'s stream, postbox's group). ``batch``: entries per read.
     """
     key = postbox_stream_key(prefix, QUEUE, 5) if on_postbox_stream else stream_key(prefix)
     group = POSTBOX_GROUP if on_postbox_stream else GROUP
@@ -147,7 +158,7 @@ async def worker_main(
         options="-c synchronous_commit=off",  # as postbox's claim commits
     )
     outcomes = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
-    fd = os.open(probe, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(probe, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if probe else -1
     with contextlib.suppress(ResponseError):  # BUSYGROUP: the relay made it first
         await redis.xgroup_create(key, group, id="0", mkstream=True)
     # The wake-up reads after the newest entry seen, from the stream's start at first: "$" would miss
@@ -168,17 +179,18 @@ async def worker_main(
                 woke = await redis.xread({key: last}, count=1, block=1000)
                 if not woke:
                     continue
-                got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH)
+                got = await redis.xreadgroup(group, "c", {key: ">"}, count=batch)
             else:
-                got = await redis.xreadgroup(group, "c", {key: ">"}, count=BATCH, block=1000)
+                got = await redis.xreadgroup(group, "c", {key: ">"}, count=batch, block=1000)
             if not got:
                 continue
             entries = got[0][1]
             last = entries[-1][0].decode()
             ids = [int(fields[b"id"]) for _entry, fields in entries]
             claimed = [row[0] for row in await (await claims.execute(CLAIM, (ids,))).fetchall()]
-            now = time.time()
-            os.write(fd, "".join(f"{job_id} {now:.6f}\n" for job_id in claimed).encode())
+            if fd >= 0:
+                now = time.time()
+                os.write(fd, "".join(f"{job_id} {now:.6f}\n" for job_id in claimed).encode())
             if finishing:
                 await finishing.pop()
             finishing.append(asyncio.create_task(finish(claimed, [entry for entry, _fields in entries])))
@@ -189,7 +201,8 @@ async def worker_main(
         await redis.aclose()
         await claims.close()
         await outcomes.close()
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 @dataclass
@@ -215,12 +228,10 @@ def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: flo
                 kids.python("worker", worker_argv(50))
             elif mode == "postbox-relay":
                 kids.python("relay", ["postbox.relay", "run"])
-                args = [database_url, redis_url, prefix, str(probe), "floor-xread", "postbox-stream"]
+                args = [database_url, redis_url, prefix, str(probe), "floor-xread", str(BATCH), "postbox-stream"]
                 kids.python("floor-worker", ["postbox_bench.floor", "worker", *args])
             else:
-                args = [database_url, redis_url, prefix]
-                kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
-                kids.python("floor-worker", ["postbox_bench.floor", "worker", *args, str(probe), mode])
+                start_floor(kids, database_url, redis_url, prefix, str(probe), mode, BATCH)
             warm = produce(database_url, "bench_probe", rate, 1.0)
             wait_started(probe, warm.commits.keys(), kids.check_alive)
             measured = produce(database_url, "bench_probe", rate, seconds)
@@ -234,6 +245,40 @@ def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: flo
         probe.parent.rmdir()
 
 
+def start_floor(
+    kids: Children, database_url: str, redis_url: str, prefix: str, probe: str, mode: str, batch: int
+) -> None:
+    """The floor's relay and worker processes (``mode`` "floor" or "floor-xread"; ``probe`` "" for none)."""
+    args = [database_url, redis_url, prefix]
+    kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
+    kids.python("floor-worker", ["postbox_bench.floor", "worker", *args, probe, mode, str(batch)])
+
+
+def drain(database_url: str, redis_url: str, prefix: str, jobs: int, batch: int) -> float:
+    """The floor's no-op drain: ``jobs`` rows committed first, then its relay and worker; jobs/s.
+
+    Timed as ``bench worker`` times postbox (:func:`postbox_bench.worker.drain`): by the rows' ``finished_at``,
+    from the first outcome to the last, so process start-up is not counted.
+    """
+    env = bench_env(database_url, redis_url, prefix)
+    with psycopg.connect(database_url) as conn:
+        outbox.reset(conn)
+        outbox.prefill(conn, "bench_noop", jobs)
+        with children(env) as kids:
+            start_floor(kids, database_url, redis_url, prefix, "", "floor", batch)
+            outbox.wait_until(
+                lambda: outbox.scalar(conn, outbox.COUNT_UNFINISHED) == 0,
+                timeout=max(120.0, jobs / 100),
+                check=kids.check_alive,
+            )
+        found = outbox.states(conn)
+        if found != {"succeeded": jobs}:
+            raise RuntimeError(f"the floor's drain: expected {jobs} succeeded jobs, found {found}")
+        rate = outbox.span(conn, outbox.FINISH_SPAN).rate
+        outbox.reset(conn)
+    return rate
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["relay"]:
@@ -242,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["worker"]:
         startup.run_loop(
             worker_main(
-                *argv[1:5], wake_first=argv[5] == "floor-xread", on_postbox_stream=argv[6:] == ["postbox-stream"]
+                *argv[1:5],
+                wake_first=argv[5] == "floor-xread",
+                batch=int(argv[6]),
+                on_postbox_stream=argv[7:] == ["postbox-stream"],
             )
         )
         return 0

@@ -15,7 +15,10 @@ it is stopped, after the 1-process no-op run at ``--concurrency``.
 One unmeasured warm-up drain (``WARMUP_JOBS`` no-op jobs, 1 process) comes
 first: the first run on a new database otherwise pays for its catalogs, files
 and server caches.  With peers, ``between(rep)`` runs each peer's repetition
-right after postbox's 1-process no-op run of the same repetition.
+right after postbox's 1-process no-op run of the same repetition.  With
+``--floor``, each of those runs is also followed by the delivery contract's
+shortest path draining as many jobs (:func:`postbox_bench.floor.drain`),
+reported as system ``floor``, paired.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from postbox_bench.sandbox import Sandbox
 from postbox_bench.tasks import QUEUE
 
 SCENARIO = "worker"
+FLOOR = "floor"  # --floor: postbox_bench.floor's drain, reported as a system of its own (ratio postbox / floor)
 WARMUP_JOBS = 2_000
 
 
@@ -123,6 +127,10 @@ def run(
         target=Target("<=", 150),
         higher_is_better=False,
     )
+    floor: Figure | None = None
+    if params.extra.get("floor"):  # the contract's shortest path, right after each 1-process no-op run
+        noop = figures["worker.noop_1p"]
+        floor = Figure(SCENARIO, noop.key, noop.label, "jobs/s", system=FLOOR, paired=True)
     env = bench_env(database_url, box.redis_url, box.prefix)
     with psycopg.connect(database_url) as conn:
         drain_once(box, conn, env, chosen[0], params, min(WARMUP_JOBS, params.jobs))
@@ -141,8 +149,18 @@ def run(
                     f"worker rep {rep + 1}/{params.repeat} {variant.task} x{variant.processes}: "
                     f"{span.rate:,.0f} jobs/s" + (f", peak RSS {peak:.0f} MB" if peak is not None else "")
                 )
+                if variant.key == "worker.noop_1p" and floor is not None:
+                    from postbox_bench import floor as shortest  # it imports this module
+
+                    box.clean_redis_prefix()
+                    floor.values.append(
+                        shortest.drain(database_url, box.redis_url, box.prefix, params.jobs, params.concurrency)
+                    )
+                    progress.say(
+                        f"worker rep {rep + 1}/{params.repeat} the contract's floor: {floor.values[-1]:,.0f} jobs/s"
+                    )
                 if variant.key == "worker.noop_1p" and between is not None:
                     between(rep)
         outbox.reset(conn)
     box.clean_redis_prefix()
-    return [*figures.values(), rss]
+    return [*figures.values(), rss, *([floor] if floor is not None else [])]

@@ -116,6 +116,20 @@ def test_bench_worker_runs_each_peer_repetition_right_after_its_own_one_process_
     assert all(value > 0 for value in figures["worker.noop_1p"].values)
 
 
+def test_bench_worker_with_floor_pairs_each_one_process_run_with_the_contracts_drain(servers: Servers) -> None:
+    """`--floor`: after each 1-process no-op run, the floor drains as many jobs (it raises unless all succeeded)."""
+    params = Params(jobs=200, repeat=2, batch=200, concurrency=10, extra={"floor": True})
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = bench_worker.run(box, url, params, Progress(quiet=True))
+        with psycopg.connect(url) as conn:
+            left = conn.execute("SELECT count(*) FROM postbox.outbox").fetchone()
+    floor = [f for f in figures if f.system == bench_worker.FLOOR]
+    assert [(f.key, f.paired, len(f.values)) for f in floor] == [("worker.noop_1p", True, 2)]
+    assert min(floor[0].values) > 0
+    assert left == (0,)  # the floor's run cleans up after itself, as postbox's do
+
+
 def test_bench_flow_measures_overhead_rate_and_concurrency_and_prints_them(
     servers: Servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
