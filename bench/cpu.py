@@ -22,6 +22,10 @@ many-queues shape of ``postbox-bench growth --growth queues``) and the worker
 consumes all of them: the per-stream costs of reading, waking and
 acknowledging show up against the one-queue figures.
 
+With ``--floor`` the relay and worker are the delivery contract's shortest
+path (:mod:`postbox_bench.floor`, reading ``--concurrency`` entries at a time)
+instead of postbox's: the same roles, for ``bench_noop`` only.
+
 CPU time is what a process used, not how long it waited for a core, so these
 figures hold on a loaded machine where jobs/s do not. Run it twice with
 ``PYTHONPATH`` pointing at two copies of the ``postbox`` package to compare
@@ -42,10 +46,11 @@ import psycopg
 import redis as syncredis
 
 from postbox import enqueue_many
+from postbox_bench import floor as shortest
 from postbox_bench import growth, outbox
 from postbox_bench import worker as bench_worker
 from postbox_bench.flow import FORGET_WORKERS, wait_registered
-from postbox_bench.procs import bench_env, children
+from postbox_bench.procs import Children, bench_env, children
 from postbox_bench.sandbox import sandbox
 from postbox_bench.schedules import LEADS, cpu_seconds
 from postbox_bench.steady import produce
@@ -87,6 +92,26 @@ def _redis_pid(url: str) -> int | None:
     return pid if pid and os.path.exists(f"/proc/{pid}") else None
 
 
+def _start_floor(
+    kids: Children, conn: psycopg.Connection[Any], url: str, redis_url: str, prefix: str, batch: int
+) -> tuple[int, int]:
+    """The floor's relay and worker, waited for until both are connected and the worker reads; their pids."""
+    relay, worker = shortest.start_floor(kids, url, redis_url, prefix, "", "floor", batch)
+    client = syncredis.Redis.from_url(redis_url)
+
+    def reading() -> bool:
+        blocked = any(c.get("cmd") == "xreadgroup" for c in client.client_list())  # the worker waits in its read
+        sessions = len(_backends(conn))  # the relay's two and the worker's two, once all are connected
+        conn.rollback()  # pg_stat_activity is read once per transaction
+        return blocked and sessions >= 4
+
+    try:
+        outbox.wait_until(reading, 60, check=kids.check_alive)
+    finally:
+        client.close()
+    return relay, worker
+
+
 def measure(
     task: str,
     jobs: int,
@@ -98,6 +123,7 @@ def measure(
     profile_role: str = "worker",
     spread: bool = False,
     rate: float | None = None,
+    floor: bool = False,
 ) -> list[dict[str, float]]:
     """``repeat`` drains of ``jobs`` jobs: each a dict role -> µs of CPU per job."""
     database_url = os.environ["POSTBOX_DATABASE_URL"]
@@ -117,15 +143,18 @@ def measure(
                 conn.commit()
                 box.clean_redis_prefix()
                 with children(env) as kids:
-                    relay = kids.python("relay", ["postbox.relay", "run"]).pid
-                    argv = (
-                        growth.worker_argv(concurrency, growth.QUEUES)
-                        if spread
-                        else bench_worker.worker_argv(concurrency)
-                    )
-                    worker = kids.python("worker", argv, worker_env).pid
-                    wait_registered(conn, kids, [worker])
-                    outbox.wait_until(lambda: outbox.scalar(conn, LEADS) == 1, 60, check=kids.check_alive)
+                    if floor:
+                        relay, worker = _start_floor(kids, conn, url, box.redis_url, box.prefix, concurrency)
+                    else:
+                        relay = kids.python("relay", ["postbox.relay", "run"]).pid
+                        argv = (
+                            growth.worker_argv(concurrency, growth.QUEUES)
+                            if spread
+                            else bench_worker.worker_argv(concurrency)
+                        )
+                        worker = kids.python("worker", argv, worker_env).pid
+                        wait_registered(conn, kids, [worker])
+                        outbox.wait_until(lambda: outbox.scalar(conn, LEADS) == 1, 60, check=kids.check_alive)
                     where = growth.spread if spread else (lambda _i: {})
                     if rate is None:
                         enqueue_many(conn, [{"task": task, "args": {"n": i}, **where(i)} for i in range(jobs)])
@@ -167,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-role", choices=("worker", "relay"), default="worker", help="what --profile samples")
     p.add_argument("--spread", action="store_true", help="jobs over 100 queues x 10 priorities, one worker on all")
     p.add_argument("--rate", type=float, help="commit the jobs one by one at this rate (jobs/s) instead of at once")
+    p.add_argument("--floor", action="store_true", help="the contract's shortest path instead (bench_noop only)")
     args = p.parse_args(argv)
+    if args.floor and (args.task != "bench_noop" or args.spread):
+        p.error("--floor runs bench_noop on one queue (no --spread)")
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
     for index, row in enumerate(
         measure(
@@ -180,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_role=args.profile_role,
             spread=args.spread,
             rate=args.rate,
+            floor=args.floor,
         ),
         1,
     ):

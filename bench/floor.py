@@ -247,11 +247,12 @@ def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: flo
 
 def start_floor(
     kids: Children, database_url: str, redis_url: str, prefix: str, probe: str, mode: str, batch: int
-) -> None:
-    """The floor's relay and worker processes (``mode`` "floor" or "floor-xread"; ``probe`` "" for none)."""
+) -> tuple[int, int]:
+    """The floor's relay and worker processes (``mode`` "floor" or "floor-xread"; ``probe`` "" for none); pids."""
     args = [database_url, redis_url, prefix]
-    kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
-    kids.python("floor-worker", ["postbox_bench.floor", "worker", *args, probe, mode, str(batch)])
+    relay = kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
+    worker = kids.python("floor-worker", ["postbox_bench.floor", "worker", *args, probe, mode, str(batch)])
+    return relay.process.pid, worker.process.pid
 
 
 def drain(database_url: str, redis_url: str, prefix: str, jobs: int, batch: int) -> float:

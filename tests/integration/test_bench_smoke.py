@@ -376,6 +376,21 @@ def test_bench_cpu_prints_cpu_per_job_of_each_role(servers: Servers, monkeypatch
     assert rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
 
 
+def test_bench_cpu_measures_the_contracts_floor_by_the_same_roles(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--floor`: the floor's relay and worker drain the jobs (it raises unless all succeeded); other tasks refused."""
+    from postbox_bench import cpu as bench_cpu
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    rows = bench_cpu.measure("bench_noop", jobs=40, repeat=1, concurrency=10, worker_env={}, floor=True)
+    assert len(rows) == 1 and rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
+    with pytest.raises(SystemExit):
+        bench_cpu.main(["--floor", "--task", "bench_effect"])
+    assert "--floor runs bench_noop" in capsys.readouterr().err
+
+
 def test_bench_cpu_at_a_rate_over_many_queues(servers: Servers, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--rate` commits one job per transaction on schedule; `--spread` puts them on 100 queues x 10 priorities."""
     from postbox_bench import cpu as bench_cpu
