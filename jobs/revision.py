@@ -29,7 +29,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0016_success_notice"
+REQUIRED = "0017_key_lookups"
 
 
 def order(revision: str) -> int | None:

@@ -713,7 +713,7 @@ def test_0013_downgrades_to_0012_dropping_only_its_functions(empty_database_url:
             " AND proname IN ('claim_attempts', 'mark_published', 'record_outcomes') ORDER BY proname"
         ).fetchall()
     assert settings == [
-        (name, ["plan_cache_mode=force_generic_plan"])
+        (name, ["plan_cache_mode=force_generic_plan", "enable_seqscan=off"])  # the second since 0017
         for name in ("claim_attempts", "mark_published", "record_outcomes")
     ]
     migrate.downgrade(empty_database_url, "0012_workflow_events")
@@ -779,3 +779,24 @@ def test_0016_downgrades_to_0015s_success_that_announces_nothing(empty_database_
     with psycopg.connect(empty_database_url) as conn:
         body = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'record_success'").fetchone()
     assert body is not None and "pg_notify" in body[0]
+
+
+def test_0017_sets_the_key_lookups_inside_the_functions_only_and_downgrades_to_0016(empty_database_url: str) -> None:
+    settings = (
+        "SELECT proname, proconfig FROM pg_proc WHERE pronamespace = 'postbox'::regnamespace"
+        " AND proname IN ('claim_attempts', 'mark_published', 'notify_results', 'record_outcomes') ORDER BY proname"
+    )
+    names = ("claim_attempts", "mark_published", "notify_results", "record_outcomes")
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute(settings).fetchall() == [
+            (name, ["plan_cache_mode=force_generic_plan", "enable_seqscan=off"]) for name in names
+        ]
+        assert conn.execute("SHOW enable_seqscan").fetchone() == ("on",)  # a session's own statements: as before
+    migrate.downgrade(empty_database_url, "0016_success_notice")
+    assert objects(empty_database_url) == everything
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute(settings).fetchall() == [(name, ["plan_cache_mode=force_generic_plan"]) for name in names]
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything

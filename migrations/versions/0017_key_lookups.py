@@ -1,0 +1,56 @@
+"""The claim, the outcome and the relay's mark look their rows up by primary key on any outbox.
+
+These functions keep one generic plan per connection (migration 0013), made at
+their first call. On an outbox that was small or never analyzed then (a new
+installation, a quiet shop, a benchmark that starts from an empty table) the
+planner took a sequential scan as cheapest for "the rows whose id is in this
+array", and the connection kept that plan while the table grew, until an
+ANALYZE replaced it: every call then read the whole outbox. On 1,500 rows a
+one-job claim cost its backend 380 µs of CPU instead of 200
+(docs/benchmarks.md, "Key lookups"). The rows are always named by id, a few per
+call, so an index lookup is never the worse plan: the functions now run with
+``enable_seqscan`` off, which makes the planner take the primary key (or, for
+the mark's next due time, the unpublished rows' index) whatever the table's
+size at planning. The setting holds inside the functions only.
+
+Revision ID: 0017_key_lookups
+Revises: 0016_success_notice
+Create Date: 2026-12-03
+"""
+
+from __future__ import annotations
+
+from alembic import context, op
+
+from postbox.schema import render
+
+revision = "0017_key_lookups"
+down_revision = "0016_success_notice"
+branch_labels = None
+depends_on = None
+
+UPGRADE = r"""
+ALTER FUNCTION {schema}.claim_attempts(bigint[], text[], text, double precision) SET enable_seqscan = off;
+ALTER FUNCTION {schema}.mark_published(bigint[], text[], bigint, integer[]) SET enable_seqscan = off;
+ALTER FUNCTION {schema}.record_outcomes(text, bigint[], integer[], text[], text[], double precision[], text[],
+                                        double precision[], text[], text[], text[], boolean, text)
+    SET enable_seqscan = off;
+ALTER FUNCTION {schema}.notify_results(bigint[]) SET enable_seqscan = off;
+"""
+
+DOWNGRADE = r"""
+ALTER FUNCTION {schema}.claim_attempts(bigint[], text[], text, double precision) RESET enable_seqscan;
+ALTER FUNCTION {schema}.mark_published(bigint[], text[], bigint, integer[]) RESET enable_seqscan;
+ALTER FUNCTION {schema}.record_outcomes(text, bigint[], integer[], text[], text[], double precision[], text[],
+                                        double precision[], text[], text[], text[], boolean, text)
+    RESET enable_seqscan;
+ALTER FUNCTION {schema}.notify_results(bigint[]) RESET enable_seqscan;
+"""
+
+
+def upgrade() -> None:
+    op.execute(render(UPGRADE, context.config.attributes["schema"]))
+
+
+def downgrade() -> None:
+    op.execute(render(DOWNGRADE, context.config.attributes["schema"]))
