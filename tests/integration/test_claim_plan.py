@@ -106,11 +106,12 @@ def test_the_claims_settings_last_as_they_should(conn: psycopg.Connection[Any]) 
     [(job_id,)] = conn.execute("INSERT INTO postbox.outbox (queue, task) VALUES ('default', 'noop') RETURNING id")
     conn.commit()
     assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    page_cost = conn.execute("SHOW random_page_cost").fetchone()
     claim = {"ids": f"{{{job_id}}}", "entries": "{1-1}", "worker": "w", "lease": 30.0}
     claimed = conn.execute(sql.active().JOB_CLAIM_ATTEMPTS, claim).fetchall()
     assert [(row[0], row[1], row[2]) for row in claimed] == [(job_id, "running", 1)]
     assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
     assert conn.execute("SHOW plan_cache_mode").fetchone() == ("auto",)  # a handler's statements: planned as before
-    assert conn.execute("SHOW enable_seqscan").fetchone() == ("on",)
+    assert conn.execute("SHOW random_page_cost").fetchone() == page_cost  # the functions' own (0017): inside only
     conn.commit()
     assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
