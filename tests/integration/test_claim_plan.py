@@ -101,6 +101,25 @@ def test_a_plan_made_on_a_small_outbox_still_reads_it_by_primary_key(conn: psyco
     conn.rollback()
 
 
+def test_the_fenced_success_reads_its_row_by_primary_key_on_a_small_outbox(conn: psycopg.Connection[Any]) -> None:
+    """``record_success()`` (a ``ctx.transaction()`` job's success): its fence's conditions could be served by
+    ``outbox_live_state``, every running entry and the dead ones updates left; on a small outbox the planner took it."""
+    [(job_id,)] = conn.execute(
+        "INSERT INTO postbox.outbox (queue, task, state, attempts, claimed_by) VALUES ('default', 'noop', 'running', 1,"
+        " 'w'), ('default', 'noop', 'pending', 0, NULL) RETURNING id"
+    ).fetchall()[:1]
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diagnostic: notices.append(diagnostic.message_primary or ""))
+    conn.execute("LOAD 'auto_explain'")
+    for setting, value in [("log_min_duration", "0"), ("log_nested_statements", "on"), ("log_level", "notice")]:
+        conn.execute(f"SET auto_explain.{setting} = {value}")
+    conn.execute("SELECT postbox.record_success(%s, 'w', 1)", (job_id,))
+    [plan] = [n for n in notices if re.search(r"Update on outbox", n)]
+    assert "Index Scan using outbox_pkey on outbox" in plan and "outbox_live_state" not in plan, plan
+    assert conn.execute("SELECT state FROM postbox.outbox WHERE id = %s", (job_id,)).fetchone() == ("succeeded",)
+    conn.rollback()
+
+
 def test_the_claims_settings_last_as_they_should(conn: psycopg.Connection[Any]) -> None:
     """The claim's asynchronous commit lasts to the end of its transaction; the forced plan mode does not."""
     [(job_id,)] = conn.execute("INSERT INTO postbox.outbox (queue, task) VALUES ('default', 'noop') RETURNING id")

@@ -793,9 +793,13 @@ def test_0017_sets_the_key_lookups_inside_the_functions_only_and_downgrades_to_0
         assert conn.execute(settings).fetchall() == [
             (name, ["plan_cache_mode=force_generic_plan", "random_page_cost=1.1"]) for name in names
         ]
+    success = "SELECT proconfig, prosrc LIKE '%%) IS TRUE%%' FROM pg_proc WHERE proname = 'record_success'"
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute(success).fetchone() == (["random_page_cost=1.1"], True)
     migrate.downgrade(empty_database_url, "0016_success_notice")
     assert objects(empty_database_url) == everything
     with psycopg.connect(empty_database_url) as conn:
         assert conn.execute(settings).fetchall() == [(name, ["plan_cache_mode=force_generic_plan"]) for name in names]
+        assert conn.execute(success).fetchone() == (None, False)  # 0016's function, as it was
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
