@@ -23,7 +23,7 @@ from postbox_bench import outbox
 from postbox_bench.params import Params
 from postbox_bench.procs import bench_env, children
 from postbox_bench.progress import Progress
-from postbox_bench.report import Figure, Target
+from postbox_bench.report import FLOOR, Figure, Target
 from postbox_bench.sandbox import Sandbox
 from postbox_bench.stats import Latency
 from postbox_bench.steady import produce
@@ -31,8 +31,6 @@ from postbox_bench.tasks import PROBE_FILE_ENV, read_probes
 from postbox_bench.worker import worker_argv
 
 SCENARIO = "latency"
-# --floor: postbox_bench.floor's shortest path, reported as a system of its own (ratio postbox / floor)
-FLOOR = "floor"
 TARGETS = {200: {"p50": Target("<=", 5), "p99": Target("<=", 20)}}
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from postbox_bench.stats import Spread
 
 POSTBOX = "postbox"
+FLOOR = "floor"  # the delivery contract's shortest path (postbox_bench.floor), reported as a system of its own
 
 
 @dataclass(frozen=True)

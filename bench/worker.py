@@ -34,12 +34,11 @@ from postbox_bench.machine import peak_rss_mb
 from postbox_bench.params import Params
 from postbox_bench.procs import Children, bench_env, children
 from postbox_bench.progress import Progress
-from postbox_bench.report import Figure, Target
+from postbox_bench.report import FLOOR, Figure, Target
 from postbox_bench.sandbox import Sandbox
 from postbox_bench.tasks import QUEUE
 
 SCENARIO = "worker"
-FLOOR = "floor"  # --floor: postbox_bench.floor's drain, reported as a system of its own (ratio postbox / floor)
 WARMUP_JOBS = 2_000
 
 

@@ -26,7 +26,7 @@ from postbox_bench import rest as bench_rest
 from postbox_bench import worker as bench_worker
 from postbox_bench.params import Params
 from postbox_bench.progress import Progress
-from postbox_bench.report import Report, render
+from postbox_bench.report import FLOOR, Report, render
 from postbox_bench.sandbox import sandbox
 from tests.harness.servers import Servers
 from tests.harness.wait import wait_until_async
@@ -124,7 +124,7 @@ def test_bench_worker_with_floor_pairs_each_one_process_run_with_the_contracts_d
         figures = bench_worker.run(box, url, params, Progress(quiet=True))
         with psycopg.connect(url) as conn:
             left = conn.execute("SELECT count(*) FROM postbox.outbox").fetchone()
-    floor = [f for f in figures if f.system == bench_worker.FLOOR]
+    floor = [f for f in figures if f.system == FLOOR]
     assert [(f.key, f.paired, len(f.values)) for f in floor] == [("worker.noop_1p", True, 2)]
     assert min(floor[0].values) > 0
     assert left == (0,)  # the floor's run cleans up after itself, as postbox's do
