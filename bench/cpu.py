@@ -23,8 +23,10 @@ consumes all of them: the per-stream costs of reading, waking and
 acknowledging show up against the one-queue figures.
 
 With ``--floor`` the relay and worker are the delivery contract's shortest
-path (:mod:`postbox_bench.floor`, reading ``--concurrency`` entries at a time)
-instead of postbox's: the same roles, for ``bench_noop`` only.
+path (:mod:`postbox_bench.floor`, reading ``--concurrency`` entries at a time;
+with ``bench_effect``, its ``effect`` worker keeping as many jobs in flight)
+instead of postbox's: the same roles, for ``bench_noop`` and ``bench_effect``
+(``--driver asyncpg``: the effect worker's transactions on asyncpg).
 
 CPU time is what a process used, not how long it waited for a core, so these
 figures hold on a loaded machine where jobs/s do not. Run it twice with
@@ -93,17 +95,18 @@ def _redis_pid(url: str) -> int | None:
 
 
 def _start_floor(
-    kids: Children, conn: psycopg.Connection[Any], url: str, redis_url: str, prefix: str, batch: int
+    kids: Children, conn: psycopg.Connection[Any], url: str, redis_url: str, prefix: str, batch: int, mode: str
 ) -> tuple[int, int]:
     """The floor's relay and worker, waited for until both are connected and the worker reads; their pids."""
-    relay, worker = shortest.start_floor(kids, url, redis_url, prefix, "", "floor", batch)
+    relay, worker = shortest.start_floor(kids, url, redis_url, prefix, "", mode, batch)
     client = syncredis.Redis.from_url(redis_url)
 
     def reading() -> bool:
         blocked = any(c.get("cmd") == "xreadgroup" for c in client.client_list())  # the worker waits in its read
-        sessions = len(_backends(conn))  # the relay's two and the worker's two, once all are connected
+        sessions = len(_backends(conn))
         conn.rollback()  # pg_stat_activity is read once per transaction
-        return blocked and sessions >= 4
+        # the relay's two and the worker's two, or its claims' and its transactions' (the effect worker)
+        return blocked and sessions >= (3 + min(batch, 20) if mode != "floor" else 4)
 
     try:
         outbox.wait_until(reading, 60, check=kids.check_alive)
@@ -124,6 +127,7 @@ def measure(
     spread: bool = False,
     rate: float | None = None,
     floor: bool = False,
+    driver: str = "psycopg",
 ) -> list[dict[str, float]]:
     """``repeat`` drains of ``jobs`` jobs: each a dict role -> µs of CPU per job."""
     database_url = os.environ["POSTBOX_DATABASE_URL"]
@@ -144,7 +148,9 @@ def measure(
                 box.clean_redis_prefix()
                 with children(env) as kids:
                     if floor:
-                        relay, worker = _start_floor(kids, conn, url, box.redis_url, box.prefix, concurrency)
+                        effect = shortest.EFFECT_ASYNCPG if driver == "asyncpg" else shortest.EFFECT
+                        mode = effect if task == "bench_effect" else "floor"
+                        relay, worker = _start_floor(kids, conn, url, box.redis_url, box.prefix, concurrency, mode)
                     else:
                         relay = kids.python("relay", ["postbox.relay", "run"]).pid
                         argv = (
@@ -196,10 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-role", choices=("worker", "relay"), default="worker", help="what --profile samples")
     p.add_argument("--spread", action="store_true", help="jobs over 100 queues x 10 priorities, one worker on all")
     p.add_argument("--rate", type=float, help="commit the jobs one by one at this rate (jobs/s) instead of at once")
-    p.add_argument("--floor", action="store_true", help="the contract's shortest path instead (bench_noop only)")
+    p.add_argument(
+        "--floor", action="store_true", help="the contract's shortest path instead (bench_noop or bench_effect)"
+    )
+    p.add_argument(
+        "--driver",
+        choices=("psycopg", "asyncpg"),
+        default="psycopg",
+        help="with --floor --task bench_effect: the jobs' transactions on this driver's connections",
+    )
     args = p.parse_args(argv)
-    if args.floor and (args.task != "bench_noop" or args.spread):
-        p.error("--floor runs bench_noop on one queue (no --spread)")
+    if args.floor and (args.task not in ("bench_noop", "bench_effect") or args.spread):
+        p.error("--floor runs bench_noop or bench_effect on one queue (no --spread)")
+    if args.driver != "psycopg" and not (args.floor and args.task == "bench_effect"):
+        p.error("--driver asyncpg is the floor's: it needs --floor --task bench_effect")
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
     for index, row in enumerate(
         measure(
@@ -213,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             spread=args.spread,
             rate=args.rate,
             floor=args.floor,
+            driver=args.driver,
         ),
         1,
     ):

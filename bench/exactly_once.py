@@ -28,6 +28,17 @@ minutes):
    drained by one relay and one worker process at ``--concurrency`` (rate from
    the outcomes' ``finished_at``, as ``bench worker``).
 
+5. **The floor** (with ``--floor``; ``exactly_once.postbox``, system
+   ``floor``): right after each postbox drain, the same N jobs drained by
+   the delivery contract's shortest path with postbox's own job transaction
+   (:mod:`postbox_bench.floor`'s ``effect`` worker at the same concurrency),
+   timed the same way; paired. ``exactly_once.floor_pgqueuer`` is floor /
+   PgQueuer per repetition: what the contract itself leaves of the target.
+   With asyncpg installed (the bench extra) the floor runs a second time with
+   its jobs' transactions on asyncpg (system ``floor-asyncpg``, the same three
+   sends per job; ``exactly_once.floor_asyncpg_pgqueuer``): what the driver
+   costs, apart from the statements.
+
 The ratio ``exactly_once.ratio`` is postbox / pgbench's job transaction, per
 repetition (target >= 0.8); ``exactly_once.ratio_claim`` the same against 2.
 
@@ -54,6 +65,7 @@ PATH the pgbench figures are skipped with the reason in their label.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 from typing import Any, LiteralString
 
@@ -65,13 +77,14 @@ from postbox_bench import worker as bench_worker
 from postbox_bench.params import Params
 from postbox_bench.procs import bench_env
 from postbox_bench.progress import Progress
-from postbox_bench.report import Figure, Report, Target
+from postbox_bench.report import FLOOR, Figure, Report, Target
 from postbox_bench.sandbox import Sandbox
 from postbox_bench.tasks import EFFECTS_DDL
 
 SCENARIO = "exactly-once"
 TASK = "bench_effect"
 WORKER = "pgbench"
+FLOOR_ASYNCPG = "floor-asyncpg"  # the floor with its jobs' transactions on asyncpg
 PICK_SEQUENCE = "public.bench_pick"
 
 RESET_EFFECTS: LiteralString = "TRUNCATE public.bench_effects"
@@ -229,6 +242,22 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
         figures = [tx, claim_tx, ours, ratio, ratio_claim, ratio_pgq]
     else:
         figures = [tx, claim_tx, ours, peer.figure, ratio, ratio_claim, ratio_pgq]
+    # The contract's shortest path, right after each postbox drain: (driver, its figure, its / PgQueuer's)
+    floors: list[tuple[str, Figure, Figure | None]] = []
+    if params.extra.get("floor"):
+        drivers = [("psycopg", FLOOR, "floor")]
+        if importlib.util.find_spec("asyncpg") is not None:
+            drivers.append(("asyncpg", FLOOR_ASYNCPG, "floor_asyncpg"))
+        for driver, system, name in drivers:
+            figure = Figure(SCENARIO, ours.key, ours.label, "jobs/s", system=system, paired=True)
+            figures.insert(figures.index(ours) + 1 + len(floors), figure)
+            versus = None
+            if not isinstance(peer, str):
+                versus = Figure(
+                    SCENARIO, f"exactly_once.{name}_pgqueuer", f"{system} / PgQueuer writing the effect (paired)", "x"
+                )
+                figures.append(versus)
+            floors.append((driver, figure, versus))
     have_pgbench = pgbench.available()
     if not have_pgbench:
         progress.say(f"exactly-once: {pgbench.MISSING}; pgbench figures skipped")
@@ -266,9 +295,22 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
             if have_pgbench:
                 ratio.values.append(rate / tx.values[-1])
                 ratio_claim.values.append(rate / claim_tx.values[-1])
+            for driver, figure, _versus in floors:
+                from postbox_bench import floor as shortest  # it imports bench worker, as this module does
+
+                box.clean_redis_prefix()
+                figure.values.append(
+                    shortest.drain(database_url, box.redis_url, box.prefix, jobs, params.concurrency, TASK, driver)
+                )
+                progress.say(
+                    f"exactly-once rep {rep + 1}/{params.repeat} {figure.system}: {figure.values[-1]:,.0f} jobs/s"
+                )
             if not isinstance(peer, str) and (theirs := peer.rep(rep)) is not None:
                 ratio_pgq.values.append(rate / theirs)
                 progress.say(f"exactly-once rep {rep + 1}/{params.repeat} pgqueuer: {theirs:,.0f} jobs/s")
+                for _driver, figure, versus in floors:
+                    if versus is not None:
+                        versus.values.append(figure.values[-1] / theirs)
         outbox.reset(conn)
         conn.execute(RESET_EFFECTS)
         conn.commit()

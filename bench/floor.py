@@ -23,6 +23,15 @@ probe line and the same statistic as ``bench latency``:
 :func:`drain` runs the ``floor`` pair on a prefilled outbox instead, the floor
 under ``bench worker``'s no-op drain (``postbox-bench worker --floor``): the
 worker reads as many entries per wake-up as postbox's worker runs at once.
+With ``bench_effect`` jobs (``postbox-bench exactly-once --floor``) the worker
+is the ``effect`` one: it keeps as many jobs in flight as postbox's
+concurrency, claims each read's batch under its own name, and runs each job's
+transaction as postbox's ``ctx.transaction()`` does, with postbox's own
+statements (BEGIN with the processed row; the handler's effect row; the fenced
+success with COMMIT, each one send) on a connection of its own (as many as
+postbox's pool gives its handlers), then acknowledges the finished entries in
+the background. What it leaves out is the drain floor's list plus the
+worker's per-job bookkeeping (the handler's task, its context, timeouts).
 
 The modes run in turn, ``--repeat`` times, so each repetition is a pair (or a
 triple) measured minutes apart at most. A mode's figure is commit → handler
@@ -34,19 +43,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import os
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import LiteralString
+from typing import Any, LiteralString
 
 import psycopg
 import redis.asyncio as aioredis
+from psycopg import AsyncClientCursor
 from redis.exceptions import ResponseError
 
-from postbox import startup
+from postbox import sql, startup
 from postbox.streams import GROUP as POSTBOX_GROUP
 from postbox.streams import stream_key as postbox_stream_key
 from postbox_bench import outbox
@@ -55,12 +66,15 @@ from postbox_bench.procs import Children, bench_env, children
 from postbox_bench.sandbox import sandbox
 from postbox_bench.stats import Latency
 from postbox_bench.steady import produce
-from postbox_bench.tasks import PROBE_FILE_ENV, QUEUE
+from postbox_bench.tasks import EFFECT_INSERT, PROBE_FILE_ENV, QUEUE
 from postbox_bench.worker import worker_argv
 
 MODES = ("floor", "floor-xread", "postbox", "postbox-relay")
+EFFECT = "effect"  # the worker of the exactly-once floor (bench_effect jobs), for drain() only
+EFFECT_ASYNCPG = "effect-asyncpg"  # the same on asyncpg connections
 GROUP = "floor"
 BATCH = 50
+WORKER = "floor"  # the effect worker's name in its claims and fenced successes
 
 SELECT_DUE: LiteralString = """
 SELECT id FROM postbox.outbox
@@ -80,6 +94,18 @@ UPDATE postbox.outbox o
   FROM l WHERE o.id = l.id
 RETURNING o.id
 """
+# The effect worker's claim: as CLAIM, under its name, so that postbox's fenced success accepts it.
+CLAIM_AS_WORKER: LiteralString = """
+WITH l AS (SELECT id FROM postbox.outbox WHERE id = ANY(%s) AND state IN ('pending', 'queued')
+            ORDER BY id FOR UPDATE)
+UPDATE postbox.outbox o
+   SET state = 'running', attempts = o.attempts + 1, claimed_by = 'floor', lease_until = now() + interval '1 hour',
+       started_at = now(), published_at = coalesce(published_at, now())
+  FROM l WHERE o.id = l.id
+RETURNING o.id, o.attempts
+"""
+RESET_EFFECTS: LiteralString = "TRUNCATE public.bench_effects"
+COUNT_EFFECTS: LiteralString = "SELECT count(*) FROM public.bench_effects"
 # The path's halves by the rows' timestamps, PostgreSQL's clock (see postbox_bench.phases). A row
 # claimed before the relay's mark has published_at = started_at: its relay half includes the claim.
 HALVES: LiteralString = """
@@ -205,6 +231,163 @@ async def worker_main(
             os.close(fd)
 
 
+# The asyncpg floor's texts (effect_worker_main): postbox's processed row, made to fail when processed already.
+ASYNCPG_BEGIN: LiteralString = "BEGIN; SELECT 1 / (postbox.begin_processed(%(id)d) IS NOT NULL)::int"
+ASYNCPG_SUCCESS: LiteralString = "SELECT postbox.record_success(%(id)d, 'floor', %(attempt)d); COMMIT"
+ASYNCPG_EFFECT: LiteralString = "INSERT INTO public.bench_effects (job_id, n) VALUES ($1, 0)"
+
+
+class _PsycopgTransactions:
+    """The jobs' transactions on psycopg connections, as postbox's ``ctx.transaction()`` sends them."""
+
+    def __init__(self, conns: list[psycopg.AsyncConnection[Any]]) -> None:
+        self.statements = sql.statements("postbox")
+        self.idle: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+        for conn in conns:
+            self.idle.put_nowait(conn)
+        self.conns = conns
+
+    async def run(self, job_id: int, attempt: int) -> None:
+        conn = await self.idle.get()
+        try:
+            cur = AsyncClientCursor(conn)
+            await cur.execute(self.statements.PROCESSED_BEGIN_TRANSACTION, {"id": job_id}, prepare=False)
+            cur.nextset()  # past BEGIN's
+            row = await cur.fetchone()
+            if row is None or row[0] is None:  # an earlier run committed it
+                await conn.execute("ROLLBACK")
+            else:
+                await conn.execute(EFFECT_INSERT, {"id": job_id, "n": 0})
+                success = {"id": job_id, "worker": WORKER, "attempt": attempt}
+                await cur.execute(self.statements.JOB_RECORD_SUCCESS_AND_COMMIT, success, prepare=False)
+        finally:
+            self.idle.put_nowait(conn)
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            await conn.close()
+
+
+class _AsyncpgTransactions:
+    """The same three sends per job on asyncpg connections (see :func:`effect_worker_main`)."""
+
+    def __init__(self, conns: list[Any]) -> None:
+        self.idle: asyncio.Queue[Any] = asyncio.Queue()
+        for conn in conns:
+            self.idle.put_nowait(conn)
+        self.conns = conns
+
+    async def run(self, job_id: int, attempt: int) -> None:
+        conn = await self.idle.get()
+        try:
+            try:
+                await conn.execute(ASYNCPG_BEGIN % {"id": job_id})
+                await conn.execute(ASYNCPG_EFFECT, job_id)
+                await conn.execute(ASYNCPG_SUCCESS % {"id": job_id, "attempt": attempt})
+            except BaseException:
+                await conn.execute("ROLLBACK")
+                raise
+        finally:
+            self.idle.put_nowait(conn)
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            await conn.close()
+
+
+async def _transactions(database_url: str, size: int, driver: str) -> _PsycopgTransactions | _AsyncpgTransactions:
+    if driver == "asyncpg":
+        asyncpg: Any = importlib.import_module("asyncpg")  # the bench's peers extra (PgQueuer's driver)
+        return _AsyncpgTransactions([await asyncpg.connect(database_url) for _ in range(size)])
+    if driver != "psycopg":
+        raise ValueError(f"the effect floor runs on psycopg or asyncpg, not {driver!r}")
+    conns = [await psycopg.AsyncConnection.connect(database_url, autocommit=True) for _ in range(size)]
+    return _PsycopgTransactions(conns)
+
+
+async def effect_worker_main(
+    database_url: str, redis_url: str, prefix: str, concurrency: int, driver: str = "psycopg"
+) -> None:
+    """Up to ``concurrency`` ``bench_effect`` jobs at once, each in its own transaction, as postbox runs them.
+
+    Per read: as many entries as there is room for, claimed in one statement under :data:`WORKER`. Per
+    job, on one of ``min(concurrency, 20)`` connections (postbox's pool less its four for claims,
+    outcomes and control): ``BEGIN`` with postbox's processed row, the effect row, postbox's fenced
+    success with ``COMMIT``, the first and the last one simple query of two statements each, as
+    postbox's ``ctx.transaction()`` sends them. Finished entries are acknowledged and deleted in the
+    background, whatever has finished since the last acknowledgement, in one pipeline.
+
+    ``driver`` "asyncpg": the jobs' transactions on asyncpg connections instead (PgQueuer's driver), the
+    same three sends per job, to tell the driver's cost from the statements'. asyncpg binds no
+    parameters in a query of two statements: the job's id and attempt (integers this process read from
+    the outbox) are written into the two texts, and a job processed already fails its first statement
+    (a division by zero) instead of returning NULL; a clean drain never has one.
+    """
+    key = stream_key(prefix)
+    redis = aioredis.Redis.from_url(redis_url)
+    claims = await psycopg.AsyncConnection.connect(database_url, autocommit=True, options="-c synchronous_commit=off")
+    transaction = await _transactions(database_url, min(concurrency, 20), driver)
+    with contextlib.suppress(ResponseError):  # BUSYGROUP: the relay made it first
+        await redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+    running: set[asyncio.Task[None]] = set()
+    room = asyncio.Event()
+    finished: list[bytes] = []
+    ready = asyncio.Event()
+
+    async def run(job_id: int, attempt: int, entry: bytes) -> None:
+        await transaction.run(job_id, attempt)
+        finished.append(entry)
+        ready.set()
+
+    failed: list[BaseException] = []  # a job's failure ends the worker (the drain's check reports it)
+
+    def ended(task: asyncio.Task[None]) -> None:
+        running.discard(task)
+        room.set()
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            failed.append(exc)
+
+    async def acknowledge() -> None:
+        while True:
+            await ready.wait()
+            ready.clear()
+            entries = finished[:]
+            del finished[:]
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.xack(key, GROUP, *entries)
+                pipe.xdel(key, *entries)
+                await pipe.execute()
+
+    acknowledging = asyncio.ensure_future(acknowledge())
+    try:
+        while True:
+            while len(running) >= concurrency and not failed:
+                room.clear()
+                await room.wait()
+            if failed:
+                raise failed[0]
+            got = await redis.xreadgroup(GROUP, "c", {key: ">"}, count=concurrency - len(running), block=1000)
+            if not got:
+                continue
+            entries = {int(fields[b"id"]): entry for entry, fields in got[0][1]}
+            rows = await (await claims.execute(CLAIM_AS_WORKER, (list(entries),))).fetchall()
+            for job_id, attempt in rows:
+                task = asyncio.ensure_future(run(job_id, attempt, entries.pop(job_id)))
+                running.add(task)
+                task.add_done_callback(ended)
+            if entries:  # not claimable (ended already): nothing to run
+                finished.extend(entries.values())
+                ready.set()
+    finally:
+        acknowledging.cancel()
+        for task in running:
+            task.cancel()
+        await asyncio.gather(acknowledging, *running, return_exceptions=True)
+        await redis.aclose()
+        await claims.close()
+        await transaction.close()
+
+
 @dataclass
 class Run:
     latency: Latency  # commit -> handler start, ms
@@ -248,25 +431,49 @@ def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: flo
 def start_floor(
     kids: Children, database_url: str, redis_url: str, prefix: str, probe: str, mode: str, batch: int
 ) -> tuple[int, int]:
-    """The floor's relay and worker processes (``mode`` "floor" or "floor-xread"; ``probe`` "" for none); pids."""
+    """The floor's relay and worker processes; pids.
+
+    ``mode`` "floor" or "floor-xread" (``probe`` "" for none), or :data:`EFFECT` (``probe`` "", ``batch`` the
+    jobs kept in flight).
+    """
     args = [database_url, redis_url, prefix]
     relay = kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
     worker = kids.python("floor-worker", ["postbox_bench.floor", "worker", *args, probe, mode, str(batch)])
     return relay.process.pid, worker.process.pid
 
 
-def drain(database_url: str, redis_url: str, prefix: str, jobs: int, batch: int) -> float:
-    """The floor's no-op drain: ``jobs`` rows committed first, then its relay and worker; jobs/s.
+def drain(
+    database_url: str,
+    redis_url: str,
+    prefix: str,
+    jobs: int,
+    batch: int,
+    task: str = "bench_noop",
+    driver: str = "psycopg",
+) -> float:
+    """The floor's drain of ``jobs`` rows of ``task``, committed first, then its relay and worker; jobs/s.
 
-    Timed as ``bench worker`` times postbox (:func:`postbox_bench.worker.drain`): by the rows' ``finished_at``,
-    from the first outcome to the last, so process start-up is not counted.
+    ``task`` "bench_noop" (``bench worker --floor``: ``batch`` entries per read) or "bench_effect"
+    (``bench exactly-once --floor``: the :data:`EFFECT` worker, ``batch`` jobs in flight, its jobs'
+    transactions on ``driver``'s connections, psycopg or asyncpg; every job's effect row is checked).
+    Timed as ``bench worker`` times postbox (:func:`postbox_bench.worker.drain`): by the rows'
+    ``finished_at``, from the first outcome to the last, so process start-up is not counted.
     """
+    if task not in ("bench_noop", "bench_effect"):
+        raise ValueError(f"the floor drains bench_noop or bench_effect jobs, not {task!r}")
+    effect = task == "bench_effect"
+    if driver not in ("psycopg", "asyncpg") or (driver == "asyncpg" and not effect):
+        raise ValueError(f"the floor's {task} drain runs on psycopg{' or asyncpg' if effect else ''}, not {driver!r}")
+    mode = (EFFECT_ASYNCPG if driver == "asyncpg" else EFFECT) if effect else "floor"
     env = bench_env(database_url, redis_url, prefix)
     with psycopg.connect(database_url) as conn:
         outbox.reset(conn)
-        outbox.prefill(conn, "bench_noop", jobs)
+        if effect:
+            conn.execute(RESET_EFFECTS)
+            conn.commit()
+        outbox.prefill(conn, task, jobs)
         with children(env) as kids:
-            start_floor(kids, database_url, redis_url, prefix, "", "floor", batch)
+            start_floor(kids, database_url, redis_url, prefix, "", mode, batch)
             outbox.wait_until(
                 lambda: outbox.scalar(conn, outbox.COUNT_UNFINISHED) == 0,
                 timeout=max(120.0, jobs / 100),
@@ -275,8 +482,13 @@ def drain(database_url: str, redis_url: str, prefix: str, jobs: int, batch: int)
         found = outbox.states(conn)
         if found != {"succeeded": jobs}:
             raise RuntimeError(f"the floor's drain: expected {jobs} succeeded jobs, found {found}")
+        if effect and (effects := outbox.scalar(conn, COUNT_EFFECTS)) != jobs:
+            raise RuntimeError(f"the floor's drain: expected {jobs} effect rows, found {effects}")
         rate = outbox.span(conn, outbox.FINISH_SPAN).rate
         outbox.reset(conn)
+        if effect:
+            conn.execute(RESET_EFFECTS)
+            conn.commit()
     return rate
 
 
@@ -284,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["relay"]:
         startup.run_loop(relay_main(*argv[1:4]))
+        return 0
+    if argv[:1] == ["worker"] and argv[5:6] in ([EFFECT], [EFFECT_ASYNCPG]):
+        driver = "asyncpg" if argv[5] == EFFECT_ASYNCPG else "psycopg"
+        startup.run_loop(effect_worker_main(*argv[1:4], concurrency=int(argv[6]), driver=driver))
         return 0
     if argv[:1] == ["worker"]:
         startup.run_loop(

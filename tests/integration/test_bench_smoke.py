@@ -130,6 +130,47 @@ def test_bench_worker_with_floor_pairs_each_one_process_run_with_the_contracts_d
     assert left == (0,)  # the floor's run cleans up after itself, as postbox's do
 
 
+def test_bench_exactly_once_with_floor_pairs_each_postbox_drain_with_the_contracts(servers: Servers) -> None:
+    """`--floor`: after each postbox drain the floor's effect worker drains as many bench_effect jobs.
+
+    The floor's drain raises unless every job succeeded with exactly one effect row; it cleans up after itself.
+    """
+    params = Params(jobs=120, repeat=2, batch=120, concurrency=4, extra={"floor": True})
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+        figures = bench_exactly_once.run(box, url, params, Progress(quiet=True))
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT count(*) FROM postbox.outbox").fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM public.bench_effects").fetchone() == (0,)
+    asyncpg = importlib.util.find_spec("asyncpg") is not None  # the floor once more on PgQueuer's driver
+    systems = [FLOOR, *([bench_exactly_once.FLOOR_ASYNCPG] if asyncpg else [])]
+    floors = {f.system: f for f in figures if f.system in systems}
+    assert [(s, f.key, f.paired, len(f.values)) for s, f in floors.items()] == [
+        (s, "exactly_once.postbox", True, 2) for s in systems
+    ]
+    assert all(min(f.values) > 0 for f in floors.values())
+    by_key = {f.key: f for f in figures if f.system not in systems}
+    versus = {
+        FLOOR: "exactly_once.floor_pgqueuer",
+        bench_exactly_once.FLOOR_ASYNCPG: "exactly_once.floor_asyncpg_pgqueuer",
+    }
+    if importlib.util.find_spec("pgqueuer") is not None:
+        theirs = by_key["exactly_once.pgqueuer"].values
+        for system, figure in floors.items():
+            assert by_key[versus[system]].values == [f / p for f, p in zip(figure.values, theirs, strict=True)]
+    else:
+        assert not set(versus.values()) & set(by_key)
+
+
+def test_bench_floor_drains_only_the_tasks_it_has_a_worker_for() -> None:
+    from postbox_bench import floor as bench_floor
+
+    with pytest.raises(ValueError, match="bench_noop or bench_effect jobs, not 'bench_probe'"):
+        bench_floor.drain("postgresql://unused", "redis://unused", "x:", 10, 10, "bench_probe")
+    with pytest.raises(ValueError, match="bench_noop drain runs on psycopg, not 'asyncpg'"):
+        bench_floor.drain("postgresql://unused", "redis://unused", "x:", 10, 10, "bench_noop", "asyncpg")
+
+
 def test_bench_flow_measures_overhead_rate_and_concurrency_and_prints_them(
     servers: Servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,11 +425,12 @@ def test_bench_cpu_measures_the_contracts_floor_by_the_same_roles(
 
     monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
     monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
-    rows = bench_cpu.measure("bench_noop", jobs=40, repeat=1, concurrency=10, worker_env={}, floor=True)
-    assert len(rows) == 1 and rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
+    for task in ("bench_noop", "bench_effect"):  # the effect worker: bench_effect's transaction, as postbox's
+        rows = bench_cpu.measure(task, jobs=40, repeat=1, concurrency=10, worker_env={}, floor=True)
+        assert len(rows) == 1 and rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
     with pytest.raises(SystemExit):
-        bench_cpu.main(["--floor", "--task", "bench_effect"])
-    assert "--floor runs bench_noop" in capsys.readouterr().err
+        bench_cpu.main(["--floor", "--task", "bench_probe"])
+    assert "--floor runs bench_noop or bench_effect" in capsys.readouterr().err
 
 
 def test_bench_cpu_at_a_rate_over_many_queues(servers: Servers, monkeypatch: pytest.MonkeyPatch) -> None:
