@@ -37,7 +37,12 @@ minutes):
    With asyncpg installed (the bench extra) the floor runs a second time with
    its jobs' transactions on asyncpg (system ``floor-asyncpg``, the same three
    sends per job; ``exactly_once.floor_asyncpg_pgqueuer``): what the driver
-   costs, apart from the statements.
+   costs, apart from the statements. pgbench then also runs the effect row
+   alone (``exactly_once.pgbench_effect``: ``BEGIN``, the row, ``COMMIT``, the
+   transaction PgQueuer's handler commits), and
+   ``exactly_once.pgbench_tx_effect`` is the job's transaction / that, per
+   repetition: what the contract's statements cost PostgreSQL beside the
+   effect itself.
 
 The ratio ``exactly_once.ratio`` is postbox / pgbench's job transaction, per
 repetition (target >= 0.8); ``exactly_once.ratio_claim`` the same against 2.
@@ -102,6 +107,7 @@ UPDATE postbox.outbox
 
 _PICK = "SELECT nextval('public.bench_pick') AS id \\gset"
 _EFFECT = "INSERT INTO public.bench_effects (job_id, n) VALUES (:id, 0);"
+EFFECT_SCRIPT = f"{_PICK}\nBEGIN;\n{_EFFECT}\nCOMMIT;\n"  # the effect alone (with --floor)
 
 
 def pool_size(concurrency: int) -> int:
@@ -258,10 +264,25 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                 )
                 figures.append(versus)
             floors.append((driver, figure, versus))
+    # With the floor: what PostgreSQL commits for the effect alone, as PgQueuer's handler's transaction is
+    # (BEGIN; the row; COMMIT), and what the contract's statements cost beside it.
+    effect_tx = Figure(
+        SCENARIO,
+        "exactly_once.pgbench_effect",
+        f"pgbench: the effect row alone (BEGIN; INSERT; COMMIT), {clients} clients",
+        "tx/s",
+    )
+    contract_share = Figure(
+        SCENARIO, "exactly_once.pgbench_tx_effect", "pgbench: the job's transaction / the effect alone (paired)", "x"
+    )
+    pgbench_figures = [tx, claim_tx, ratio, ratio_claim]
+    if floors:
+        figures[figures.index(claim_tx) + 1 : figures.index(claim_tx) + 1] = [effect_tx, contract_share]
+        pgbench_figures += [effect_tx, contract_share]
     have_pgbench = pgbench.available()
     if not have_pgbench:
         progress.say(f"exactly-once: {pgbench.MISSING}; pgbench figures skipped")
-        for figure in (tx, claim_tx, ratio, ratio_claim):
+        for figure in pgbench_figures:
             figure.label += f" [skipped: {pgbench.MISSING}]"
     transaction_script, claim_script = scripts()
     env = bench_env(database_url, box.redis_url, box.prefix)
@@ -282,6 +303,14 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                     _check_done(conn, jobs)
                     figure.values.append(result.tps)
                     progress.say(f"exactly-once rep {rep + 1}/{params.repeat} {figure.key}: {result.tps:,.0f} tx/s")
+                if floors:
+                    _prepare(conn, box, jobs, params, claimed=False)
+                    result = pgbench.run(database_url, EFFECT_SCRIPT, clients=clients, transactions=per_client)
+                    if (effects := outbox.scalar(conn, COUNT_EFFECTS)) != jobs:
+                        raise RuntimeError(f"pgbench, the effect alone: expected {jobs} effect rows, found {effects}")
+                    effect_tx.values.append(result.tps)
+                    contract_share.values.append(tx.values[-1] / result.tps)
+                    progress.say(f"exactly-once rep {rep + 1}/{params.repeat} {effect_tx.key}: {result.tps:,.0f} tx/s")
             conn.execute(RESET_EFFECTS)
             conn.commit()
             complete, _ = bench_worker.drain_once(box, conn, env, variant, params, jobs)

@@ -154,6 +154,10 @@ def test_bench_exactly_once_with_floor_pairs_each_postbox_drain_with_the_contrac
         FLOOR: "exactly_once.floor_pgqueuer",
         bench_exactly_once.FLOOR_ASYNCPG: "exactly_once.floor_asyncpg_pgqueuer",
     }
+    if pgbench.available():  # the effect alone, beside the job's transaction
+        effect, tx = by_key["exactly_once.pgbench_effect"].values, by_key["exactly_once.pgbench_tx"].values
+        assert len(effect) == 2 and min(effect) > 0
+        assert by_key["exactly_once.pgbench_tx_effect"].values == [t / e for t, e in zip(tx, effect, strict=True)]
     if importlib.util.find_spec("pgqueuer") is not None:
         theirs = by_key["exactly_once.pgqueuer"].values
         for system, figure in floors.items():
