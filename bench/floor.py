@@ -237,21 +237,32 @@ ASYNCPG_SUCCESS: LiteralString = "SELECT postbox.record_success(%(id)d, 'floor',
 ASYNCPG_EFFECT: LiteralString = "INSERT INTO public.bench_effects (job_id, n) VALUES ($1, 0)"
 
 
-class _PsycopgTransactions:
-    """The jobs' transactions on psycopg connections, as postbox's ``ctx.transaction()`` sends them."""
+class _Transactions:
+    """The effect worker's connections for its jobs' transactions: each job takes an idle one."""
 
-    def __init__(self, conns: list[psycopg.AsyncConnection[Any]]) -> None:
-        self.statements = sql.statements("postbox")
-        self.idle: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+    def __init__(self, conns: list[Any]) -> None:
+        self.idle: asyncio.Queue[Any] = asyncio.Queue()
         for conn in conns:
             self.idle.put_nowait(conn)
         self.conns = conns
 
     async def run(self, job_id: int, attempt: int) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            await conn.close()
+
+
+class _PsycopgTransactions(_Transactions):
+    """The jobs' transactions on psycopg connections, as postbox's ``ctx.transaction()`` sends them."""
+
+    async def run(self, job_id: int, attempt: int) -> None:
+        statements = sql.statements("postbox")  # rendered once (cached)
         conn = await self.idle.get()
         try:
             cur = AsyncClientCursor(conn)
-            await cur.execute(self.statements.PROCESSED_BEGIN_TRANSACTION, {"id": job_id}, prepare=False)
+            await cur.execute(statements.PROCESSED_BEGIN_TRANSACTION, {"id": job_id}, prepare=False)
             cur.nextset()  # past BEGIN's
             row = await cur.fetchone()
             if row is None or row[0] is None:  # an earlier run committed it
@@ -259,23 +270,13 @@ class _PsycopgTransactions:
             else:
                 await conn.execute(EFFECT_INSERT, {"id": job_id, "n": 0})
                 success = {"id": job_id, "worker": WORKER, "attempt": attempt}
-                await cur.execute(self.statements.JOB_RECORD_SUCCESS_AND_COMMIT, success, prepare=False)
+                await cur.execute(statements.JOB_RECORD_SUCCESS_AND_COMMIT, success, prepare=False)
         finally:
             self.idle.put_nowait(conn)
 
-    async def close(self) -> None:
-        for conn in self.conns:
-            await conn.close()
 
-
-class _AsyncpgTransactions:
+class _AsyncpgTransactions(_Transactions):
     """The same three sends per job on asyncpg connections (see :func:`effect_worker_main`)."""
-
-    def __init__(self, conns: list[Any]) -> None:
-        self.idle: asyncio.Queue[Any] = asyncio.Queue()
-        for conn in conns:
-            self.idle.put_nowait(conn)
-        self.conns = conns
 
     async def run(self, job_id: int, attempt: int) -> None:
         conn = await self.idle.get()
@@ -290,12 +291,8 @@ class _AsyncpgTransactions:
         finally:
             self.idle.put_nowait(conn)
 
-    async def close(self) -> None:
-        for conn in self.conns:
-            await conn.close()
 
-
-async def _transactions(database_url: str, size: int, driver: str) -> _PsycopgTransactions | _AsyncpgTransactions:
+async def _transactions(database_url: str, size: int, driver: str) -> _Transactions:
     if driver == "asyncpg":
         asyncpg: Any = importlib.import_module("asyncpg")  # the bench's peers extra (PgQueuer's driver)
         return _AsyncpgTransactions([await asyncpg.connect(database_url) for _ in range(size)])
