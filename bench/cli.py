@@ -124,8 +124,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--floor",
         action="store_true",
-        help="latency, worker: also run the delivery contract's shortest path after each (1-process no-op) run"
-        " (postbox_bench.floor)",
+        help="latency, worker, exactly-once: also run the delivery contract's shortest path after each"
+        " (1-process no-op, or exactly-once) run (postbox_bench.floor)",
     )
     p.add_argument("--requests", type=_positive_int, default=3_000, help="bench rest: POSTs per ab run (default 3000)")
     p.add_argument("--clients", type=_positive_int, default=10, help="bench rest: ab and pgbench clients (default 10)")
