@@ -77,6 +77,7 @@ from typing import Any, LiteralString
 import psycopg
 
 from postbox import sql
+from postbox_bench import floor as shortest
 from postbox_bench import outbox, pgbench
 from postbox_bench import worker as bench_worker
 from postbox_bench.params import Params
@@ -325,8 +326,6 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                 ratio.values.append(rate / tx.values[-1])
                 ratio_claim.values.append(rate / claim_tx.values[-1])
             for driver, figure, _versus in floors:
-                from postbox_bench import floor as shortest  # it imports bench worker, as this module does
-
                 box.clean_redis_prefix()
                 figure.values.append(
                     shortest.drain(database_url, box.redis_url, box.prefix, jobs, params.concurrency, TASK, driver)
