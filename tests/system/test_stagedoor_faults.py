@@ -163,6 +163,17 @@ def leader_name(cluster: Cluster, database_url: str) -> str | None:
     return None
 
 
+def _relays(database_url: str) -> str:
+    """The relays' registry rows, for a failure's message."""
+    try:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            query = "SELECT pid, role, term, last_seen, now() FROM postbox.relays ORDER BY last_seen"
+            rows = conn.execute(query).fetchall()
+    except psycopg.Error as exc:
+        return f"relays: unreadable ({exc})"
+    return "relays (pid, role, term, last_seen, now): " + "; ".join(str(row) for row in rows)
+
+
 def running_workers(cluster: Cluster, database_url: str, exclude: str | None) -> list[str]:
     """Live worker processes that registered in the workers table (they are consuming)."""
     by_pid = {cluster.procs[n].pid: n for n in cluster.alive("worker") if n != exclude}
@@ -276,11 +287,13 @@ def run_fault_scenario(
                 cluster.kill(victim)
                 cluster.start("worker")
             elif fault == "kill-leader":
+                # A deadline that bounds a hang: an election after a Redis fault, with every process and
+                # server on two cores, takes seconds. On a timeout: the relays' rows and every log's tail.
                 wait_until(
                     lambda: leader_name(cluster, database_url) is not None,
-                    30,
+                    60,
                     interval=0.2,
-                    message="a leading relay",
+                    message=lambda: f"a leading relay\n{_relays(database_url)}\n{cluster.tail()}",
                     ignore=(psycopg.OperationalError,),
                 )
                 victim = leader_name(cluster, database_url)
