@@ -41,9 +41,13 @@ def by_slot(streams: Sequence[str]) -> list[list[str]]:
     """``streams`` grouped by queue (their ``{queue}`` hash tag, so by cluster slot), in order of first appearance."""
     groups: dict[str, list[str]] = {}
     for key in streams:
-        tag = key[key.index("{") : key.index("}") + 1] if "{" in key and "}" in key else key
-        groups.setdefault(tag, []).append(key)
+        groups.setdefault(queue_tag(key), []).append(key)
     return list(groups.values())
+
+
+def queue_tag(key: str) -> str:
+    """A stream key's ``{queue}`` hash tag (its cluster slot); the key itself when it has none."""
+    return key[key.index("{") : key.index("}") + 1] if "{" in key and "}" in key else key
 
 
 def epoch_key(prefix: str) -> str:

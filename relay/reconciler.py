@@ -2,7 +2,9 @@
 
 PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
 
-1. **Loss detection** (:meth:`Reconciler.check`, about once a second): the
+1. **Loss detection** (:meth:`Reconciler.check`, about once a second, and
+   more often over many streams: each check looks at a slice of them, so that
+   every stream is looked at about once a second; relay/stream_check.py): the
    epoch key (:func:`postbox.streams.epoch_key`) holds a random token the leader
    set; if it vanished, or a stream the relay created is gone, Redis lost data
    (restart without persistence, FLUSHALL, failover, eviction). The relay then
@@ -31,6 +33,7 @@ each republish re-reads the state right before its XADD.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -42,7 +45,7 @@ from psycopg import AsyncConnection
 from postbox import sql
 from postbox.redis_conn import AnyRedis
 from postbox.relay.publisher import Publisher, Row, check_term
-from postbox.relay.stream_check import StreamCheck, StreamReport
+from postbox.relay.stream_check import LOOK_SLICE, StreamCheck, StreamReport
 from postbox.streams import decode_entry, epoch_key, stream_key
 
 log = logging.getLogger(__name__)
@@ -129,6 +132,8 @@ class Reconciler:
         self.sweeps = 0  # sweeps completed (tests wait on it)
         self._recovered = 0
         self._xinfo_refused = False  # said once: this server refuses XINFO
+        self._look_after: str | None = None  # where the next slice of the stream check starts
+        self._streams = 0  # streams the last look had to look at
         self.stream_check = StreamCheck(redis)
 
     @property
@@ -147,7 +152,7 @@ class Reconciler:
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
         if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
-            found = await self._look()
+            found = await self._look(sliced=True)
             if found.missing:
                 log.warning("Redis lost streams the relay created", extra={"count": len(found.missing)})
                 await self._start_recovery(conn, "missing streams")
@@ -178,10 +183,25 @@ class Reconciler:
         prefix = self.publisher.prefix
         self.publisher.high_water.record([stream_key(prefix, q, p) for q, p, _sid in rows], [r[2] for r in rows])
 
-    async def _look(self) -> StreamReport:
-        """Which streams the relay created are gone, and which lost entries it wrote (relay/stream_check.py)."""
+    def check_every(self, interval: float) -> float:
+        """How often to check so that the slices look at every stream once per ``interval``."""
+        return interval / max(1, math.ceil(self._streams / LOOK_SLICE))
+
+    async def _look(self, *, sliced: bool = False) -> StreamReport:
+        """Which streams the relay created are gone, and which lost entries it wrote (relay/stream_check.py).
+
+        ``sliced``: the next slice of the streams, after the one the previous look ended
+        with (a check once per term looks at them all).
+        """
         expected = self.publisher.high_water.snapshot()  # before asking: every mark in it was applied
-        found = await self.stream_check.look(self.publisher.known_groups, expected)
+        if sliced:
+            found = await self.stream_check.look(
+                self.publisher.known_groups, expected, after=self._look_after, limit=LOOK_SLICE
+            )
+            self._look_after = found.resume_after
+        else:
+            found = await self.stream_check.look(self.publisher.known_groups, expected)
+        self._streams = found.streams
         if found.refused and not self._xinfo_refused:
             # A server that refuses XINFO (an ACL, a managed Redis) cannot tell us about
             # lost tails; it must not stop publishing. The sweep still finds lost entries.

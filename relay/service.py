@@ -371,7 +371,7 @@ class Relay:
                     now = time.monotonic()
                     if now >= next_check:
                         await reconciler.check(conn)
-                        next_check = now + self.epoch_check_interval
+                        next_check = now + reconciler.check_every(self.epoch_check_interval)
                     results = await publisher.publish_burst(
                         conn,
                         # one batch at a time while a fair queue's jobs wait: its window is
@@ -410,7 +410,11 @@ class Relay:
                 if last.selected >= batch_size or reconciler.busy():
                     await asyncio.sleep(0)  # more is due: next batch at once
                     continue
-                timeout = min(self.settings.poll_interval, self.heartbeat_interval, self.epoch_check_interval)
+                timeout = min(
+                    self.settings.poll_interval,
+                    self.heartbeat_interval,
+                    reconciler.check_every(self.epoch_check_interval),
+                )
                 marks_in = publisher.marks_due_in()
                 # While marks are held, the next delayed row is asked with them (their mark's row
                 # answers it): a delayed row due meanwhile waits at most the mark delay.

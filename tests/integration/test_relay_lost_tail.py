@@ -60,6 +60,38 @@ async def test_a_lost_stream_tail_is_found_by_the_high_water_mark_and_republishe
     assert all(counts[i] == 2 for i in ids[3:]), counts
 
 
+async def test_over_many_streams_the_check_looks_in_slices_and_still_finds_a_tail_lost_in_the_last(
+    settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
+) -> None:
+    """150 streams, looked at in two slices (relay/stream_check.py): a loss in the second is found."""
+    prefix = settings.redis_prefix
+    queues = [f"q{i:02d}" for i in range(15)]
+    async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (relay, signals):
+        for queue in queues:
+            for priority in range(10):
+                enqueue_sql(conn, 1, queue=queue, priority=priority)
+        last = enqueue_sql(conn, 1, queue=queues[-1], priority=9)
+        await wait_until_async(lambda: relay.published_total == 151, 20, message="151 published")
+        assert relay.reconciler is not None
+        await wait_until_async(
+            lambda: relay.reconciler is not None and relay.reconciler.check_every(1.0) == 0.5,
+            10,
+            message="the check in two slices",
+        )
+        key = stream_key(prefix, queues[-1], 9)  # the last stream in key order: in the second slice
+        assert sorted(relay.reconciler.publisher.known_groups)[-1] == key
+        [first, _] = [sid for sid, _ in await redis.xrange(key)]
+        await lose_tail(redis, key, keep=first.decode())
+        await wait_event(signals.redis_loss, 10)
+        await wait_until_async(
+            lambda: _stream_holds(redis, key, last[0]), 10, message="the lost entry back in the stream"
+        )
+
+
+async def _stream_holds(redis: aioredis.Redis, key: str, job_id: int) -> bool:
+    return any(int(fields[b"id"]) == job_id for _, fields in await redis.xrange(key))
+
+
 async def test_the_sweep_republishes_a_job_whose_entry_id_now_holds_another_job(
     settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
 ) -> None:

@@ -44,14 +44,31 @@ async def test_gone_streams_and_tails_older_than_the_mark_are_found_by_number_no
             missing=["p:{a}:p6", "p:{c}:p1"],
             lost=["p:{a}:p6", "p:{a}:p7", "p:{b}:p7", "p:{b}:p8"],
             refused=True,
+            streams=10,
         )
         assert await check.look(known, marks) == expected
+
+        # In slices of at least 3 streams, whole queues: {a} (4), {b} (3), {c} and {d} (3), then round again.
+        slices = []
+        after = None
+        for _ in range(4):
+            found = await check.look(known, marks, after=after, limit=3)
+            slices.append(found)
+            after = found.resume_after
+        assert slices == [
+            StreamReport(missing=["p:{a}:p6"], lost=["p:{a}:p6", "p:{a}:p7"], resume_after="p:{a}:p9", streams=10),
+            StreamReport(lost=["p:{b}:p7", "p:{b}:p8"], resume_after="p:{b}:p9", streams=10),
+            StreamReport(missing=["p:{c}:p1"], refused=True, streams=10),
+            StreamReport(missing=["p:{a}:p6"], lost=["p:{a}:p6", "p:{a}:p7"], resume_after="p:{a}:p9", streams=10),
+        ]
 
         # A restarted or flushed server has no script: loaded and asked again.
         await client.script_flush()
         assert await check.look(known, marks) == expected
         assert await check.look(set(), {}) == StreamReport()
         await client.delete("p:{d}:p0")
-        assert await check.look({"p:{a}:p9"}, {"p:{a}:p9": (5, 1)}) == StreamReport()
+        assert await check.look({"p:{a}:p9"}, {"p:{a}:p9": (5, 1)}) == StreamReport(streams=1)
+        # A slice starting past the last stream (streams were forgotten since) finds nothing and starts over.
+        assert await check.look({"p:{a}:p9"}, {}, after="p:{z}:p0", limit=3) == StreamReport(streams=1)
     finally:
         await client.aclose()

@@ -3,7 +3,7 @@ tests/integration/test_stream_check.py."""
 
 from __future__ import annotations
 
-from postbox.relay.stream_check import Look, StreamReport, looks, report
+from postbox.relay.stream_check import Look, StreamReport, looks, report, sliced
 
 
 def test_one_call_per_queue_with_a_must_exist_flag_and_the_mark_of_each_stream() -> None:
@@ -23,3 +23,17 @@ def test_the_replies_name_the_streams_found_wrong_in_order() -> None:
         missing=["p:{b}:p0", "p:{b}:p1"], lost=["p:{a}:p9", "p:{b}:p0"], refused=True
     )
     assert report(calls, [[[], [], 0], [[], [], 0]]) == StreamReport()
+
+
+def test_a_slice_takes_whole_queues_after_the_last_stream_looked_at() -> None:
+    streams = sorted(f"p:{{{q}}}:p{p}" for q in "abc" for p in (0, 1, 2))
+    assert sliced(streams, None, 4) == ["p:{a}:p0", "p:{a}:p1", "p:{a}:p2", "p:{b}:p0", "p:{b}:p1", "p:{b}:p2"]
+    assert sliced(streams, "p:{b}:p2", 4) == ["p:{c}:p0", "p:{c}:p1", "p:{c}:p2"]
+    assert sliced(streams, "p:{a}:p2", 3) == ["p:{b}:p0", "p:{b}:p1", "p:{b}:p2"]
+    assert sliced(streams, "p:{c}:p2", 3) == []
+    assert sliced(streams, None, None) == streams
+    assert sliced(streams, "p:{a}:p0", None) == streams[1:]
+    known = {"p:{a}:p0", "p:{b}:p0", "p:{c}:p0"}
+    assert looks(known, {"p:{b}:p1": (3, 4)}, after="p:{a}:p0", limit=1) == [
+        Look(["p:{b}:p0", "p:{b}:p1"], [b"1", b"", b"0", b"3-4"])
+    ]
