@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from postbox_bench.outbox import Span
+from postbox_bench.steady import without_gc_pauses
 from postbox_bench.tasks import PROBE_FILE_ENV
 
 PEER_DB_ENV = "POSTBOX_BENCH_PEER_DB"
@@ -170,8 +171,16 @@ async def paced(
 ) -> dict[str, float]:
     """Open-loop schedule (job ``i`` due at ``start + i / rate``) spread over ``lanes`` enqueue callers.
 
-    Returns job id -> time the enqueue call returned (the job is committed then).
+    Returns job id -> time the enqueue call returned (the job is committed then). The
+    collector is held off meanwhile, as in postbox's producer (postbox_bench.steady).
     """
+    with without_gc_pauses():
+        return await _paced(rate, seconds, lanes)
+
+
+async def _paced(
+    rate: float, seconds: float, lanes: Sequence[Callable[[int], Awaitable[str | None]]]
+) -> dict[str, float]:
     total = max(1, int(rate * seconds))
     start = time.perf_counter() + 0.05
     commits: dict[str, float] = {}

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from postbox_bench.enqueue import slice_plan
 from postbox_bench.peers.common import PeerConfig, read_probe_file
 from postbox_bench.peers.registry import PEERS, adapter
 from postbox_bench.sandbox import redis_db_of, with_database, with_redis_db
-from postbox_bench.steady import producers_for
+from postbox_bench.steady import producers_for, without_gc_pauses
 from postbox_bench.tasks import read_probes
 
 
@@ -57,3 +59,17 @@ def test_enqueue_slices_alternate_abba_and_give_each_variant_the_whole_duration(
     assert slice_plan(0.2) == (0.2, [False, True])  # shorter than a slice: one of each
     length, order = slice_plan(1.1)
     assert (length, order.count(True)) == (1.1 / 4, 4)
+
+
+def test_the_producer_holds_the_collector_off_while_it_paces_and_restores_it_after() -> None:
+    assert gc.isenabled()
+    with without_gc_pauses():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with without_gc_pauses():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # it was off before: left off
+    finally:
+        gc.enable()
