@@ -198,4 +198,4 @@ class StreamCheck:
         return await resp.send_batch(cast(Redis, self.redis), b"".join(payloads), len(payloads))
 
 
-__all__ = ["LOOK_SLICE", "SCRIPT", "Look", "StreamCheck", "StreamReport", "looks", "report"]
+__all__ = ["LOOK_SLICE", "SCRIPT", "Look", "StreamCheck", "StreamReport", "looks", "report", "sliced"]
