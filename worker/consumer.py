@@ -328,21 +328,27 @@ class Consumer:
                 tail_ids[streams[int(index) - 1]] = _text(tail)
         return deliveries, malformed, tail_ids
 
-    async def wait_for_new(self, tails: dict[str, str], block: float) -> set[str] | None:
-        """Block until an entry newer than ``tails`` arrives on any stream (or timeout).
+    async def wait_for_new(
+        self, tails: dict[str, str], block: float, stop: asyncio.Future[Any] | None = None
+    ) -> set[str] | None:
+        """Block until an entry newer than ``tails`` arrives on any stream (or timeout, or ``stop`` is done).
 
         Returns the streams that answered (empty at the timeout), or None when
-        they are not known (a cluster): the caller then reads every stream. The
-        wait is an ``XREAD BLOCK`` per :data:`WAIT_GROUP` streams, packed by hiredis
-        and sent raw (redis-py's generic packing of 2,000 arguments cost 1.7 ms of
-        worker CPU per wait over 1,000 streams); it consumes nothing from the
-        group. The groups that did not answer stay blocked for the next call (end
-        them with :meth:`cancel_waits`).
+        they are not known (a cluster) or ``stop`` ended the wait: the caller
+        then reads every stream. The wait is an ``XREAD BLOCK`` per
+        :data:`WAIT_GROUP` streams, packed by hiredis and sent raw (redis-py's
+        generic packing of 2,000 arguments cost 1.7 ms of worker CPU per wait over
+        1,000 streams); it consumes nothing from the group. The groups that did
+        not answer stay blocked for the next call (end them with
+        :meth:`cancel_waits`). ``stop`` is waited on beside them, in this task:
+        the caller reads on as soon as a group answers, with no task of its own
+        around the wait (a wake-up went through five turns of the event loop
+        before its read went out, 130 µs at the median over 1,000 streams).
         """
         if not tails:
             return set()
         if self._cluster:
-            await self._wait_per_queue(tails, block)
+            await self._wait_per_queue(tails, block, stop)
             return None
         streams = list(tails)
         groups = [tuple(streams[i : i + WAIT_GROUP]) for i in range(0, len(streams), WAIT_GROUP)]
@@ -350,7 +356,7 @@ class Consumer:
         stale = [group for group in self._blocked if group not in wanted]  # the active streams changed
         if stale:
             await self._cancel([self._blocked.pop(group) for group in stale])
-        if len(groups) == 1 and not self._blocked:  # nothing to keep blocked beyond this call: no task
+        if len(groups) == 1 and not self._blocked and stop is None:  # nothing to keep blocked: no task
             return await self._xread(groups[0], tails, block)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block
@@ -362,7 +368,12 @@ class Consumer:
                 for group in groups:
                     if group not in self._blocked:
                         self._blocked[group] = asyncio.ensure_future(self._xread(group, tails, remaining))
-                await asyncio.wait(self._blocked.values(), timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                waits: list[asyncio.Future[Any]] = [*self._blocked.values()]
+                if stop is not None:
+                    waits.append(stop)
+                await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if stop is not None and stop.done():
+                    return None  # the groups stay blocked: cancel_waits() ends them
                 woken: set[str] = set()
                 for group in groups:
                     wait = self._blocked[group]
@@ -417,7 +428,7 @@ class Consumer:
             key = self._keys[stream] = stream.encode()
         return key
 
-    async def _wait_per_queue(self, tails: dict[str, str], block: float) -> None:
+    async def _wait_per_queue(self, tails: dict[str, str], block: float, stop: asyncio.Future[Any] | None) -> None:
         """A cluster: one blocking XREAD per queue (an XREAD may not span slots), until the first answers."""
         waits = [
             asyncio.ensure_future(
@@ -429,14 +440,17 @@ class Consumer:
             )
             for group in by_slot(list(tails))
         ]
+        watched: list[asyncio.Future[Any]] = [*waits] if stop is None else [*waits, stop]
         try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for wait in waits:
                 wait.cancel()  # a cancelled read drops its connection: its reply cannot come back later
             await asyncio.gather(*waits, return_exceptions=True)
-        for wait in done:
-            error = None if wait.cancelled() else wait.exception()
+        for finished in done:
+            if finished is stop:
+                continue
+            error = None if finished.cancelled() else finished.exception()
             if isinstance(error, ResponseError) and str(error).startswith("UNBLOCKED"):
                 # The node turned replica (a failover): a wake-up like any other; the
                 # next read goes to the new primary (the cluster client follows MOVED).

@@ -385,6 +385,7 @@ class Worker:
         # The last read drained the streams and the consumer can wait and read in one send
         # (Consumer.wait_then_read): the next read is made on the wake-up, by Redis.
         read_on_wake = False
+        stopped = asyncio.ensure_future(self._stopping.wait())  # ends a wait for new entries
         try:
             while not self._stopping.is_set():
                 try:
@@ -445,7 +446,9 @@ class Worker:
                         if self._consumer.reads_on_wake(streams):
                             read_on_wake = True
                         else:
-                            woken = await self._wait_new(tails)
+                            # The streams that answered (None: unknown, or stopping). The wait
+                            # watches ``stopped`` itself, in this task: no task around it.
+                            woken = await self._consumer.wait_for_new(tails, IDLE_BLOCK, stopped)
                     delay = 0.05
                 except asyncio.CancelledError:
                     raise
@@ -454,6 +457,8 @@ class Worker:
                     await self._sleep(delay)
                     delay = min(delay * 2, 2.0)
         finally:
+            stopped.cancel()
+            await asyncio.gather(stopped, return_exceptions=True)
             await self._consumer.close()
             if dispatching:
                 await asyncio.gather(*dispatching, return_exceptions=True)
@@ -465,23 +470,6 @@ class Worker:
             raise
         except Exception:
             log.exception("claiming a batch failed; its entries stay pending and will be reclaimed")
-
-    async def _wait_new(self, tails: dict[str, str]) -> set[str] | None:
-        """Wait for an entry newer than ``tails``; the streams that answered (None: unknown, or stopping)."""
-        reader = asyncio.ensure_future(self._consumer.wait_for_new(tails, IDLE_BLOCK))
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for fut in (reader, stopper):
-                if not fut.done():
-                    fut.cancel()
-            await asyncio.gather(reader, stopper, return_exceptions=True)
-        if not reader.done() or reader.cancelled():
-            return None
-        if reader.exception() is not None:
-            raise reader.exception()  # type: ignore[misc]
-        return reader.result()
 
     async def _wait_then_read(self, tails: dict[str, str], streams: list[str], count: int) -> Read:
         """Wait for an entry newer than ``tails`` and read ``streams`` on the wake-up (Consumer.wait_then_read).

@@ -106,6 +106,42 @@ async def test_wake_up_reads_block_in_groups_and_only_the_one_that_answered_ends
         await client.aclose()
 
 
+async def test_a_stop_ends_a_wait_in_groups_at_once_and_leaves_them_blocked_until_cancelled(
+    private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's stop future is waited on beside the groups (no task around the wait): None, and nothing lost."""
+    monkeypatch.setattr(consumer_module, "WAIT_GROUP", 1)
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=5)
+    high, low = (stream_key("s", "q", p) for p in (9, 1))
+    consumer = Consumer(client, consumer="worker-c0ffee00")
+    try:
+        await ensure_groups(client, [high, low])
+        _, _, tails = await consumer.read([high, low], 5)
+        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, stop))
+        await wait_until_async(lambda: blocked(client, 2), 10, message="two reads blocked")
+        stop.set_result(None)
+        assert await asyncio.wait_for(waiting, 5) is None  # at once, not at the 30 s block
+        assert await blocked(client, 2)  # still blocked: close() (cancel_waits) ends them
+        await add(client, low, 1, 1)
+        assert await consumer.wait_for_new(tails, 30, stop) is None  # a stop already done: no wait at all
+        await consumer.cancel_waits()
+        await wait_until_async(lambda: blocked(client, 0), 10, message="every read ended")
+        got, _, _ = await consumer.read([high, low], 5)
+        assert [d.job_id for d in got] == [1]  # the wake-up reads consumed nothing
+
+        # A wake-up still answers as before when a stop future is given and not done.
+        _, _, tails = await consumer.read([high, low], 5)
+        live: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, live))
+        await wait_until_async(lambda: blocked(client, 2), 10, message="two reads blocked again")
+        await add(client, high, 2, 9)
+        assert await asyncio.wait_for(waiting, 10) == {high}
+    finally:
+        await consumer.cancel_waits()
+        await client.aclose()
+
+
 async def blocked(client: aioredis.Redis, count: int) -> bool:
     info = await client.info("clients")
     return int(info["blocked_clients"]) == count
