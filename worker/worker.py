@@ -414,7 +414,7 @@ class Worker:
                         # refilled from its parking meanwhile): the read's count is what is free now,
                         # and what it brings is counted when it comes.
                         deliveries, malformed, tails = await self._wait_then_read(
-                            tails_seen, streams, min(self.capacity.free, MAX_READ)
+                            tails_seen, streams, min(self.capacity.free, MAX_READ), stopped
                         )
                         self.capacity.add(len(deliveries))
                         deliveries = self._not_paused(deliveries)
@@ -471,16 +471,18 @@ class Worker:
         except Exception:
             log.exception("claiming a batch failed; its entries stay pending and will be reclaimed")
 
-    async def _wait_then_read(self, tails: dict[str, str], streams: list[str], count: int) -> Read:
+    async def _wait_then_read(
+        self, tails: dict[str, str], streams: list[str], count: int, stopped: asyncio.Future[Any]
+    ) -> Read:
         """Wait for an entry newer than ``tails`` and read ``streams`` on the wake-up (Consumer.wait_then_read).
 
-        A stop ends the wait at once (``CLIENT UNBLOCK``); the read behind it still
-        answers, and what it took is dispatched as a read in flight at the stop is.
+        A stop (``stopped``, the consume loop's) ends the wait at once (``CLIENT UNBLOCK``);
+        the read behind it still answers, and what it took is dispatched as a read in
+        flight at the stop is.
         """
         reader = asyncio.ensure_future(self._consumer.wait_then_read(tails, streams, count, IDLE_BLOCK))
-        stopper = asyncio.ensure_future(self._stopping.wait())
         try:
-            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({reader, stopped}, return_when=asyncio.FIRST_COMPLETED)
             deadline = time.monotonic() + UNBLOCK_GRACE
             while not reader.done() and time.monotonic() < deadline:
                 # Stopping. An UNBLOCK sent before Redis blocked the wait finds nothing to end: again.
@@ -490,8 +492,6 @@ class Worker:
         except BaseException:
             reader.cancel()
             raise
-        finally:
-            stopper.cancel()
         if not reader.done():
             reader.cancel()  # its connection is dropped: what its read took is reclaimed later
             await asyncio.gather(reader, return_exceptions=True)
