@@ -164,14 +164,31 @@ def leader_name(cluster: Cluster, database_url: str) -> str | None:
 
 
 def _relays(database_url: str) -> str:
-    """The relays' registry rows, for a failure's message."""
+    """The relays' registry rows and the database's sessions (who waits on whom), for a failure's message."""
     try:
         with psycopg.connect(database_url, autocommit=True) as conn:
             query = "SELECT pid, role, term, last_seen, now() FROM postbox.relays ORDER BY last_seen"
             rows = conn.execute(query).fetchall()
+            sessions = conn.execute(SESSIONS).fetchall()
     except psycopg.Error as exc:
         return f"relays: unreadable ({exc})"
-    return "relays (pid, role, term, last_seen, now): " + "; ".join(str(row) for row in rows)
+    return (
+        "relays (pid, role, term, last_seen, now): "
+        + "; ".join(str(row) for row in rows)
+        + "\nsessions (backend, client port, application, state, wait, blocked by, in transaction for, query):\n"
+        + "\n".join(str(row) for row in sessions)
+    )
+
+
+# Every other session of the test's database: a relay whose lock session never goes idle (a statement
+# waiting on a lock, an open transaction) keeps the leader lock past idle_session_timeout.
+SESSIONS = """
+SELECT pid, client_port, application_name, state, wait_event_type || ':' || wait_event,
+       pg_blocking_pids(pid), now() - xact_start, left(query, 160)
+  FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid()
+ ORDER BY backend_start
+"""
 
 
 def running_workers(cluster: Cluster, database_url: str, exclude: str | None) -> list[str]:
