@@ -14,11 +14,12 @@ through, is two faults on two different nodes:
   data (the emails' streams and group), the others keep theirs.
 
 Then the same invariants: one PDF and one email per order, seats summed, no
-job dead or unfinished, emails at the rate limit (the busiest second of starts
-within the limit + 25%; of deliveries at the provider, within + 50%: the
-start-to-delivery gap jitters more with six Redis servers on the machine's two
-cores). The test prints how long the failover took and when the jobs committed
-before it were all done.
+job dead or unfinished, emails at the rate limit (the busiest second of
+postbox's claims of the sends within the limit + 25%; of the handlers' starts
+and of deliveries at the provider, within + 50%: what comes after the claim
+jitters more with six Redis servers on the machine's two cores). The test
+prints how long the failover took and when the jobs committed before it were
+all done.
 """
 
 from __future__ import annotations
@@ -119,11 +120,14 @@ def done_after(database_url: str, faults: NodeFaults) -> dict[str, float]:
 
 
 def busiest_seconds(database_url: str) -> dict[str, tuple[int, float]]:
-    """The busiest one-second window of the emails' claims (the handlers' clock at their start) and of their sends:
-    (count, epoch seconds of its start)."""
+    """The busiest one-second window of the emails' starts (the handlers' clock at their send's claim), of their
+    sends, and of postbox's claims of their attempts (what the limiter allowed): (count, epoch seconds of its start)."""
     queries = {
         "started": "SELECT extract(epoch FROM claimed_at)::float8 FROM stagedoor.email_sends",
         "sent": "SELECT extract(epoch FROM sent_at)::float8 FROM stagedoor.email_sends WHERE sent_at IS NOT NULL",
+        # every attempt's claim (postbox's clock of the start the limiter allowed), lost and retried ones too
+        "claimed": "SELECT extract(epoch FROM a.started_at)::float8 FROM postbox.job_attempts a"
+        " JOIN postbox.outbox o ON o.id = a.outbox_id WHERE o.task = 'send_tickets'",
     }
     found = {}
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -156,8 +160,14 @@ def test_stagedoor_exactly_once_under_faults_on_a_cluster_through_a_failover_and
                 f"{what} {n} at {t - faults.at:+.2f} s" for what, (n, t) in busiest_seconds(database_url).items()
             ))  # fmt: skip
     assert faults.at is not None
-    # At most the limit plus two or three starts in any one-second window (docs/flow-control.md).
-    assert busiest_seconds(database_url)["started"][0] <= EMAIL_RATE * 1.25
+    busiest = busiest_seconds(database_url)
+    # The limiter's own record, each attempt's claim: at most the limit plus two or three starts in any
+    # one-second window (docs/flow-control.md).
+    assert busiest["claimed"][0] <= EMAIL_RATE * 1.25
+    # The handlers' clock at their send's claim comes a database round trip or more after postbox's claim,
+    # and bunches as the deliveries do when a handler's own session stalls (once in 9 runs: 26 starts, and
+    # 26 deliveries 30 ms later, in one second): held to the deliveries' bound.
+    assert busiest["started"][0] <= EMAIL_RATE * 1.5
     # "mail" jobs wait behind the 20/s email limit: their figure is the backlog's, not the fault's; the
     # "stagedoor" jobs wait behind the emails too (the same on one server: 14.5 s in a run of this scenario).
     after = done_after(database_url, faults)
