@@ -109,7 +109,9 @@ async def wait_result(job_id: int, timeout: float, *, database_url: str | None =
                     break
             reread = REREAD_INTERVAL
     finally:
-        if waiter is not None:
-            with contextlib.suppress(psycopg.Error):
-                await conn.execute(sql.active().RESULT_WAITER_REMOVE, {"id": waiter})
-        await conn.close()
+        try:
+            if waiter is not None:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute(sql.active().RESULT_WAITER_REMOVE, {"id": waiter})
+        finally:  # a cancel during the removal (a caller's own deadline) still closes the session
+            await conn.close()

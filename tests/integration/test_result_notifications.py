@@ -8,10 +8,13 @@ statement sent arrives before it.
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import pytest
 
 from postbox import pgarray, results, sql
 from postbox.outcomes import Outcome, outcome_params
@@ -173,3 +176,38 @@ def test_a_waiter_that_died_is_cleared_by_the_next_registration(conn: psycopg.Co
     add_waiter(conn, b)
     left = conn.execute("SELECT job_id, until > now() FROM postbox.result_waiters ORDER BY id").fetchall()
     assert left == [(a, False), (b, True)]  # a minute past its deadline goes; a recent one stays
+
+
+async def test_a_waiter_cancelled_while_it_removes_its_registration_still_closes_its_session(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A caller's own deadline (the API's ``?wait=``) can cancel the wait again while it cleans up: its session
+    still closes, and nothing is left for the garbage collector to warn about."""
+    [job] = running_jobs(conn, 1)
+    waiting = await waiter(conn, database_url, job)
+    with psycopg.connect(database_url) as holder:  # the registration row locked: its removal waits on it
+        holder.execute("SELECT 1 FROM postbox.result_waiters WHERE job_id = %s FOR UPDATE", (job,))
+        waiting.cancel()  # the first cancel ends the wait; the removal then waits on the lock
+        await wait_until_async(
+            lambda: session_states(conn) == [("active", "Lock")], 10, message="the removal waiting on the lock"
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            waiting.cancel()  # the second: the caller's deadline, during the removal
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            del waiting
+            await wait_until_async(lambda: session_states(conn) == [], 10, message="the waiter's session closed")
+            gc.collect()
+        holder.rollback()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def session_states(conn: psycopg.Connection[Any]) -> list[tuple[str, str | None]]:
+    """(state, wait event type) of every result waiter's session of this database."""
+    rows = conn.execute(
+        "SELECT state, wait_event_type FROM pg_stat_activity"
+        " WHERE application_name = 'postbox-wait-result' AND datname = current_database()"
+    ).fetchall()
+    conn.commit()
+    return [(str(state), wait) for state, wait in rows]
