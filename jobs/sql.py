@@ -1216,10 +1216,12 @@ class Statements(schema.Templates):
     # A new leader takes the next term: one more than any term ever recorded. Holding
     # the lock proves that no other relay leads: a row still saying so (a killed
     # leader's) is set to stopped; a live one records its own role again on its
-    # next session.
+    # next session. A row someone holds is left as it is (the heartbeat's bookkeeping
+    # records it stopped later): the election never waits on another session.
     LEADER_ELECT: LiteralString = """
     WITH deposed AS (
-        UPDATE {schema}.relays SET role = 'stopped' WHERE role = 'leader' AND id <> %(id)s
+        UPDATE {schema}.relays SET role = 'stopped'
+         WHERE id IN (SELECT id FROM {schema}.relays WHERE role = 'leader' AND id <> %(id)s FOR UPDATE SKIP LOCKED)
     )
     UPDATE {schema}.relays SET role = 'leader', last_seen = now(),
            term = (SELECT coalesce(max(term), 0) + 1 FROM {schema}.relays)
@@ -1253,14 +1255,21 @@ class Statements(schema.Templates):
     # Every relay's heartbeat records its own role, and keeps the registries true:
     # a relay silent for longer than its lock session may live, or a worker silent
     # for longer than its lease, is recorded stopped (killed, or frozen: a frozen
-    # worker's next heartbeat clears its stopped_at again).
+    # worker's next heartbeat clears its stopped_at again). Rows someone holds are
+    # skipped until a later heartbeat: the leader's session never waits on them (a
+    # wait would keep it busy, and its lock held, while it publishes nothing).
     RELAY_HEARTBEAT: LiteralString = """
     WITH gone_relays AS (
         UPDATE {schema}.relays SET role = 'stopped'
-         WHERE id <> %(id)s AND role <> 'stopped' AND last_seen < now() - make_interval(secs => %(relay_stale)s)
+         WHERE id IN (SELECT id FROM {schema}.relays
+                       WHERE id <> %(id)s AND role <> 'stopped'
+                         AND last_seen < now() - make_interval(secs => %(relay_stale)s)
+                         FOR UPDATE SKIP LOCKED)
     ), gone_workers AS (
         UPDATE {schema}.workers SET stopped_at = last_seen, in_flight = 0
-         WHERE stopped_at IS NULL AND last_seen < now() - make_interval(secs => %(worker_stale)s)
+         WHERE id IN (SELECT id FROM {schema}.workers
+                       WHERE stopped_at IS NULL AND last_seen < now() - make_interval(secs => %(worker_stale)s)
+                         FOR UPDATE SKIP LOCKED)
     )
     UPDATE {schema}.relays SET last_seen = now(), role = %(role)s WHERE id = %(id)s
     """

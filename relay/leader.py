@@ -14,6 +14,16 @@ after ``relay_session_timeout`` seconds and a standby gets the lock.
 Connect directly to PostgreSQL, never through a transaction pooler: a pooler
 would move the lock and the statements onto different server sessions.
 
+A live leader can also stall without going silent: a statement of the lock
+session waiting for a row lock that some other session holds keeps the session
+busy, so ``idle_session_timeout`` never ends it and no standby can take over.
+So the session's lock waits are bounded too (``lock_timeout``: twice the
+visibility timeout, as a worker's are, since every holder postbox knows of is
+cut off sooner): a leader stuck behind a lock for longer gives up its session
+and its lock, and starts over. The heartbeat's bookkeeping of other relays'
+and workers' rows, and a new leader's deposing of the old one's row, skip rows
+that someone holds instead of waiting for them.
+
 Do not use psycopg's pipeline mode on this session: after a pipeline psycopg
 sends a Flush behind the Sync, which disarms PostgreSQL's idle-session timer
 (tested: the session then never times out), and a frozen leader would keep
@@ -29,7 +39,7 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from postbox import sql
-from postbox.db import connect_async
+from postbox.db import connect_async, worker_bounds
 
 APPLICATION_NAME = "postbox-relay"
 
@@ -70,7 +80,10 @@ class LeaderSession:
             # synchronous_commit=off: a mark lost in a PostgreSQL crash only means the row is
             # published again (a duplicate the workers absorb), so the relay does not wait for
             # the WAL flush of every batch.
-            options=f"-c idle_session_timeout={int(session_timeout * 1000)} -c synchronous_commit=off",
+            options=(
+                f"-c idle_session_timeout={int(session_timeout * 1000)} -c synchronous_commit=off"
+                f" -c lock_timeout={int(worker_bounds(worker_lease).lock * 1000)}"
+            ),
             keepalives=1,
             keepalives_idle=5,
             keepalives_interval=2,

@@ -217,3 +217,70 @@ async def test_a_mark_refuses_when_a_newer_term_is_recorded(
         await wait_until_async(lambda: relay.published_total == 1, 5, message="published in the new term")
     assert states(conn) == {job: ("queued", 1)}  # marked once, by term 8
     assert [int(e["id"]) for e in await entries(redis, settings.redis_prefix)] == [job, job]
+
+
+def last_seen_after(conn: psycopg.Connection[Any], relay_id: str, since: Any) -> bool:
+    row = conn.execute("SELECT last_seen > %s FROM postbox.relays WHERE id = %s", (since, relay_id)).fetchone()
+    conn.commit()
+    return bool(row and row[0])
+
+
+async def test_registry_rows_another_session_holds_do_not_stall_the_leaders_heartbeat(
+    settings: Settings, conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """The heartbeat records silent relays and workers stopped; rows someone holds wait for a later beat."""
+    conn.execute(
+        "INSERT INTO postbox.workers (id, host, pid, last_seen)"
+        " VALUES ('worker-held', 'h', 1, now() - interval '1 hour')"
+    )
+    conn.execute(
+        "INSERT INTO postbox.relays (id, host, pid, role, last_seen)"
+        " VALUES ('relay-held', 'h', 1, 'standby', now() - interval '1 hour')"
+    )
+    conn.commit()
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM postbox.workers WHERE id = 'worker-held' FOR UPDATE")
+        holder.execute("SELECT 1 FROM postbox.relays WHERE id = 'relay-held' FOR UPDATE")
+        async with running_relay(settings, relay_id="relay-a", heartbeat_interval=0.1) as (a, signals):
+            await wait_event(signals.leader, 10)
+            row = conn.execute("SELECT now()").fetchone()
+            conn.commit()
+            assert row is not None
+            await wait_until_async(
+                lambda: last_seen_after(conn, "relay-a", row[0]), 10, message="a heartbeat past the held rows"
+            )
+            ids = enqueue_sql(conn, 3)
+            await wait_until_async(lambda: a.published_total == 3, 10, message="the leader publishes")
+            holder.rollback()  # released: the next heartbeats record both stopped
+
+            def recorded() -> bool:
+                worker = conn.execute("SELECT stopped_at IS NOT NULL FROM postbox.workers WHERE id = 'worker-held'")
+                relay = conn.execute("SELECT role FROM postbox.relays WHERE id = 'relay-held'")
+                done = worker.fetchone() == (True,) and relay.fetchone() == ("stopped",)
+                conn.commit()
+                return done
+
+            await wait_until_async(recorded, 10, message="the released rows recorded stopped")
+    assert states(conn) == {i: ("queued", 1) for i in ids}
+
+
+async def test_a_leader_stuck_behind_a_lock_gives_its_lock_up_to_a_standby(
+    settings: Settings, conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A statement waiting on a lock keeps the session busy (no idle timeout ends it): its wait is bounded."""
+    bounded = settings.model_copy(update={"visibility_timeout": 1.0})  # lock waits: 2 s
+    async with running_relay(bounded, relay_id="relay-a", heartbeat_interval=0.2) as (a, a_signals):
+        await wait_event(a_signals.leader, 10)
+        async with running_relay(bounded, relay_id="relay-b", heartbeat_interval=0.2) as (b, b_signals):
+            await wait_event(b_signals.standby, 10)
+            with psycopg.connect(database_url) as holder:
+                # The leader's own row, held: its next heartbeat waits on it (and a new leader's election
+                # and heartbeats would, if they did not skip it).
+                holder.execute("SELECT 1 FROM postbox.relays WHERE id = 'relay-a' FOR UPDATE")
+                await wait_event(a_signals.lost_leadership, 15)
+                await wait_event(b_signals.leader, 15)
+                ids = enqueue_sql(conn, 2)
+                await wait_until_async(lambda: b.published_total == 2, 10, message="the new leader publishes")
+                assert a.role != "leader"
+                holder.rollback()
+    assert states(conn) == {i: ("queued", 1) for i in ids}
