@@ -9,9 +9,10 @@
   the task and the attempt.
 
 Whether OpenTelemetry is importable is looked up once; without it every
-function here returns at once. With the API but no tracer provider set, the
-worker makes no span per run (:func:`recording`); the relay's publish spans
-are non-recording and cost next to nothing.
+function here returns at once. With the API but no tracer provider set,
+neither the worker nor the relay makes spans (:func:`recording`): a
+non-recording span per batch cost the relay about 13 µs in a hot loop, and
+several times that at low rates, on the path from a commit to the XADD.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def publish_span(rows: Sequence[Sequence[Any]]) -> Iterator[Any]:
 
     ``rows`` as the relay selects them: (id, queue, task, args, headers text, ...).
     """
-    if not available() or not rows:
+    if not rows or not recording():
         yield None
         return
     from opentelemetry import trace
