@@ -120,9 +120,8 @@ async def exchange(conn: Connection, payload: bytes, replies: int, *, blocks: fl
     command of ``payload`` that blocks on the server for up to ``blocks``
     seconds extends the connection's timeout by that much.
     """
-    limit = conn.socket_timeout
-    if limit is not None:
-        limit += blocks
+    timeout = conn.socket_timeout
+    limit = None if timeout is None else timeout + blocks
     try:
         await conn.send_packed_command(payload, check_health=False)
         results: list[Any] = []
@@ -141,4 +140,4 @@ async def exchange(conn: Connection, payload: bytes, replies: int, *, blocks: fl
         await conn.disconnect()
         raise
     finally:
-        conn.socket_timeout = limit
+        conn.socket_timeout = timeout  # as it was: a blocking exchange extends this one only

@@ -54,3 +54,29 @@ async def test_a_batch_to_a_frozen_redis_fails_after_the_socket_timeout(private_
     assert await client.ping()
     assert await client.xlen("k") == 100
     await client.aclose()
+
+
+async def test_a_blocking_exchange_extends_its_own_deadline_only(private_redis: RedisServer) -> None:
+    """``blocks`` lengthens one exchange's deadline; the connection's timeout is as it was after it.
+
+    (It once kept the lengthened value: every blocking wait added its block to the
+    connection's timeout, and a frozen server held a long-lived waiter that much longer.)
+    """
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=0.5)
+    assert private_redis.proc is not None
+    pid = private_redis.proc.pid
+    conn = await resp.take_connection(client)
+    try:
+        wait = resp.command(b"XREAD", b"BLOCK", b"700", b"STREAMS", b"nothing", b"$")
+        for _ in range(3):  # each blocks 0.7 s, past the 0.5 s timeout: the deadline is 1.2 s
+            assert await resp.exchange(conn, wait, 1, blocks=1.0) == [None]
+            assert conn.socket_timeout == 0.5
+        os.kill(pid, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises((TimeoutError, asyncio.TimeoutError)):
+            await resp.exchange(conn, wait, 1, blocks=1.0)
+        assert 1.4 < time.monotonic() - started < 4.0  # 0.5 + 1.0, not 0.5 + 4 x 1.0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        await client.connection_pool.release(conn)
+        await client.aclose()
