@@ -42,6 +42,7 @@ XREAD per queue, in parallel, ended as soon as one of them sees an entry.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any, cast
@@ -262,6 +263,41 @@ class Consumer:
             raise reply
         return self._parse(reply, streams)
 
+    async def wait_then_read_until(
+        self,
+        tails: dict[str, str],
+        streams: Sequence[str],
+        count: int,
+        block: float,
+        stop: asyncio.Future[Any],
+        grace: float,
+    ) -> Read:
+        """:meth:`wait_then_read` in the calling task, ended by ``stop`` as by :meth:`interrupt_wait`.
+
+        No task runs the wait: the entries are in the caller's hands on the
+        wake-up's own turn of the loop (a task and a wait around it cost two
+        more turns per wake-up). Once ``stop`` is done, a helper sends ``CLIENT
+        UNBLOCK`` (again while an UNBLOCK found no wait blocked yet) until the
+        read answers; if it has not after ``grace`` seconds, the wait is
+        dropped with its connection and nothing is returned (what its read took
+        stays pending until it is reclaimed).
+        """
+        ender = _WaitEnder(self, grace)
+        stop.add_done_callback(ender.start)
+        try:
+            async with asyncio.timeout(None) as ender.deadline:
+                return await self.wait_then_read(tails, streams, count, block)
+        except TimeoutError:
+            if ender.deadline is None or not ender.deadline.expired():
+                raise
+            return [], [], {}
+        finally:
+            ender.finished = True
+            stop.remove_done_callback(ender.start)
+            if ender.task is not None:
+                ender.task.cancel()
+                await asyncio.gather(ender.task, return_exceptions=True)
+
     async def interrupt_wait(self) -> None:
         """End a :meth:`wait_then_read` wait now, as at its timeout: its read runs and answers at once."""
         client = self._waiting
@@ -458,3 +494,29 @@ class Consumer:
                 return
             if error is not None:
                 raise error
+
+
+class _WaitEnder:
+    """Ends one :meth:`Consumer.wait_then_read_until` wait once its stop future is done."""
+
+    def __init__(self, consumer: Consumer, grace: float) -> None:
+        self.consumer = consumer
+        self.grace = grace
+        self.deadline: asyncio.Timeout | None = None
+        self.finished = False
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self, _stop: asyncio.Future[Any]) -> None:
+        if not self.finished and self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._end())
+
+    async def _end(self) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.grace
+        while not self.finished and loop.time() < give_up:
+            # An UNBLOCK sent before Redis blocked the wait finds nothing to end: again.
+            with contextlib.suppress(Exception):
+                await self.consumer.interrupt_wait()
+            await asyncio.sleep(0.05)
+        if not self.finished and self.deadline is not None:
+            self.deadline.reschedule(loop.time())  # drop the wait: its connection goes with it

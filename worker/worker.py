@@ -44,7 +44,7 @@ from postbox.worker import claims, control
 from postbox.worker import flow as flow_claims
 from postbox.worker.capacity import Capacity
 from postbox.worker.completer import Completer, Finished
-from postbox.worker.consumer import Consumer, Read, ensure_groups
+from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.delivery import Delivery, Job
 from postbox.worker.executor import Executor
 from postbox.worker.flow_wait import FlowWaits
@@ -413,8 +413,8 @@ class Worker:
                         # No capacity is held during the wait (a finished limited job's slot may be
                         # refilled from its parking meanwhile): the read's count is what is free now,
                         # and what it brings is counted when it comes.
-                        deliveries, malformed, tails = await self._wait_then_read(
-                            tails_seen, streams, min(self.capacity.free, MAX_READ), stopped
+                        deliveries, malformed, tails = await self._consumer.wait_then_read_until(
+                            tails_seen, streams, min(self.capacity.free, MAX_READ), IDLE_BLOCK, stopped, UNBLOCK_GRACE
                         )
                         self.capacity.add(len(deliveries))
                         deliveries = self._not_paused(deliveries)
@@ -474,33 +474,6 @@ class Worker:
             raise
         except Exception:
             log.exception("claiming a batch failed; its entries stay pending and will be reclaimed")
-
-    async def _wait_then_read(
-        self, tails: dict[str, str], streams: list[str], count: int, stopped: asyncio.Future[Any]
-    ) -> Read:
-        """Wait for an entry newer than ``tails`` and read ``streams`` on the wake-up (Consumer.wait_then_read).
-
-        A stop (``stopped``, the consume loop's) ends the wait at once (``CLIENT UNBLOCK``);
-        the read behind it still answers, and what it took is dispatched as a read in
-        flight at the stop is.
-        """
-        reader = asyncio.ensure_future(self._consumer.wait_then_read(tails, streams, count, IDLE_BLOCK))
-        try:
-            await asyncio.wait({reader, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            deadline = time.monotonic() + UNBLOCK_GRACE
-            while not reader.done() and time.monotonic() < deadline:
-                # Stopping. An UNBLOCK sent before Redis blocked the wait finds nothing to end: again.
-                with contextlib.suppress(Exception):
-                    await self._consumer.interrupt_wait()
-                await asyncio.wait({reader}, timeout=0.05)
-        except BaseException:
-            reader.cancel()
-            raise
-        if not reader.done():
-            reader.cancel()  # its connection is dropped: what its read took is reclaimed later
-            await asyncio.gather(reader, return_exceptions=True)
-            return [], [], {}
-        return reader.result()
 
     def _not_paused(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Deliveries of a queue paused while they were read are left pending, their capacity released.

@@ -145,6 +145,76 @@ async def test_interrupt_ends_a_long_wait_at_once_also_after_the_connection_was_
         await client.aclose()
 
 
+async def test_a_stop_ends_a_wait_in_the_callers_task_and_the_read_behind_it_still_answers(
+    private_redis: RedisServer,
+) -> None:
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=120)
+    key = stream_key("stop", "q", 5)
+    try:
+        await ensure_groups(client, [key])
+        consumer = Consumer(client, consumer=CONSUMER)
+        _, _, tails = await consumer.read([key], 5)
+        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # An entry comes first: the wait answers with it, and the stop is not touched.
+        waiting = asyncio.ensure_future(consumer.wait_then_read_until(tails, [key], 5, 60, stop, 60))
+        await wait_blocked(client)
+        await add(client, key, 3, 5)
+        got, _, tails = await asyncio.wait_for(waiting, 10)
+        assert [d.job_id for d in got] == [3]
+        # Then a stop: the wait ends at once, as at its timeout, and reports the tails.
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(consumer.wait_then_read_until(tails, [key], 5, 60, stop, 60))
+        await wait_blocked(client)
+        stop.set_result(None)
+        got, _, again = await asyncio.wait_for(waiting, 20)
+        assert got == [] and again == tails
+        assert time.monotonic() - started < 20  # not the 60 s block
+        assert await blocked(client) == 0
+        await consumer.close()
+    finally:
+        await client.aclose()
+
+
+async def test_a_wait_the_stop_cannot_end_is_dropped_after_the_grace(
+    private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CLIENT UNBLOCK never lands (here: never sent): after the grace the wait goes with its connection."""
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=120)
+    key = stream_key("grace", "q", 5)
+    try:
+        await ensure_groups(client, [key])
+        consumer = Consumer(client, consumer=CONSUMER)
+        _, _, tails = await consumer.read([key], 5)
+        sent: list[float] = []
+
+        async def lost() -> None:
+            sent.append(time.monotonic())
+
+        monkeypatch.setattr(consumer, "interrupt_wait", lost)
+        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(consumer.wait_then_read_until(tails, [key], 5, 60, stop, 1.0))
+        await wait_blocked(client)
+        stopping = time.monotonic()
+        stop.set_result(None)
+        assert await asyncio.wait_for(waiting, 20) == ([], [], {})
+        assert 0.9 < time.monotonic() - stopping < 15  # the grace, not the 60 s block
+        assert len(sent) >= 2  # asked again while the wait went on
+
+        async def unblocked() -> bool:
+            return await blocked(client) == 0
+
+        await wait_until_async(unblocked, 10, message="the dropped connection's wait is gone from Redis")
+        # The consumer waits again on a new connection, and an entry still wakes it.
+        waiting = asyncio.ensure_future(consumer.wait_then_read(tails, [key], 5, 20))
+        await wait_blocked(client)
+        await add(client, key, 9, 5)
+        got, _, _ = await asyncio.wait_for(waiting, 10)
+        assert [d.job_id for d in got] == [9]
+        await consumer.close()
+    finally:
+        await client.aclose()
+
+
 async def test_an_idle_worker_stops_at_once_though_its_wait_blocks_for_a_minute(
     wsettings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
