@@ -30,7 +30,7 @@ from postbox_bench.report import Figure, Report, render
 from postbox_bench.sandbox import Sandbox, sandbox
 
 if TYPE_CHECKING:
-    from postbox_bench.peers import Peer, PeerDrain
+    from postbox_bench.peers import Peer, PeerDrain, PeerLatency
     from postbox_examples.embedded import EmbeddedServers
 
 SCENARIOS = ("enqueue", "relay", "worker", "latency")
@@ -152,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
 ScenarioRun = Callable[[Sandbox, str, Params, Progress], list[Figure]]
 
 
-def _scenario(name: str, between: Callable[[int], None] | None = None) -> ScenarioRun:
+def _scenario(name: str, between: Callable[..., None] | None = None) -> ScenarioRun:
     # Imported on demand: `bench enqueue` needs neither relay nor worker.
     if name == "enqueue":
         from postbox_bench import enqueue
@@ -169,7 +169,7 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
     if name == "latency":
         from postbox_bench.latency import run as run_latency
 
-        return run_latency
+        return lambda box, url, params, progress: run_latency(box, url, params, progress, between)
     if name == "schedules":
         from postbox_bench.schedules import run as run_schedules
 
@@ -203,6 +203,16 @@ def _scenario(name: str, between: Callable[[int], None] | None = None) -> Scenar
 
         return run_cluster
     raise ValueError(f"unknown scenario {name!r}")
+
+
+def _peer_latencies(latencies: Sequence[PeerLatency]) -> Callable[[int, int], None]:
+    """After postbox's latency run of repetition ``rep`` at ``rate`` (and its floor's): each peer's."""
+
+    def run(rep: int, rate: int) -> None:
+        for peer_latency in latencies:
+            peer_latency.rep(rep, rate)
+
+    return run
 
 
 def _peer_reps(drains: Sequence[PeerDrain]) -> Callable[[int], None]:
@@ -342,6 +352,7 @@ def _run(
         bench_url = box.database()
         peers: list[Peer] = []
         drains: list[PeerDrain] = []
+        latencies: list[PeerLatency] = []
         if params.peers:
             from postbox_bench import peers as peer_runs
 
@@ -354,11 +365,16 @@ def _run(
                 drains = [peer_runs.PeerDrain(peer, params, progress, report) for peer in peers]
         for name in names:
             progress.say(f"scenario {name}")
-            between = None
+            between: Callable[..., None] | None = None
             if name == "worker" and drains:
                 for drain in drains:
                     drain.warm_up()
                 between = _peer_reps(drains)
+            if name == "latency" and peers:
+                from postbox_bench import peers as peer_runs
+
+                latencies = [peer_runs.PeerLatency(peer, params, progress, report) for peer in peers]
+                between = _peer_latencies(latencies)
             try:
                 for figure in _scenario(name, between)(box, bench_url, params, progress):
                     report.add(figure)
@@ -370,9 +386,10 @@ def _run(
                 progress.say(f"scenario {name} failed: {type(exc).__name__}: {exc}")
         for drain in drains:
             report.add(drain.figure)
-        if peers and "latency" in names:
-            peer_runs.run_latency(peers, params, progress, report)
-        elif params.peers and not {"worker", "latency"} & set(names):
+        for peer_latency in latencies:
+            for figure in peer_latency.close():
+                report.add(figure)
+        if params.peers and not {"worker", "latency"} & set(names):
             report.notes.append("peers: only the worker and latency scenarios have peer runs")
         # The report first: dropping databases can wait on the server (DROP DATABASE needs
         # every backend of the cluster to answer a barrier), and the figures must not wait with it.

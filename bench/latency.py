@@ -34,7 +34,14 @@ SCENARIO = "latency"
 TARGETS = {200: {"p50": Target("<=", 5), "p99": Target("<=", 20)}}
 
 
-def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> list[Figure]:
+def run(
+    box: Sandbox,
+    database_url: str,
+    params: Params,
+    progress: Progress,
+    between: Callable[[int, int], None] | None = None,
+) -> list[Figure]:
+    """The figures at every rate, ``params.repeat`` times; ``between(rep, rate)`` runs after each (the peers')."""
     figures: list[Figure] = []
     for rate in params.rates:
         targets = TARGETS.get(rate, {})
@@ -96,6 +103,8 @@ def run(box: Sandbox, database_url: str, params: Params, progress: Progress) -> 
                         f"latency rep {rep + 1}/{params.repeat} @ {rate}/s, the contract's floor: "
                         f"p50 {shortest.latency.p50:.2f} ms, p99 {shortest.latency.p99:.2f} ms"
                     )
+                if between is not None:
+                    between(rep, rate)
         outbox.reset(conn)
     box.clean_redis_prefix()
     os.rmdir(folder)

@@ -14,7 +14,9 @@ For each peer (its package installed with ``make bench``, ``pip install -e './be
   PEER=NAME``); ``--peer-sweep`` first measures every configuration of every
   peer (``sweep``, unpaired figures) and pairs the best of each with postbox;
 - ``latency`` scenario → enqueue-to-handler-start p50/p95/p99 at each
-  ``--rate``, with the same probe file and the same open-loop producer.
+  ``--rate``, with the same probe file and the same open-loop producer; each
+  repetition and rate runs right after postbox's (:class:`PeerLatency`, called
+  by ``bench latency``), so the ratios are paired.
 
 Figures share postbox's keys, so the report prints postbox/peer ratios.
 PostgreSQL peers get a database each; Redis peers an empty Redis db number each.
@@ -258,52 +260,72 @@ def sweep(peers: list[Peer], params: Params, progress: Progress, report: Report)
     return best
 
 
-def latency(
-    peer: ModuleType, name: str, cfg: PeerConfig, env: dict[str, str], params: Params, progress: Progress
-) -> list[Figure]:
-    figures = {
-        (rate, q): Figure(
-            "latency",
-            f"latency.{q}@{rate}",
-            f"commit-to-handler-start {q} @ {rate}/s",
-            "ms",
-            system=name,
-            higher_is_better=False,
-        )
-        for rate in params.rates
-        for q in ("p50", "p95", "p99")
-    }
-    folder = Path(tempfile.mkdtemp(prefix=f"postbox-bench-{name}-"))
-    for rep in range(params.repeat):
-        for rate in params.rates:
-            sync(peer.reset(cfg))
-            probe = folder / f"probe-{rep}-{rate}.txt"
-            with children(env) as kids:
+class PeerLatency:
+    """A peer's commit-to-start figures, one repetition and rate per call, paired with postbox's.
+
+    ``bench latency`` calls :meth:`rep` right after its own run (and its floor's) of the
+    same repetition and rate, so each postbox/peer ratio compares runs made seconds apart:
+    a machine whose speed drifts within the hour (docs/benchmarks.md, twelfth round) moves
+    both sides of a pair alike.
+    """
+
+    def __init__(self, peer: Peer, params: Params, progress: Progress, report: Report) -> None:
+        self.peer = peer
+        self.params = params
+        self.progress = progress
+        self.report = report
+        self.failed = False
+        self.figures = {
+            (rate, q): Figure(
+                "latency",
+                f"latency.{q}@{rate}",
+                f"commit-to-handler-start {q} @ {rate}/s",
+                "ms",
+                system=peer.name,
+                higher_is_better=False,
+                paired=True,
+            )
+            for rate in params.rates
+            for q in ("p50", "p95", "p99")
+        }
+        self.folder = Path(tempfile.mkdtemp(prefix=f"postbox-bench-{peer.name}-"))
+
+    def rep(self, index: int, rate: int) -> None:
+        if self.failed:
+            return
+        try:
+            self._measure(index, rate)
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # this peer is done; postbox and the other peers go on
+            self.failed = True
+            for figure in self.figures.values():
+                figure.paired = False
+            self.report.notes.append(f"peer {self.peer.name}: latency run failed: {type(exc).__name__}: {exc}")
+            self.progress.say(f"peer {self.peer.name} failed: {type(exc).__name__}: {exc}")
+
+    def _measure(self, index: int, rate: int) -> None:
+        peer, name, cfg = self.peer.module, self.peer.name, self.peer.cfg
+        sync(peer.reset(cfg))
+        probe = self.folder / f"probe-{index}-{rate}.txt"
+        try:
+            with children(self.peer.env) as kids:
                 start_worker(kids, name, cfg, probe)
                 warm = sync(peer.produce(cfg, rate, 1.0))
                 wait_probed(probe, warm.keys(), kids.check_alive)
-                commits = sync(peer.produce(cfg, rate, params.duration))
+                commits = sync(peer.produce(cfg, rate, self.params.duration))
                 starts = wait_probed(probe, commits.keys(), kids.check_alive)
-            lat = Latency.of([starts[i] - t for i, t in commits.items()])
-            for q, value in (("p50", lat.p50), ("p95", lat.p95), ("p99", lat.p99)):
-                figures[(rate, q)].values.append(value)
-            progress.say(
-                f"peer {name} latency rep {rep + 1}/{params.repeat} @ {rate}/s: "
-                f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"
-            )
+        finally:
             probe.unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
-    return list(figures.values())
+        lat = Latency.of([starts[i] - t for i, t in commits.items()])
+        for q, value in (("p50", lat.p50), ("p95", lat.p95), ("p99", lat.p99)):
+            self.figures[(rate, q)].values.append(value)
+        self.progress.say(
+            f"peer {name} latency rep {index + 1}/{self.params.repeat} @ {rate}/s: "
+            f"p50 {lat.p50:.2f} ms, p95 {lat.p95:.2f} ms, p99 {lat.p99:.2f} ms"
+        )
 
-
-def run_latency(peers: list[Peer], params: Params, progress: Progress, report: Report) -> None:
-    for peer in peers:
-        progress.say(f"peer {peer.name} latency")
-        try:
-            for figure in latency(peer.module, peer.name, peer.cfg, peer.env, params, progress):
-                report.add(figure)
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:
-            report.notes.append(f"peer {peer.name}: latency run failed: {type(exc).__name__}: {exc}")
-            progress.say(f"peer {peer.name} failed: {type(exc).__name__}: {exc}")
+    def close(self) -> list[Figure]:
+        """The figures, for the report; the probe folder goes."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+        return list(self.figures.values())

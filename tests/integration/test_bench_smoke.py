@@ -21,6 +21,7 @@ from postbox_bench import exactly_once as bench_exactly_once
 from postbox_bench import fair as bench_fair
 from postbox_bench import flow as bench_flow
 from postbox_bench import growth as bench_growth
+from postbox_bench import latency as bench_latency
 from postbox_bench import pgbench
 from postbox_bench import rest as bench_rest
 from postbox_bench import worker as bench_worker
@@ -554,6 +555,43 @@ def test_bench_latency_with_floor_pairs_each_run_with_the_contracts_shortest_pat
     assert all(len(f["values"]) == 2 and min(f["values"]) > 0 for f in floor.values())
     ratios = {r["key"]: r for r in report["ratios"] if r["peer"] == "floor"}
     assert set(ratios) == set(floor) and all(r["paired"] for r in ratios.values())
+
+
+def test_bench_latency_runs_each_peer_repetition_right_after_its_own_run_at_that_rate(servers: Servers) -> None:
+    """``between(rep, rate)`` (the peers' runs) sees postbox's run of that repetition and rate just finished."""
+    seen: list[tuple[int, int, list[tuple[str, int]]]] = []
+    params = Params(rates=(40, 60), duration=0.5, repeat=2, concurrency=10)
+    with sandbox(servers.database_url, servers.redis_url) as box:
+        url = box.database()
+
+        def between(rep: int, rate: int) -> None:
+            with psycopg.connect(url) as conn:
+                rows = conn.execute("SELECT state, count(*) FROM postbox.outbox GROUP BY state").fetchall()
+            seen.append((rep, rate, [(state, count) for state, count in rows]))
+
+        figures = {f.key: f for f in bench_latency.run(box, url, params, Progress(quiet=True), between)}
+    assert [(rep, rate) for rep, rate, _ in seen] == [(0, 40), (0, 60), (1, 40), (1, 60)]
+    for _, rate, states in seen:  # the run's own jobs (1 s of warm-up, 0.5 s measured), every one finished
+        assert [state for state, _ in states] == ["succeeded"] and states[0][1] >= rate, states
+    assert [len(figures[f"latency.p99@{rate}"].values) for rate in (40, 60)] == [2, 2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pgqueuer") is None, reason="the bench's peers extra is not installed")
+def test_bench_latency_pairs_a_peers_runs_with_postboxs(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from postbox_bench import cli as bench_cli
+
+    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
+    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
+    argv = ["latency", "--peers", "--peer-only", "pgqueuer", "--rate", "60", "--duration", "0.5", "--repeat", "2"]
+    assert bench_cli.main([*argv, "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    theirs = {f["key"]: f for f in report["figures"] if f["system"] == "pgqueuer"}
+    assert set(theirs) == {"latency.p50@60", "latency.p95@60", "latency.p99@60"}
+    assert all(len(f["values"]) == 2 and min(f["values"]) > 0 for f in theirs.values())
+    ratios = {r["key"]: r for r in report["ratios"] if r["peer"] == "pgqueuer"}
+    assert set(ratios) == set(theirs) and all(r["paired"] and r["min"] <= r["max"] for r in ratios.values())
 
 
 @pytest.mark.parametrize(
