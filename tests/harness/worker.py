@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
 
 import postbox
+from postbox.redis_conn import AnyRedis
 from postbox.settings import Settings
 from postbox.worker import Worker, WorkerSignals
+from postbox.worker.completer import Completer, Finished
 from tests.harness.tasks import worker as tasks_worker
 from tests.harness.wait import take
 
@@ -65,6 +68,50 @@ async def enqueue(aconn: AsyncConnection[Any], task: Any, args: dict[str, Any] |
     job_id = await postbox.enqueue_async(aconn, task, args, **kw)
     await aconn.commit()
     return job_id
+
+
+async def running_jobs(aconn: AsyncConnection[Any], task: Any, count: int) -> list[int]:
+    """``count`` jobs of ``task``, enqueued and set running under ``worker-test`` as its claim would: committed."""
+    ids = [await enqueue(aconn, task) for _ in range(count)]
+    await aconn.execute(
+        "UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'worker-test',"
+        " lease_until = now() + interval '1 minute' WHERE id = ANY(%s)",
+        (ids,),
+    )
+    await aconn.commit()
+    return ids
+
+
+def completer_of_worker_test(
+    pool: AsyncConnectionPool[Any],
+    redis: AnyRedis,
+    settings: Settings,
+    on_done: Callable[[list[Finished]], None],
+    **options: Any,
+) -> Completer:
+    """A completer writing outcomes as ``worker-test``, the owner :func:`running_jobs` gives its rows."""
+    return Completer(
+        pool=pool,
+        redis=redis,
+        prefix=settings.redis_prefix,
+        worker_id="worker-test",
+        result_ttl=lambda job: 60.0,
+        on_done=on_done,
+        **options,
+    )
+
+
+@asynccontextmanager
+async def small_pool(settings: Settings) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """An autocommit pool of two connections to the test database, as a worker's parts use."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        settings.require_database_url(), min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open()
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 async def finished(worker: Worker, count: int, within: float = 15.0) -> list[tuple[int, str]]:

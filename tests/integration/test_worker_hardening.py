@@ -13,13 +13,22 @@ from postbox.outcomes import Outcome
 from postbox.registry import Registry, task
 from postbox.settings import Settings
 from postbox.worker import claims
-from postbox.worker.completer import Completer, Finished
+from postbox.worker.completer import Finished
 from postbox.worker.consumer import Consumer, ensure_groups
 from postbox.worker.delivery import Delivery, Job
 from tests.harness.publish import publish_due
 from tests.harness.tasks import hardening as h
 from tests.harness.wait import wait_until_async
-from tests.harness.worker import enqueue, fetch, finished, running_worker, worker_settings
+from tests.harness.worker import (
+    completer_of_worker_test,
+    enqueue,
+    fetch,
+    finished,
+    running_jobs,
+    running_worker,
+    small_pool,
+    worker_settings,
+)
 
 
 async def test_unencodable_text_is_stored_safely_and_blocks_nothing(
@@ -67,12 +76,7 @@ async def test_the_completer_isolates_a_row_the_database_refuses(
     wsettings: Settings, aconn: psycopg.AsyncConnection[Any], redis: aioredis.Redis
 ) -> None:
     """A batch with rows PostgreSQL refuses: the others are recorded, the bad ones in a safe form."""
-    ids = [await enqueue(aconn, h.h_sync_pid) for _ in range(4)]
-    await aconn.execute(
-        "UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'worker-test',"
-        " lease_until = now() + interval '1 minute'"
-    )
-    await aconn.commit()
+    ids = await running_jobs(aconn, h.h_sync_pid, 4)
     stream = f"{wsettings.redis_prefix}:{{wtest}}:p5"
     items = [
         (ids[0], Outcome("succeeded", "succeeded", result='{"ok": 1}')),
@@ -82,28 +86,17 @@ async def test_the_completer_isolates_a_row_the_database_refuses(
         (ids[3], Outcome("dead", "dead", result='{"x": 1}', error_class="E\x00", error="boom")),
     ]
     done: asyncio.Queue[list[Finished]] = asyncio.Queue()
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        wsettings.require_database_url(), min_size=1, max_size=2, kwargs={"autocommit": True}, open=False
-    )
-    await pool.open()
-    completer = Completer(
-        pool=pool,
-        redis=redis,
-        prefix=wsettings.redis_prefix,
-        worker_id="worker-test",
-        result_ttl=lambda job: 60.0,
-        on_done=done.put_nowait,
-    )
-    runner = asyncio.create_task(completer.run())
-    try:
-        for n, (job_id, outcome) in enumerate(items):
-            delivery = Delivery(stream, b"%d-0" % (n + 1), job_id, "h_sync_pid", "{}", "{}", "wtest", 5, 0)
-            completer.add(Finished(delivery, Job(delivery, 1, 5, None, True, 0), outcome))
-        batch = await asyncio.wait_for(done.get(), 20)
-    finally:
-        runner.cancel()
-        await asyncio.gather(runner, return_exceptions=True)
-        await pool.close()
+    async with small_pool(wsettings) as pool:
+        completer = completer_of_worker_test(pool, redis, wsettings, done.put_nowait)
+        runner = asyncio.create_task(completer.run())
+        try:
+            for n, (job_id, outcome) in enumerate(items):
+                delivery = Delivery(stream, b"%d-0" % (n + 1), job_id, "h_sync_pid", "{}", "{}", "wtest", 5, 0)
+                completer.add(Finished(delivery, Job(delivery, 1, 5, None, True, 0), outcome))
+            batch = await asyncio.wait_for(done.get(), 20)
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
     assert [f.recorded for f in batch] == [True, True, True, True]
     rows = await fetch(aconn, "SELECT state, result, last_error_class, last_error FROM postbox.outbox ORDER BY id")
     note = "the outcome's text could not be stored"

@@ -44,6 +44,14 @@ async def blocked(client: aioredis.Redis) -> int:
     return int(info["blocked_clients"])
 
 
+async def drained(client: aioredis.Redis, key: str) -> tuple[Consumer, dict[str, str]]:
+    """A consumer of ``key``'s group, and the tails its first read (of nothing) reports."""
+    await ensure_groups(client, [key])
+    consumer = Consumer(client, consumer=CONSUMER)
+    _, _, tails = await consumer.read([key], 5)
+    return consumer, tails
+
+
 async def wait_blocked(client: aioredis.Redis) -> None:
     async def check() -> bool:
         return await blocked(client) == 1
@@ -100,9 +108,7 @@ async def test_a_lost_script_and_a_lost_group_are_restored_by_the_read(private_r
     client = aioredis.Redis.from_url(private_redis.url, socket_timeout=30)
     key = stream_key("lost", "q", 5)
     try:
-        await ensure_groups(client, [key])
-        consumer = Consumer(client, consumer=CONSUMER)
-        _, _, tails = await consumer.read([key], 5)
+        consumer, tails = await drained(client, key)
         await client.script_flush()
         await client.delete(key)  # Redis lost its data: no stream, no group
         waiting = asyncio.ensure_future(consumer.wait_then_read(tails, [key], 5, 20))
@@ -123,9 +129,7 @@ async def test_interrupt_ends_a_long_wait_at_once_also_after_the_connection_was_
     client = aioredis.Redis.from_url(private_redis.url, socket_timeout=120)
     key = stream_key("int", "q", 5)
     try:
-        await ensure_groups(client, [key])
-        consumer = Consumer(client, consumer=CONSUMER)
-        _, _, tails = await consumer.read([key], 5)
+        consumer, tails = await drained(client, key)
         for round_ in (1, 2):
             started = time.monotonic()
             waiting = asyncio.ensure_future(consumer.wait_then_read(tails, [key], 5, 60))
@@ -151,9 +155,7 @@ async def test_a_stop_ends_a_wait_in_the_callers_task_and_the_read_behind_it_sti
     client = aioredis.Redis.from_url(private_redis.url, socket_timeout=120)
     key = stream_key("stop", "q", 5)
     try:
-        await ensure_groups(client, [key])
-        consumer = Consumer(client, consumer=CONSUMER)
-        _, _, tails = await consumer.read([key], 5)
+        consumer, tails = await drained(client, key)
         stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # An entry comes first: the wait answers with it, and the stop is not touched.
         waiting = asyncio.ensure_future(consumer.wait_then_read_until(tails, [key], 5, 60, stop, 60))
@@ -182,9 +184,7 @@ async def test_a_wait_the_stop_cannot_end_is_dropped_after_the_grace(
     client = aioredis.Redis.from_url(private_redis.url, socket_timeout=120)
     key = stream_key("grace", "q", 5)
     try:
-        await ensure_groups(client, [key])
-        consumer = Consumer(client, consumer=CONSUMER)
-        _, _, tails = await consumer.read([key], 5)
+        consumer, tails = await drained(client, key)
         sent: list[float] = []
 
         async def lost() -> None:
