@@ -540,21 +540,34 @@ async def test_bench_floor_worker_runs_entries_added_before_it_first_waited(serv
                 raise AssertionError("the floor worker failed") from worker.exception()
 
 
-def test_bench_latency_with_floor_pairs_each_run_with_the_contracts_shortest_path(
-    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def _latency_pairs(
+    servers: Servers,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    system: str,
+    *options: str,
+) -> dict[str, dict[str, Any]]:
+    """``bench latency <options>`` at 60/s, twice: ``system``'s three figures hold two runs each; their ratios."""
     from postbox_bench import cli as bench_cli
 
     monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
     monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
-    argv = ["latency", "--floor", "--rate", "60", "--duration", "0.5", "--repeat", "2", "--json", "--quiet"]
+    argv = ["latency", *options, "--rate", "60", "--duration", "0.5", "--repeat", "2", "--json", "--quiet"]
     assert bench_cli.main(argv) == 0
     report = json.loads(capsys.readouterr().out)
-    floor = {f["key"]: f for f in report["figures"] if f["system"] == "floor"}
-    assert set(floor) == {"latency.p50@60", "latency.p95@60", "latency.p99@60"}
-    assert all(len(f["values"]) == 2 and min(f["values"]) > 0 for f in floor.values())
-    ratios = {r["key"]: r for r in report["ratios"] if r["peer"] == "floor"}
-    assert set(ratios) == set(floor) and all(r["paired"] for r in ratios.values())
+    theirs = {f["key"]: f for f in report["figures"] if f["system"] == system}
+    assert set(theirs) == {"latency.p50@60", "latency.p95@60", "latency.p99@60"}
+    assert all(len(f["values"]) == 2 and min(f["values"]) > 0 for f in theirs.values())
+    ratios = {r["key"]: r for r in report["ratios"] if r["peer"] == system}
+    assert set(ratios) == set(theirs)
+    return ratios
+
+
+def test_bench_latency_with_floor_pairs_each_run_with_the_contracts_shortest_path(
+    servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ratios = _latency_pairs(servers, monkeypatch, capsys, "floor", "--floor")
+    assert all(r["paired"] for r in ratios.values())
 
 
 def test_bench_latency_runs_each_peer_repetition_right_after_its_own_run_at_that_rate(servers: Servers) -> None:
@@ -580,18 +593,8 @@ def test_bench_latency_runs_each_peer_repetition_right_after_its_own_run_at_that
 def test_bench_latency_pairs_a_peers_runs_with_postboxs(
     servers: Servers, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from postbox_bench import cli as bench_cli
-
-    monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
-    monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
-    argv = ["latency", "--peers", "--peer-only", "pgqueuer", "--rate", "60", "--duration", "0.5", "--repeat", "2"]
-    assert bench_cli.main([*argv, "--json", "--quiet"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    theirs = {f["key"]: f for f in report["figures"] if f["system"] == "pgqueuer"}
-    assert set(theirs) == {"latency.p50@60", "latency.p95@60", "latency.p99@60"}
-    assert all(len(f["values"]) == 2 and min(f["values"]) > 0 for f in theirs.values())
-    ratios = {r["key"]: r for r in report["ratios"] if r["peer"] == "pgqueuer"}
-    assert set(ratios) == set(theirs) and all(r["paired"] and r["min"] <= r["max"] for r in ratios.values())
+    ratios = _latency_pairs(servers, monkeypatch, capsys, "pgqueuer", "--peers", "--peer-only", "pgqueuer")
+    assert all(r["paired"] and r["min"] <= r["max"] for r in ratios.values())
 
 
 @pytest.mark.parametrize(
