@@ -147,12 +147,13 @@ def test_task_modules_import_from_the_current_directory(child_env: dict[str, str
     )
     try:
 
-        def imported() -> bool:
+        def imported() -> str:
             assert worker.poll() is None, worker.communicate()[0]
-            return (tmp_path / "imported").exists()
+            # The file exists a moment before its text is written: wait for the text, not the file.
+            marker = tmp_path / "imported"
+            return marker.read_text() if marker.exists() else ""
 
-        wait_until(imported, 60, message="the task module imported")
-        assert (tmp_path / "imported").read_text() == "shop.tasks"
+        assert wait_until(imported, 60, message="the task module imported") == "shop.tasks"
     finally:
         worker.terminate()
         output = worker.communicate(timeout=60)[0]  # reaps the process and closes its stdout pipe
