@@ -48,8 +48,12 @@ async def test_single_jobs_over_1000_streams_start_well_within_the_idle_block(
         await finished(worker, 41)
     waits = sorted(waits[1:])  # the first job warms the worker up (its first claim, the script loaded)
     # Measured at load 9-11 on 2 cores: slowest 88-186 ms with the fix; before it, about one
-    # job in six came during a pass and waited for its end: 0.96-1.5 s.
-    assert waits[-1] < IDLE_BLOCK / 2, f"slowest starts {[round(w * 1000) for w in waits[-5:]]} ms"
+    # job in six came during a pass and waited for its end: 0.96-1.5 s. One slow start of the
+    # 40 is let pass: a loaded CI host once stalled one claim's commit for 518 ms (the other
+    # starts 6-8 ms), which says nothing about the reads.
+    late = [round(w * 1000) for w in waits if w >= IDLE_BLOCK / 4]
+    assert len(late) <= 1, f"starts of {late} ms; the slowest five {[round(w * 1000) for w in waits[-5:]]} ms"
+    assert waits[-1] < IDLE_BLOCK, f"slowest starts {[round(w * 1000) for w in waits[-5:]]} ms"
 
 
 async def test_a_pass_looking_for_idle_entries_holds_no_capacity(
