@@ -4,6 +4,7 @@ Keys (with the default prefix ``postbox``)::
 
     postbox:{<queue>}:p<priority>   stream of one queue and priority (0-9)
     postbox:epoch                   random token; vanishes when Redis loses data
+    postbox:ready                   set of the streams that may hold undelivered entries (one server only)
 
 The ``{queue}`` hash tag puts every stream of one queue in one Redis Cluster
 slot, so a worker's multi-stream XREADGROUP stays single-slot.
@@ -48,6 +49,12 @@ def by_slot(streams: Sequence[str]) -> list[list[str]]:
 def queue_tag(key: str) -> str:
     """A stream key's ``{queue}`` hash tag (its cluster slot); the key itself when it has none."""
     return key[key.index("{") : key.index("}") + 1] if "{" in key and "}" in key else key
+
+
+def ready_key(prefix: str) -> str:
+    """The set of stream keys that may hold undelivered entries (one server; the read script keeps it, see
+    ``postbox.worker.consumer``): the relay adds a stream with each XADD, a read removes one it finds empty."""
+    return f"{prefix}:ready"
 
 
 def epoch_key(prefix: str) -> str:

@@ -43,7 +43,7 @@ from postbox import events, pgarray, redis_conn, resp, sql, tracing
 from postbox.audience import Audience
 from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater
-from postbox.streams import GROUP, events_channel, stream_key
+from postbox.streams import GROUP, events_channel, ready_key, stream_key
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,7 @@ class Publisher:
         self.audience = Audience(redis, events_channel(prefix), interval=EVENTS_CHECK_INTERVAL, monotonic=monotonic)
         self.clock = clock
         self.known_groups: set[str] = set()
+        self._ready_key = ready_key(prefix).encode()
         self.high_water = HighWater()  # newest entry id per stream, checked for a lost tail (relay/reconciler.py)
         # When the next delayed row is due (a monotonic time; None: none waits), as the
         # current burst's last mark saw it; consumed by the next call of next_due().
@@ -182,7 +183,12 @@ class Publisher:
                     cast(RedisCluster, self.redis), list(zip(routes, chunks, strict=True))
                 )
             else:
+                # Then the batch's streams into the ready set (jobs/streams.py), after their XADDs: a
+                # read that runs between the two finds those streams in its walk of every stream.
+                chunks.append(resp.command(b"SADD", self._ready_key, *(key.encode() for key in set(keys))))
                 results = await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))
+                if isinstance(ready := results.pop(), BaseException):
+                    log.warning("SADD to the ready set refused; workers find the entries in a slower walk: %s", ready)
         step = 2 if emit else 1
         ids: list[int] = []
         sids: list[str] = []

@@ -62,46 +62,115 @@ log = logging.getLogger(__name__)
 # streams' tails when it drained them (empty when it reached its count).
 Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 
-# KEYS: streams, highest priority first. ARGV: group, consumer, count.
+# KEYS: streams, highest priority first, then (when ARGV[4] is "1") the ready set.
+# ARGV: group, consumer, count, whether the last key is the ready set.
 # Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the
 # count was reached), and then the newest entry id of each stream holding any,
 # as {index, id, ...} (the others are empty: '0-0' for the wake-up XREAD).
 #
-# XREADGROUP and XREVRANGE go only to streams holding entries (XLEN > 0).
-# Entries are deleted as their jobs end (XACK + XDEL), so below saturation most
-# of a worker's streams are empty, and an XLEN costs Redis a fraction of the two
+# XREADGROUP and XREVRANGE go only to streams holding entries. Entries are
+# deleted as their jobs end (XACK + XDEL), so below saturation most of a
+# worker's streams are empty, and an XLEN costs Redis a fraction of the two
 # commands it saves: an empty read over 1,000 streams, 22.5 -> 2.2 ms of Redis
 # time; over a backlog (20 entries in each), 2.0 -> 1.3 ms.
+#
+# With the ready set (one server; streams.ready_key), a read that can fill its
+# count looks only at the streams in the set: the relay adds a stream to it with
+# every XADD, and this script takes out a stream it finds empty. A stream
+# outside the set therefore holds only entries never delivered (it was empty when
+# it left, and no read delivers from it while it is out). Over 100 queues x 10
+# priorities under a backlog, the XLEN of every stream before the one holding the
+# next entries was 100,000 XLENs per 10,000 jobs (docs/benchmarks.md, issue 30).
+# A read that drains the set walks every stream as before: a non-empty stream
+# outside the set (its XADD's SADD not run yet, an older relay, a lost set) goes
+# into it and is read in that walk, so nothing waits on the set; the walk also
+# gives the tails for the wake-up.
 READ_SCRIPT = """
 local want = tonumber(ARGV[3])
-local held = {}
-local found = {}
-for i, key in ipairs(KEYS) do
-    if want <= 0 then break end
-    if redis.call('XLEN', key) > 0 then
-        held[i] = true
-        local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
-        if got then
-            local entries = got[1][2]
-            want = want - #entries
-            found[#found + 1] = {key, entries}
-        end
-    end
+local n = #KEYS
+local set = nil
+if ARGV[4] == '1' then
+    set = KEYS[n]
+    n = n - 1
 end
-local tails = {}
-if want > 0 then
-    for i, key in ipairs(KEYS) do
-        if held[i] then
-            local last = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-            if #last > 0 then
-                tails[#tails + 1] = i
-                tails[#tails + 1] = last[1][1]
+local found = {}
+local order = {}  -- found's stream indexes, kept in step when the walk below reads a stream out of turn
+local function take(i, key)
+    local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
+    if got then
+        local entries = got[1][2]
+        want = want - #entries
+        found[#found + 1] = {key, entries}
+        order[#order + 1] = i
+        return true
+    end
+    return false
+end
+local held = {}  -- the streams holding entries, all of them once a walk of every stream ends with want > 0
+if set then
+    -- The set's members among the next CHUNK streams at a time: a read that fills its count
+    -- near the top asks about a few streams, not all of them.
+    local gone = {}
+    local first = 1
+    while first <= n and want > 0 do
+        local last = math.min(n, first + 63)
+        local member = redis.call('SMISMEMBER', set, unpack(KEYS, first, last))
+        for i = first, last do
+            if want <= 0 then break end
+            local key = KEYS[i]
+            if member[i - first + 1] == 1 then
+                if redis.call('XLEN', key) == 0 then  -- (a deleted stream too: never read without its group)
+                    gone[#gone + 1] = key
+                else
+                    take(i, key)
+                end
+            end
+        end
+        first = last + 1
+    end
+    for k = 1, #gone, 1000 do redis.call('SREM', set, unpack(gone, k, math.min(#gone, k + 999))) end
+    if want <= 0 then return {found, 0, {}} end
+    local read = #found
+    for first = 1, n, 1000 do  -- (unpack's limit is some 8,000 values)
+        local last = math.min(n, first + 999)
+        local member = redis.call('SMISMEMBER', set, unpack(KEYS, first, last))
+        for i = first, last do
+            local key = KEYS[i]
+            if redis.call('XLEN', key) > 0 then
+                held[#held + 1] = i
+                if member[i - first + 1] == 0 then
+                    redis.call('SADD', set, key)
+                    if want > 0 then take(i, key) end
+                end
             end
         end
     end
-    return {found, 1, tails}
+    if #found > read and read > 0 then  -- back into priority order
+        local at = {}
+        for k, i in ipairs(order) do at[i] = found[k] end
+        table.sort(order)
+        for k, i in ipairs(order) do found[k] = at[i] end
+    end
+else
+    for i = 1, n do
+        if want <= 0 then break end
+        local key = KEYS[i]
+        if redis.call('XLEN', key) > 0 then
+            held[#held + 1] = i
+            take(i, key)
+        end
+    end
 end
-return {found, 0, tails}
+if want <= 0 then return {found, 0, {}} end
+local tails = {}
+for _, i in ipairs(held) do
+    local last = redis.call('XREVRANGE', KEYS[i], '+', '-', 'COUNT', 1)
+    if #last > 0 then
+        tails[#tails + 1] = i
+        tails[#tails + 1] = last[1][1]
+    end
+end
+return {found, 1, tails}
 """
 
 EMPTY_TAIL = "0-0"
@@ -135,9 +204,13 @@ def _text(value: bytes | str) -> str:
 
 
 class Consumer:
-    def __init__(self, redis: redis_conn.AnyRedis, *, consumer: str) -> None:
+    def __init__(self, redis: redis_conn.AnyRedis, *, consumer: str, ready: str | None = None) -> None:
+        """``ready``: the ready set's key (:func:`postbox.streams.ready_key`), kept by the relay on one
+        server; reads then look only at the streams in it while they fill their count. None (and on a
+        cluster, where a script may not span queues): every stream is looked at."""
         self._redis = redis
         self._cluster = redis_conn.is_cluster(redis)
+        self._ready = None if self._cluster or ready is None else ready.encode()
         self._script = redis.register_script(READ_SCRIPT)
         self._group_and_consumer = (GROUP.encode(), consumer.encode())
         self._keys: dict[str, bytes] = {}
@@ -176,11 +249,13 @@ class Consumer:
         """The read script's EVALSHA over ``streams`` for ``count`` entries, RESP-encoded."""
         if streams is not self._read_for:  # packed once per list of streams (a read of every stream names 1,000)
             keys = [self._key(key) for key in streams]
+            if self._ready is not None:
+                keys.append(self._ready)
             self._read_head = resp.command_head(
                 b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer
             )
             self._read_for = streams
-        return resp.with_tail(self._read_head, b"%d" % count)
+        return resp.with_tail(self._read_head, b"%d" % count, b"0" if self._ready is None else b"1")
 
     async def _run_script_per_queue(self, streams: Sequence[str], count: int) -> Any:
         """A cluster: the script once per queue (one slot each), merged into one reply of the same shape."""

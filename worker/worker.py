@@ -39,7 +39,7 @@ from postbox.errors import SettingsError
 from postbox.progress import Progress
 from postbox.registry import Registry, default_registry
 from postbox.settings import Settings
-from postbox.streams import PRIORITIES, all_streams, stream_key
+from postbox.streams import PRIORITIES, all_streams, ready_key, stream_key
 from postbox.worker import claims, control
 from postbox.worker import flow as flow_claims
 from postbox.worker.capacity import Capacity
@@ -172,7 +172,7 @@ class Worker:
             await self._ensure_groups_at_start(redis)
             self._redis = redis
             self._pool = pool
-            self._consumer = Consumer(redis, consumer=self.id)
+            self._consumer = Consumer(redis, consumer=self.id, ready=ready_key(self._prefix))
             self._reclaimer = Reclaimer(
                 redis, pool, prefix=self._prefix, consumer=self.id, min_idle=s.visibility_timeout
             )

@@ -16,7 +16,7 @@ from postbox import sql
 from postbox.relay.publisher import Publisher
 from postbox.relay.service import run_until_published
 from postbox.settings import Settings
-from postbox.streams import GROUP, stream_key
+from postbox.streams import GROUP, ready_key, stream_key
 from tests.harness.relay import enqueue_sql, entries, entry_ids, running_relay, states
 from tests.harness.wait import next_item, wait_event, wait_until, wait_until_async
 
@@ -45,6 +45,10 @@ async def test_publishes_committed_rows_to_their_stream_and_marks_them(
     assert rows == [(i, "queued", 1, by_id[i], True) for i in ids]
     groups = await redis.xinfo_groups(stream_key(settings.redis_prefix, "mail", 7))
     assert [g["name"] for g in groups] == [GROUP.encode()]
+    # and the stream went into the ready set the workers' reads look at (postbox.worker.consumer)
+    assert await redis.smembers(ready_key(settings.redis_prefix)) == {
+        stream_key(settings.redis_prefix, "mail", 7).encode()
+    }
 
 
 async def test_backlog_is_published_in_batches_in_id_order(
