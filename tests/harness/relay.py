@@ -50,6 +50,15 @@ def enqueue_sql(
     return ids
 
 
+async def lose_prefix(redis: aioredis.Redis, prefix: str) -> int:
+    """Redis "loses its data" for this test only: every key under ``prefix`` deleted (streams, groups, the
+    epoch key). A FLUSHDB on the shared server took the keys of the tests running beside it too."""
+    keys = [key async for key in redis.scan_iter(match=f"{prefix}:*", count=1000)]
+    for start in range(0, len(keys), 500):
+        await redis.delete(*keys[start : start + 500])
+    return len(keys)
+
+
 async def entries(redis: aioredis.Redis, prefix: str, queue: str = "default") -> list[dict[str, Any]]:
     """Every entry of the queue's streams (highest priority first), decoded, with ``_sid`` and ``_key``."""
     found: list[dict[str, Any]] = []

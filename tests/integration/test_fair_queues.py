@@ -13,7 +13,7 @@ from postbox import fairness
 from postbox.errors import InvalidOptionError
 from postbox.relay import RelaySignals
 from postbox.settings import Settings
-from tests.harness.relay import entries, running_relay
+from tests.harness.relay import entries, lose_prefix, running_relay
 from tests.harness.wait import wait_until_async
 
 QUEUE = "fairq"
@@ -132,7 +132,7 @@ async def test_a_redis_flush_keeps_the_window_counted_in_postgresql(
         await wait_until_async(
             lambda: _when(published(redis, settings), lambda ids: len(ids) == 6), 10, message="the window"
         )
-        await redis.flushall()
+        assert await lose_prefix(redis, settings.redis_prefix) > 0
         await wait_until_async(
             lambda: _when(published(redis, settings), lambda ids: len(ids) == 6), 10, message="the republish"
         )

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from postbox.relay.publisher import BatchResult, Publisher
 from postbox.settings import Settings
-from tests.harness.relay import enqueue_sql, entries, running_relay
+from tests.harness.relay import enqueue_sql, entries, lose_prefix, running_relay
 from tests.harness.wait import next_item, wait_event, wait_until_async
 
 DELAY = 0.25  # (binary fractions: the clock arithmetic is exact)
@@ -141,7 +141,7 @@ async def test_a_forgotten_hold_is_sent_again_not_marked(
     publisher, marks = held_publisher(redis, settings, clock)
     [job] = enqueue_sql(conn)
     await publisher.publish_burst(aconn, hold=True)
-    await redis.flushdb()
+    assert await lose_prefix(redis, settings.redis_prefix) > 0
     publisher.forget_groups()
     publisher.forget_held()
     await publisher.publish_burst(aconn, hold=True)
