@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 import redis
 
-from postbox.streams import stream_key
+from postbox.streams import split_meta, stream_key
 from postbox_bench import outbox
 from postbox_bench.params import Params
 from postbox_bench.procs import bench_env, children
@@ -55,7 +55,7 @@ class StreamReader(threading.Thread):
                 for _key, entries in reply or []:
                     for entry_id, fields in entries:
                         last = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                        job_id = int(fields[b"id"])
+                        job_id = split_meta(fields[b"m"])[0]
                         self.seen.setdefault(job_id, now)
         except BaseException as exc:  # reported by the scenario
             self.error = exc

@@ -73,8 +73,38 @@ def all_streams(prefix: str, queues: Iterable[str]) -> list[str]:
 # --- stream entries -----------------------------------------------------------------
 # An entry is a transport envelope. Its identity is ``id`` (the outbox id); the
 # stream entry id means nothing. PostgreSQL decides whether a delivery runs.
+#
+# Two fields, three when there are headers:
+#
+#   m   b"<id> <attempt> <priority> <enq ms> <pub ms> <len(queue)> <queue><task>"
+#   a   the arguments, JSON text
+#   h   the headers, JSON text (left out when they are "{}")
+#
+# The numbers and names share one field because Redis's costs go by field: the
+# read script turns each field of each entry into a Lua value and back, and XDEL
+# scans an entry's fields to step past it. Nine fields cost Redis 12-13 us per
+# job on the read and the delete, two about 7 (docs/benchmarks.md, thirteenth
+# round). Entries of the nine-field envelope before it (ENTRY_FIELDS) are still
+# read: a worker of this version takes what an older relay wrote.
 
 ENTRY_FIELDS = ("id", "task", "args", "headers", "attempt", "queue", "priority", "enq", "pub")
+EMPTY_HEADERS = "{}"
+
+
+def entry_meta(
+    job_id: int, attempt: int, priority: int, enqueued_ms: int, published_ms: int, queue: bytes, task: bytes
+) -> bytes:
+    """The ``m`` field: the numbers, then the queue's length, the queue and the task (either may hold spaces)."""
+    return b"%d %d %d %d %d %d %b%b" % (job_id, attempt, priority, enqueued_ms, published_ms, len(queue), queue, task)
+
+
+def split_meta(meta: bytes) -> tuple[int, int, int, int, int, str, str]:
+    """(id, attempt, priority, enq ms, pub ms, queue, task) of an ``m`` field; ValueError if malformed."""
+    job_id, attempt, priority, enq, pub, size, names = meta.split(b" ", 6)
+    cut = int(size)
+    if not 0 <= cut <= len(names):
+        raise ValueError("malformed stream entry: queue length")
+    return int(job_id), int(attempt), int(priority), int(enq), int(pub), names[:cut].decode(), names[cut:].decode()
 
 
 def encode_entry(
@@ -88,19 +118,18 @@ def encode_entry(
     priority: int,
     enqueued_ms: int,
     published_ms: int,
-) -> dict[str, str | int]:
-    """Fields for XADD. ``args``/``headers`` are JSON text; times are epoch milliseconds."""
-    return {
-        "id": job_id,
-        "task": task,
-        "args": args,
-        "headers": headers,
-        "attempt": attempt,
-        "queue": queue,
-        "priority": priority,
-        "enq": enqueued_ms,
-        "pub": published_ms,
+) -> dict[str, str | bytes]:
+    """Fields for XADD (redis-py's ``xadd``). ``args``/``headers`` are JSON text; times are epoch milliseconds.
+
+    The relay sends the same fields pre-encoded (``postbox.resp.xadd_entry``).
+    """
+    fields: dict[str, str | bytes] = {
+        "m": entry_meta(job_id, attempt, priority, enqueued_ms, published_ms, queue.encode(), task.encode()),
+        "a": args,
     }
+    if headers != EMPTY_HEADERS:
+        fields["h"] = headers
+    return fields
 
 
 def _text(value: bytes | str) -> str:
@@ -108,19 +137,32 @@ def _text(value: bytes | str) -> str:
 
 
 def decode_entry(fields: dict[bytes, bytes] | dict[str, str]) -> dict[str, str | int]:
-    """Inverse of :func:`encode_entry` (accepts bytes or str keys); raises ValueError if malformed."""
+    """Inverse of :func:`encode_entry` (bytes or str keys; the nine-field envelope too); ValueError if malformed."""
     data = {_text(k): _text(v) for k, v in fields.items()}
     try:
+        if "m" in data:
+            job_id, attempt, priority, enq, pub, queue, task = split_meta(data["m"].encode())
+            return {
+                "id": job_id,
+                "task": task,
+                "args": data.get("a", "{}"),
+                "headers": data.get("h", EMPTY_HEADERS),
+                "attempt": attempt,
+                "queue": queue,
+                "priority": priority,
+                "enq": enq,
+                "pub": pub,
+            }
         return {
             "id": int(data["id"]),
             "task": data["task"],
             "args": data.get("args", "{}"),
-            "headers": data.get("headers", "{}"),
+            "headers": data.get("headers", EMPTY_HEADERS),
             "attempt": int(data.get("attempt", 0)),
             "queue": data.get("queue", ""),
             "priority": int(data.get("priority", 5)),
             "enq": int(data.get("enq", 0)),
             "pub": int(data.get("pub", 0)),
         }
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"malformed stream entry: {exc}") from None

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from postbox.streams import decode_entry
+from postbox.streams import EMPTY_HEADERS, decode_entry, split_meta
 
 
 @dataclass(slots=True)
@@ -31,20 +31,23 @@ class Delivery:
 def parse_delivery(stream: str, entry_id: bytes, fields: dict[bytes, bytes], *, reclaimed: bool = False) -> Delivery:
     """Raises ValueError for an entry that is not a postbox envelope.
 
-    The hot path reads the bytes fields directly; anything unusual goes through
+    The hot path reads the envelope's bytes fields directly; anything else (the
+    nine-field envelope of older relays, str keys) goes through
     :func:`postbox.streams.decode_entry`, the codec's own (slower, general) decoder.
     """
     try:
+        job_id, _attempt, priority, enq_ms, _pub, queue, task = split_meta(fields[b"m"])
+        headers = fields.get(b"h")
         return Delivery(
             stream=stream,
             entry_id=entry_id,
-            job_id=int(fields[b"id"]),
-            task=fields[b"task"].decode(),
-            args=fields[b"args"].decode(),
-            headers=fields[b"headers"].decode(),
-            queue=fields[b"queue"].decode(),
-            priority=int(fields[b"priority"]),
-            enq_ms=int(fields[b"enq"]),
+            job_id=job_id,
+            task=task,
+            args=fields[b"a"].decode(),
+            headers=EMPTY_HEADERS if headers is None else headers.decode(),
+            queue=queue,
+            priority=priority,
+            enq_ms=enq_ms,
             reclaimed=reclaimed,
         )
     except (KeyError, ValueError, AttributeError, TypeError):

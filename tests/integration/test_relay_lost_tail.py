@@ -14,7 +14,7 @@ import psycopg
 import redis.asyncio as aioredis
 
 from postbox.settings import Settings
-from postbox.streams import GROUP, stream_key
+from postbox.streams import GROUP, decode_entry, stream_key
 from tests.harness.relay import enqueue_sql, entries, running_relay
 from tests.harness.wait import next_item, wait_event, wait_until_async
 
@@ -89,7 +89,7 @@ async def test_over_many_streams_the_check_looks_in_slices_and_still_finds_a_tai
 
 
 async def _stream_holds(redis: aioredis.Redis, key: str, job_id: int) -> bool:
-    return any(int(fields[b"id"]) == job_id for _, fields in await redis.xrange(key))
+    return any(decode_entry(fields)["id"] == job_id for _, fields in await redis.xrange(key))
 
 
 async def test_the_sweep_republishes_a_job_whose_entry_id_now_holds_another_job(

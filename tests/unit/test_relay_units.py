@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from redis.connection import Connection
 
 from postbox import resp
@@ -13,24 +14,26 @@ def packed(*args: object) -> bytes:
     return b"".join(Connection().pack_command(*args))  # type: ignore[arg-type]
 
 
-def test_xadd_entry_is_byte_for_byte_what_redis_py_sends() -> None:
+@pytest.mark.parametrize("headers", ["{}", '{"traceparent": "00-ab-cd-01"}'])
+def test_xadd_entry_is_byte_for_byte_what_redis_py_sends(headers: str) -> None:
     fields = encode_entry(
         job_id=42,
         task="stagedoor.send_tickets",
         args='{"order_id": 7, "name": "Zoë"}',
-        headers="{}",
+        headers=headers,
         attempt=3,
         queue="mail",
         priority=9,
         enqueued_ms=1_795_963_847_407,
         published_ms=1_795_963_847_499,
     )
+    assert len(fields) == (2 if headers == "{}" else 3)  # the headers' field only when there are any
     ours = resp.xadd_entry(
         b"postbox:{mail}:p9",
         job_id=42,
         task=b"stagedoor.send_tickets",
         args='{"order_id": 7, "name": "Zoë"}'.encode(),
-        headers=b"{}",
+        headers=headers.encode(),
         attempt=3,
         queue=b"mail",
         priority=9,

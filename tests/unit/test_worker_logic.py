@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from postbox.results import JobResult, _from_row
+from postbox.streams import decode_entry, encode_entry
 from postbox.worker.capacity import Capacity
 from postbox.worker.delivery import parse_delivery
 from postbox.worker.reclaimer import parse_autoclaim
@@ -26,10 +27,39 @@ def test_xautoclaim_replies_of_two_and_three_elements() -> None:
 
 
 def test_parse_delivery_refuses_entries_that_are_not_jobs() -> None:
+    # the nine-field envelope of older relays (some fields left out) is still read
     good = parse_delivery("p:{q}:p5", b"1-0", {b"id": b"3", b"task": b"t", b"queue": b"q", b"priority": b"5"})
     assert (good.job_id, good.task, good.args, good.priority) == (3, "t", "{}", 5)
-    with pytest.raises(ValueError):
-        parse_delivery("p:{q}:p5", b"1-0", {b"hello": b"world"})
+    for bad in (
+        {b"hello": b"world"},
+        {b"m": b"3 1 5 10", b"a": b"{}"},  # numbers missing
+        {b"m": b"3 1 5 10 11 9 q t", b"a": b"{}"},  # a queue longer than what follows
+        {b"m": b"x 1 5 10 11 1 qt", b"a": b"{}"},
+    ):
+        with pytest.raises(ValueError):
+            parse_delivery("p:{q}:p5", b"1-0", bad)
+
+
+@pytest.mark.parametrize("headers", ["{}", '{"k": "v w"}'])
+def test_the_envelope_round_trips_names_with_spaces_and_both_shapes_decode_alike(headers: str) -> None:
+    entry = dict(
+        job_id=9, task="shop.send mail", args='{"a": [1, 2]}', headers=headers, attempt=2,
+        queue="q 1 2", priority=7, enqueued_ms=1_795_963_847_407, published_ms=1_795_963_847_499,
+    )  # fmt: skip
+    fields = {k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in encode_entry(**entry).items()}  # type: ignore[arg-type]
+    got = parse_delivery("p:{q 1 2}:p7", b"5-0", fields)
+    assert (got.job_id, got.task, got.args, got.headers, got.queue, got.priority, got.enq_ms) == (
+        9, "shop.send mail", '{"a": [1, 2]}', headers, "q 1 2", 7, 1_795_963_847_407,
+    )  # fmt: skip
+    old = {
+        b"id": b"9", b"task": b"shop.send mail", b"args": b'{"a": [1, 2]}', b"headers": headers.encode(),
+        b"attempt": b"2", b"queue": b"q 1 2", b"priority": b"7", b"enq": b"1795963847407", b"pub": b"1795963847499",
+    }  # fmt: skip
+    assert decode_entry(fields) == decode_entry(old) == {
+        "id": 9, "task": "shop.send mail", "args": '{"a": [1, 2]}', "headers": headers, "attempt": 2,
+        "queue": "q 1 2", "priority": 7, "enq": 1_795_963_847_407, "pub": 1_795_963_847_499,
+    }  # fmt: skip
+    assert parse_delivery("p:{q 1 2}:p7", b"5-0", old) == got
 
 
 async def test_capacity_never_hands_out_more_than_free() -> None:
