@@ -2,7 +2,7 @@
 
 The relay's XADD and the worker's XACK, XDEL and PUBLISH go through here.
 
-redis-py's generic command packing costs ~27-50 µs per XADD of nine fields (the envelope then), more
+redis-py's generic command packing costs ~27-50 µs per XADD of nine fields (the entry then), more
 than everything else the relay does per row. Commands of any shape are packed by
 hiredis (``hiredis.pack_command``, C; hiredis is already a dependency for the
 reply parser): ~0.9 µs for an XACK here against 1.9 µs for the hand-written

@@ -108,7 +108,7 @@ local function take(i, key)
 end
 local held = {}  -- the streams holding entries, all of them once a walk of every stream ends with want > 0
 if set then
-    -- The set's members among the next CHUNK streams at a time: a read that fills its count
+    -- The set's members among the next 64 streams at a time: a read that fills its count
     -- near the top asks about a few streams, not all of them.
     local gone = {}
     local first = 1
