@@ -59,6 +59,7 @@ from redis.exceptions import ResponseError
 
 from postbox import sql, startup
 from postbox.streams import GROUP as POSTBOX_GROUP
+from postbox.streams import split_meta
 from postbox.streams import stream_key as postbox_stream_key
 from postbox_bench import outbox
 from postbox_bench.latency import wait_started
@@ -212,7 +213,7 @@ async def worker_main(
                 continue
             entries = got[0][1]
             last = entries[-1][0].decode()
-            ids = [int(fields[b"id"]) for _entry, fields in entries]
+            ids = [job_id_of(fields) for _entry, fields in entries]
             claimed = [row[0] for row in await (await claims.execute(CLAIM, (ids,))).fetchall()]
             if fd >= 0:
                 now = time.time()
@@ -366,7 +367,7 @@ async def effect_worker_main(
             got = await redis.xreadgroup(GROUP, "c", {key: ">"}, count=concurrency - len(running), block=1000)
             if not got:
                 continue
-            entries = {int(fields[b"id"]): entry for entry, fields in got[0][1]}
+            entries = {job_id_of(fields): entry for entry, fields in got[0][1]}
             rows = await (await claims.execute(CLAIM_AS_WORKER, (list(entries),))).fetchall()
             for job_id, attempt in rows:
                 task = asyncio.ensure_future(run(job_id, attempt, entries.pop(job_id)))
@@ -390,6 +391,12 @@ class Run:
     latency: Latency  # commit -> handler start, ms
     relay_p50: float  # created_at -> published_at (the relay's mark, after its XADD), ms
     worker_p50: float  # published_at -> started_at (the claim), ms
+
+
+def job_id_of(fields: dict[bytes, bytes]) -> int:
+    """The job id of an entry: the floor relay's one field, or postbox's envelope (``postbox-relay`` mode)."""
+    meta = fields.get(b"m")
+    return int(fields[b"id"]) if meta is None else split_meta(meta)[0]
 
 
 def measure(mode: str, database_url: str, redis_url: str, prefix: str, rate: float, seconds: float) -> Run:
