@@ -28,6 +28,11 @@ with ``bench_effect``, its ``effect`` worker keeping as many jobs in flight)
 instead of postbox's: the same roles, for ``bench_noop`` and ``bench_effect``
 (``--driver asyncpg``: the effect worker's transactions on asyncpg).
 
+Each line ends with the drain's rate (first to last finish) and how many cores
+all roles kept busy over it (their CPU seconds per second of the drain): a
+drain that keeps fewer cores busy than the machine has waits on round trips,
+not on CPU.
+
 CPU time is what a process used, not how long it waited for a core, so these
 figures hold on a loaded machine where jobs/s do not. Run it twice with
 ``PYTHONPATH`` pointing at two copies of the ``postbox`` package to compare
@@ -62,6 +67,8 @@ BACKENDS: LiteralString = (
     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
 )
 ROLES = ("worker", "relay", "pg", "redis")
+CORES = "cores"  # beside the roles in each result: CPU seconds of all roles per second of the drain
+RATE = "jobs/s"  # and the drain's rate, first to last finish (as bench worker's)
 
 
 def _backends(conn: psycopg.Connection[Any]) -> dict[int, float]:
@@ -170,6 +177,7 @@ def measure(
                     sampled = relay if profile_role == "relay" else worker
                     spy = _py_spy(sampled, f"{profile}.{len(results) + 1}") if profile else None
                     conn.commit()
+                    released = time.monotonic()
                     if rate is not None:  # one job per transaction, on schedule (the producers' backends
                         # have ended when the drain does: they are not counted)
                         produce(url, task, rate, jobs / rate, where if spread else None)
@@ -186,7 +194,13 @@ def measure(
                     }
                     used["redis"] = cpu_seconds(redis_pid) - before["redis"] if redis_pid else 0.0
                     used["pg"] = sum(v - pg_before.get(pid, 0.0) for pid, v in _backends(conn).items())
-                results.append({role: used[role] / jobs * 1e6 for role in ROLES})
+                    wall = time.monotonic() - released
+                row = {role: used[role] / jobs * 1e6 for role in ROLES}
+                # How busy the machine was: all roles' CPU over the drain's wall time (2.0 = both cores of
+                # this machine). Under it a drain waits on round trips, not on CPU.
+                row[CORES] = sum(used.values()) / wall if wall > 0 else 0.0
+                row[RATE] = outbox.span(conn, outbox.FINISH_SPAN).rate
+                results.append(row)
             outbox.reset(conn)
     return results
 
@@ -233,9 +247,13 @@ def main(argv: list[str] | None = None) -> int:
         ),
         1,
     ):
-        total = sum(row.values())
+        total = sum(row[role] for role in ROLES)
         cells = "  ".join(f"{role} {row[role]:7.1f}" for role in ROLES)
-        print(f"{args.task} rep {index}: µs CPU/job  {cells}  total {total:7.1f}", flush=True)
+        print(
+            f"{args.task} rep {index}: µs CPU/job  {cells}  total {total:7.1f}"
+            f"  | {row[RATE]:,.0f} jobs/s, {row[CORES]:.2f} cores busy",
+            flush=True,
+        )
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from psycopg import AsyncConnection, Connection
 
-from postbox import sql
+from postbox import socket_wait, sql
 
 
 def connect(url: str, *, autocommit: bool = False, application_name: str = "postbox", **kwargs: Any) -> Connection[Any]:
@@ -28,7 +28,10 @@ def connect(url: str, *, autocommit: bool = False, application_name: str = "post
 async def connect_async(
     url: str, *, autocommit: bool = False, application_name: str = "postbox", **kwargs: Any
 ) -> AsyncConnection[Any]:
-    return await AsyncConnection.connect(url, autocommit=autocommit, application_name=application_name, **kwargs)
+    """A :class:`postbox.socket_wait.Connection`: its socket stays registered with the loop between round trips."""
+    return await socket_wait.Connection.connect(
+        url, autocommit=autocommit, application_name=application_name, **kwargs
+    )
 
 
 def _ms(seconds: float) -> str:

@@ -32,7 +32,7 @@ from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from postbox import db, definitions, events, redis_conn, revision
+from postbox import db, definitions, events, redis_conn, revision, socket_wait
 from postbox import flow as flow_limits
 from postbox.cancellation import cancel_all
 from postbox.errors import SettingsError
@@ -150,6 +150,7 @@ class Worker:
         redis = redis_conn.connect(s, decode_responses=False)
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             s.require_database_url(),
+            connection_class=socket_wait.Connection,  # one epoll registration per session, not per round trip
             min_size=2,
             max_size=min(s.concurrency, 20) + 4,  # claims, outcomes, control + ctx.transaction()s
             kwargs={"autocommit": True, "application_name": f"postbox-{self.id}"},

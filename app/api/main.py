@@ -18,7 +18,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from postbox import db, migrate, redis_conn
+from postbox import db, migrate, redis_conn, socket_wait
 from postbox.app.api import (
     errors,
     results,
@@ -68,6 +68,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
             database_url,
+            connection_class=socket_wait.Connection,  # one epoll registration per session, not per round trip
             min_size=1,
             max_size=settings.api_pool_size,
             open=False,

@@ -418,8 +418,9 @@ def test_bench_cpu_prints_cpu_per_job_of_each_role(servers: Servers, monkeypatch
     monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
     monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
     rows = bench_cpu.measure("bench_effect", jobs=40, repeat=1, concurrency=10, worker_env={})
-    assert len(rows) == 1 and sorted(rows[0]) == sorted(bench_cpu.ROLES)
+    assert len(rows) == 1 and sorted(rows[0]) == sorted([*bench_cpu.ROLES, bench_cpu.CORES, bench_cpu.RATE])
     assert rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
+    assert rows[0][bench_cpu.CORES] > 0 and rows[0][bench_cpu.RATE] > 0
 
 
 def test_bench_cpu_measures_the_contracts_floor_by_the_same_roles(
