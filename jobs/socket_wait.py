@@ -17,7 +17,8 @@ psycopg's own wait does the rest, with the reader taken off first (its
 ``add_reader`` would replace this one's callback and its ``remove_reader``
 drop it): a wait with a timeout, a socket not writable at once, an
 interruption (a cancelled task's query is cancelled on the server, as
-psycopg does). The reader holds the connection, so a connection cannot be
+psycopg does). As psycopg's, a run of waits that never block (a pipeline's
+sends) lets other tasks run every :data:`BUSY_LIMIT` seconds. The reader holds the connection, so a connection cannot be
 collected, and its descriptor reused, while the loop still watches it;
 :meth:`Connection.close` takes the reader off first.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import select
+from time import monotonic
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
@@ -44,6 +46,11 @@ _INTERRUPTED = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 # Seconds a wait may go without readiness before its reader is registered afresh (_Reader.on_watch);
 # psycopg's own wait looks again at the same interval.
 WATCH_INTERVAL = 0.1
+
+# Most seconds a run of waits that never block (a pipeline's sends, answers already in) keeps the
+# loop to itself before it lets other tasks run; psycopg's own wait yields as often.
+BUSY_LIMIT = 0.005
+_last_yield = 0.0
 
 
 def _ready_select(fd: int, state: int) -> int:
@@ -149,9 +156,13 @@ class Connection(AsyncConnection[Any]):
     _reader: _Reader | None = None
 
     async def wait(self, gen: PQGen[T], interval: float = 0.1, timeout: float | None = None) -> T:  # noqa: ASYNC109 (psycopg's signature)
+        global _last_yield
         try:
             state = next(gen)
         except StopIteration as stop:  # answered without waiting
+            if monotonic() - _last_yield >= BUSY_LIMIT:
+                await asyncio.sleep(0)
+                _last_yield = monotonic()
             return stop.value
         if timeout is not None:
             return await self._psycopg_wait(_resumed(state, gen), interval, timeout)
@@ -165,6 +176,9 @@ class Connection(AsyncConnection[Any]):
         try:
             while True:
                 if state & WAIT_W:
+                    if monotonic() - _last_yield >= BUSY_LIMIT:
+                        await asyncio.sleep(0)
+                        _last_yield = monotonic()
                     ready = _ready_now(fd, state)
                     if not ready:  # rarely: the send buffer is full
                         break
@@ -176,6 +190,7 @@ class Connection(AsyncConnection[Any]):
                     await reader.wait()
                 finally:
                     reader.waiting = None
+                    _last_yield = monotonic()
                 state = gen.send(READY_R)
         except StopIteration as stop:
             return stop.value

@@ -290,3 +290,42 @@ def test_a_query_larger_than_the_socket_buffer_goes_out_through_psycopgs_wait(
             await conn.close()
 
     run(loop_factory, main())
+
+
+@pytest.mark.parametrize("loop_factory", LOOPS)
+def test_a_pipeline_that_never_waits_still_lets_other_tasks_run(
+    loop_factory: Callable[[], asyncio.AbstractEventLoop], database_url: str
+) -> None:
+    """A pipeline sends without waiting for answers: the wait yields to the loop every few ms, as psycopg's."""
+
+    async def main() -> None:
+        conn = await Connection.connect(database_url, autocommit=True)
+        ticks = 0
+        sending = True
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while sending:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        try:
+            await conn.execute("CREATE TEMP TABLE sent (n int8)")
+            task = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            async with conn.pipeline():
+                cur = conn.cursor()
+                started = time.monotonic()
+                before = ticks
+                for n in range(20_000):
+                    await cur.execute("INSERT INTO sent VALUES (%s)", [n])
+                    if time.monotonic() - started > 0.05:
+                        break  # 50 ms of sending: long enough to have yielded several times
+                during = ticks - before
+            sending = False
+            await task
+            assert during >= 3
+        finally:
+            await conn.close()
+
+    run(loop_factory, main())
