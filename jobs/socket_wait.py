@@ -18,9 +18,10 @@ psycopg's own wait does the rest, with the reader taken off first (its
 drop it): a wait with a timeout, a socket not writable at once, an
 interruption (a cancelled task's query is cancelled on the server, as
 psycopg does). As psycopg's, a run of waits that never block (a pipeline's
-sends) lets other tasks run every :data:`BUSY_LIMIT` seconds. The reader holds the connection, so a connection cannot be
-collected, and its descriptor reused, while the loop still watches it;
-:meth:`Connection.close` takes the reader off first.
+sends) lets other tasks run every :data:`BUSY_LIMIT` seconds. The reader
+holds the connection, so a connection cannot be collected, and its
+descriptor reused, while the loop still watches it; :meth:`Connection.close`
+takes the reader off first.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class _Reader:
     __slots__ = ("conn", "fd", "loop", "registered", "seen", "waiting", "watch")
 
     def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop, fd: int) -> None:
-        self.conn = conn  # held while registered: see the module's docstring
+        self.conn = conn  # the loop holds the reader while registered, and so the connection (module docstring)
         self.loop = loop
         self.fd = fd
         self.waiting: asyncio.Future[None] | None = None
