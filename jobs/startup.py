@@ -191,7 +191,7 @@ def _one_line(text: str) -> str:
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` on uvloop when installed (the ``fast`` extra), else on asyncio."""
+    """Run ``main`` on uvloop when installed (a dependency except on Windows), else on asyncio."""
     try:
         import uvloop
     except ImportError:

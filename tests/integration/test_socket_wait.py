@@ -1,7 +1,7 @@
 """postbox.socket_wait.Connection: one reader registration per session, and the rest of psycopg's wait kept.
 
-Each scenario runs on the standard event loop and on uvloop (what postbox's
-processes run on when the ``fast`` extra is installed).
+Each scenario runs on asyncio's own event loop and on uvloop (what postbox's
+processes run on, except on Windows).
 """
 
 from __future__ import annotations
