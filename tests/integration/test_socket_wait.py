@@ -22,7 +22,7 @@ def _loops() -> list[Any]:
     loops: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
     try:
         import uvloop
-    except ImportError:  # the fast extra is not installed: the standard loop only
+    except ImportError:  # no uvloop here (Windows): asyncio's own loop only
         return loops
     return [*loops, pytest.param(uvloop.new_event_loop, id="uvloop")]
 
