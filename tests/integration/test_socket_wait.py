@@ -49,6 +49,21 @@ async def turns(n: int) -> None:
         await asyncio.sleep(0)
 
 
+async def reader_taken_off(conn: Connection, what: str) -> None:
+    """Wait until ``conn``'s kept reader is off the loop."""
+
+    async def off() -> bool:
+        return conn._reader is not None and not conn._reader.registered
+
+    await until(off, what)
+
+
+async def backend_pid(conn: AsyncConnection[Any]) -> int:
+    row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 class Counted:
     """The standard loop's add_reader / remove_reader, counted for one descriptor."""
 
@@ -110,10 +125,7 @@ def test_a_notify_on_an_idle_session_lets_the_reader_go_and_is_still_delivered(
             assert listener._reader is not None and listener._reader.registered
             await sender.execute("NOTIFY socket_wait_test, 'hello'")
 
-            async def let_go() -> bool:
-                return listener._reader is not None and not listener._reader.registered
-
-            await until(let_go, "the reader taken off after readiness nobody asked for")
+            await reader_taken_off(listener, "the reader taken off after readiness nobody asked for")
             await turns(50)  # nothing fires again: the loop is not spinning on the unread socket
             assert listener._reader is not None and not listener._reader.registered
             got = [n.payload async for n in listener.notifies(timeout=10, stop_after=1)]
@@ -159,15 +171,8 @@ def test_a_server_hanging_up_an_idle_session_is_an_operational_error_not_a_spinn
         victim = await Connection.connect(database_url, autocommit=True)
         admin = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
         try:
-            cur = await victim.execute("SELECT pg_backend_pid()")
-            row = await cur.fetchone()
-            assert row is not None
-            await admin.execute("SELECT pg_terminate_backend(%s)", [row[0]])
-
-            async def let_go() -> bool:
-                return victim._reader is not None and not victim._reader.registered
-
-            await until(let_go, "the reader taken off when the server hung up")
+            await admin.execute("SELECT pg_terminate_backend(%s)", [await backend_pid(victim)])
+            await reader_taken_off(victim, "the reader taken off when the server hung up")
             with pytest.raises(psycopg.OperationalError):
                 await victim.execute("SELECT 1")
         finally:
@@ -185,10 +190,7 @@ def test_a_cancelled_query_is_cancelled_on_the_server_and_the_session_goes_on(
         conn = await Connection.connect(database_url, autocommit=True)
         admin = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
         try:
-            cur = await conn.execute("SELECT pg_backend_pid()")
-            row = await cur.fetchone()
-            assert row is not None
-            pid = row[0]
+            pid = await backend_pid(conn)
 
             async def state() -> str | None:
                 got = await (await admin.execute("SELECT state FROM pg_stat_activity WHERE pid = %s", [pid])).fetchone()
