@@ -61,6 +61,12 @@ def epoch_key(prefix: str) -> str:
     return f"{prefix}:epoch"
 
 
+def written_key(prefix: str) -> str:
+    """How many entries the relays wrote (one server; not on a Redis Cluster): each batch's write ends with
+    an ``INCRBY`` of its size, so a failover that lost the batch lost its count too (postbox.relay.watermark)."""
+    return f"{prefix}:written"
+
+
 def events_channel(prefix: str) -> str:
     """Pub/sub channel carrying job lifecycle events (JSON) for the API's WebSocket."""
     return f"{prefix}:events"

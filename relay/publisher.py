@@ -42,8 +42,8 @@ from redis.exceptions import RedisError
 from postbox import events, pgarray, redis_conn, resp, sql, tracing
 from postbox.audience import Audience
 from postbox.relay.leader import LeadershipLost
-from postbox.relay.watermark import HighWater
-from postbox.streams import GROUP, events_channel, ready_key, stream_key
+from postbox.relay.watermark import HighWater, WriteCount
+from postbox.streams import GROUP, events_channel, ready_key, stream_key, written_key
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,11 @@ class Publisher:
         self.known_groups: set[str] = set()
         self._ready_key = ready_key(prefix).encode()
         self.high_water = HighWater()  # newest entry id per stream, checked for a lost tail (relay/reconciler.py)
+        # The written counter (one server): an answer lower than the last one plus the batch means
+        # Redis lost writes (a failover to a replica that missed them); the reconciler acts on it.
+        self._written_key = written_key(prefix).encode()
+        self.written = WriteCount()
+        self.writes_lost = False
         # When the next delayed row is due (a monotonic time; None: none waits), as the
         # current burst's last mark saw it; consumed by the next call of next_due().
         self._due_seen_by_mark: tuple[float | None] | None = None
@@ -146,6 +151,11 @@ class Publisher:
     def forget_groups(self) -> None:
         """After Redis lost data: groups must be ensured again before the next XADD."""
         self.known_groups.clear()
+
+    def forget_written(self) -> None:
+        """After Redis lost data (a recovery starts): the next batch's count is the starting point."""
+        self.written.forget()
+        self.writes_lost = False
 
     async def ensure_groups(self, keys: Iterable[str]) -> None:
         """The consumer group on every stream of ``keys`` not known to have one: one round trip for all.
@@ -186,9 +196,14 @@ class Publisher:
                 # Then the batch's streams into the ready set (jobs/streams.py), after their XADDs: a
                 # read that runs between the two finds those streams in its walk of every stream.
                 chunks.append(resp.command(b"SADD", self._ready_key, *(key.encode() for key in set(keys))))
+                # Last, the batch's count (relay/watermark.py, WriteCount): a replica that has it has the XADDs.
+                chunks.append(resp.command(b"INCRBY", self._written_key, b"%d" % len(rows)))
                 results = await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))
+                written = results.pop()
                 if isinstance(ready := results.pop(), BaseException):
                     log.warning("SADD to the ready set refused; workers find the entries in a slower walk: %s", ready)
+                if isinstance(written, int) and self.written.answered(len(rows), written):
+                    self.writes_lost = True
         step = 2 if emit else 1
         ids: list[int] = []
         sids: list[str] = []

@@ -13,7 +13,10 @@ PostgreSQL decides what is done; Redis is only transport. Two mechanisms:
    went stale. A failover to a replica that missed the last writes keeps the
    epoch and the streams but not their newest entries: each stream's
    ``last-generated-id`` older than the newest id the relay wrote to it
-   (:mod:`postbox.relay.watermark`) is a loss too, found by the same check. A new
+   (:mod:`postbox.relay.watermark`) is a loss too, found by the same check; so
+   is a batch whose count came back short (on one server every batch's write
+   ends with an ``INCRBY`` of a counter: that is noticed at the first write
+   after the failover, which the look could miss). A new
    leader starts its marks from the entries recorded for the newest in-flight
    rows, so a tail lost together with the previous leader is noticed too. While
    a recovery runs the key reads ``recovering:<token>``; a leader that finds
@@ -152,6 +155,11 @@ class Reconciler:
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
         if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
+            if self.publisher.writes_lost:  # a batch's count came back short (relay/watermark.py, WriteCount)
+                found_by = {"found_by": "the written counter"}
+                log.warning("Redis lost the newest entries of streams (a failover?)", extra=found_by)
+                await self._start_recovery(conn, "writes lost")
+                return True
             found = await self._look(sliced=True)
             if found.missing:
                 log.warning("Redis lost streams the relay created", extra={"count": len(found.missing)})
@@ -215,6 +223,7 @@ class Reconciler:
         await self.redis.set(self.key, RECOVERING + self.token)
         self.publisher.forget_groups()
         self.publisher.high_water.forget()
+        self.publisher.forget_written()
         self.publisher.forget_held()  # their entries may be gone: sent again, not marked
         cur = await conn.execute(sql.active().DATABASE_NOW)
         row = await cur.fetchone()

@@ -369,7 +369,7 @@ class Relay:
                     # Redis-loss check first (so a loss is never mistaken for our own fresh
                     # entries), then publish, then the other chores.
                     now = time.monotonic()
-                    if now >= next_check:
+                    if now >= next_check or publisher.writes_lost:
                         await reconciler.check(conn)
                         next_check = now + reconciler.check_every(self.epoch_check_interval)
                     results = await publisher.publish_burst(

@@ -6,6 +6,19 @@ remembers the last id it generated (``XINFO STREAM`` → ``last-generated-id``,
 kept even when entries are deleted); on the new primary it is older than the
 newest id this relay got back from an XADD. That is how a lost tail is told
 (compared inside Redis: :mod:`postbox.relay.stream_check`).
+
+That look runs about once a second, and it can be too late: the first XADD
+to a stream on the new primary gets an id from the clock, newer than any the
+relay wrote before, and the lost tail no longer shows in ``last-generated-id``
+(at a steady rate the relay writes again within milliseconds of a failover).
+So on one server every batch's write also ends with an ``INCRBY`` of a
+counter (:func:`postbox.streams.written_key`) by the batch's size, and
+:class:`WriteCount` compares each answer with the last one. Replication
+applies a primary's writes in order, so a replica that has a batch's
+``INCRBY`` has its XADDs too; a replica that missed the last writes missed
+their counts, and the next batch's answer comes back lower than the last
+answer plus the batch: the loss is noticed at the first write after it,
+whatever the entry ids say.
 """
 
 from __future__ import annotations
@@ -45,4 +58,25 @@ class HighWater:
         self._marks.clear()
 
 
-__all__ = ["EntryId", "HighWater", "parse_entry_id"]
+class WriteCount:
+    """The written counter as this relay last saw it (:func:`postbox.streams.written_key`).
+
+    Only a lower answer than expected tells anything: a higher one is a write whose
+    answer was lost (a connection cut after Redis applied it) or a deposed leader's
+    last batch, and is taken as the new starting point.
+    """
+
+    def __init__(self) -> None:
+        self._last: int | None = None
+
+    def answered(self, added: int, value: int) -> bool:
+        """A batch of ``added`` entries brought the counter to ``value``: True if writes before it were lost."""
+        last, self._last = self._last, value
+        return last is not None and value < last + added
+
+    def forget(self) -> None:
+        """A new term or a recovery: the next answer is the starting point."""
+        self._last = None
+
+
+__all__ = ["EntryId", "HighWater", "WriteCount", "parse_entry_id"]

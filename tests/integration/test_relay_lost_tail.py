@@ -3,18 +3,24 @@
 Simulated on this test's own streams (the shared server is fine: only our prefix
 is touched): the newest entries are deleted and the stream's last generated id
 is set back (``XSETID``), which is what the promoted replica looks like. The
-real primary/replica failover is tests/system/test_redis_failover.py.
+last test fails over a real primary/replica pair; so does, under load,
+tests/system/test_redis_failover.py.
 """
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 import redis.asyncio as aioredis
 
+from postbox.relay.service import RelaySignals
 from postbox.settings import Settings
 from postbox.streams import GROUP, decode_entry, stream_key
+from tests.harness.redis_failover import redis_pair
 from tests.harness.relay import enqueue_sql, entries, running_relay
 from tests.harness.wait import next_item, wait_event, wait_until_async
 
@@ -35,6 +41,12 @@ async def lose_tail(redis: aioredis.Redis, key: str, *, keep: str) -> None:
     assert [e for e, _ in await redis.xrange(key)] == [e for e, _ in kept]
 
 
+def forget_first_check(signals: RelaySignals) -> None:
+    """The term's first check found no epoch (a fresh prefix) and fired ``redis_loss``: a later loss fires it again."""
+    assert signals.redis_loss is not None and signals.redis_loss.is_set()
+    signals.redis_loss.clear()
+
+
 async def test_a_lost_stream_tail_is_found_by_the_high_water_mark_and_republished(
     settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
 ) -> None:
@@ -43,6 +55,7 @@ async def test_a_lost_stream_tail_is_found_by_the_high_water_mark_and_republishe
     async with running_relay(settings, sweep_interval=3600, sweep_min_age=3600) as (relay, signals):
         ids = enqueue_sql(conn, 6)
         await wait_until_async(lambda: relay.published_total == 6, 10, message="6 published")
+        forget_first_check(signals)
         sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
         conn.commit()
         key = stream_key(prefix, "default", 5)
@@ -72,6 +85,7 @@ async def test_over_many_streams_the_check_looks_in_slices_and_still_finds_a_tai
                 enqueue_sql(conn, 1, queue=queue, priority=priority)
         last = enqueue_sql(conn, 1, queue=queues[-1], priority=9)
         await wait_until_async(lambda: relay.published_total == 151, 20, message="151 published")
+        forget_first_check(signals)
         assert relay.reconciler is not None
         await wait_until_async(
             lambda: relay.reconciler is not None and relay.reconciler.check_every(1.0) == 0.5,
@@ -158,3 +172,38 @@ async def test_a_server_that_refuses_xinfo_does_not_stop_publishing(
             await wait_until_async(lambda: relay.published_total == 6, 10, message="3 more published after the refusal")
     finally:
         await admin.aclose()
+
+
+async def test_a_failover_written_to_before_any_look_is_still_found_by_the_written_counter(
+    settings: Settings, conn: psycopg.Connection[Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real primary and replica. After the failover the first XADD gets an id from the clock, newer than the
+    lost tail's: the look at ``last-generated-id`` is blind from then on. The batch's count is not."""
+    prefix = settings.redis_prefix
+    with redis_pair(tmp_path / "redis") as pair:
+        on_pair = settings.model_copy(update={"redis_url": pair.url})
+        # No look after the term's first and no sweep: only the written counter can find the loss.
+        options = {"epoch_check_interval": 3600, "sweep_interval": 3600, "sweep_min_age": 3600}
+        async with running_relay(on_pair, **options) as (relay, signals):
+            ids = enqueue_sql(conn, 3)
+            await wait_until_async(lambda: relay.published_total == 3, 10, message="3 published")
+            forget_first_check(signals)
+            await asyncio.to_thread(pair.wait_synced)
+            await asyncio.to_thread(pair.detach_replica)
+            ids += enqueue_sql(conn, 3)  # the tail the replica never gets
+            await wait_until_async(lambda: relay.published_total == 6, 10, message="the tail published")
+            await asyncio.to_thread(pair.fail_over)
+            enqueue_sql(conn, 1)  # written to the promoted replica: its entry id is newer than the lost ones
+            await wait_event(signals.redis_loss, 10)
+            async with aioredis.Redis.from_url(pair.url) as redis:
+
+                async def refresh() -> bool:
+                    return set(ids[3:]) <= {int(e["id"]) for e in await entries(redis, prefix)}
+
+                await wait_until_async(refresh, 10, message="the lost tail back in the stream")
+        counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
+        conn.commit()
+    found = [r for r in caplog.records if r.getMessage().startswith("Redis lost the newest entries")]
+    assert [getattr(r, "found_by", None) for r in found] == ["the written counter"]
+    # Nothing ran (no worker): every job queued when the loss was found is published again, once.
+    assert [counts[i] for i in ids] == [2] * 6, counts

@@ -1,10 +1,10 @@
-"""High-water marks per stream: how a lost tail is told from a healthy stream."""
+"""High-water marks per stream and the written counter: how a lost tail is told from a healthy stream."""
 
 from __future__ import annotations
 
 import pytest
 
-from postbox.relay.watermark import HighWater, parse_entry_id
+from postbox.relay.watermark import HighWater, WriteCount, parse_entry_id
 
 
 def test_entry_ids_compare_by_milliseconds_then_sequence() -> None:
@@ -26,3 +26,15 @@ def test_the_mark_keeps_the_newest_id_per_stream_and_forgets_on_request() -> Non
     assert marks.snapshot() == {"a": (5, 1), "b": (3, 0)}
     marks.forget()
     assert marks.snapshot() == {}
+
+
+def test_the_written_counter_tells_a_loss_only_by_an_answer_lower_than_the_last_plus_the_batch() -> None:
+    count = WriteCount()
+    assert count.answered(3, 103) is False  # the first answer is the starting point, whatever it is
+    assert count.answered(2, 105) is False
+    assert count.answered(4, 112) is False  # higher: a batch whose answer was lost (a cut connection) was applied
+    assert count.answered(1, 110) is True  # lower than 112 + 1: writes before this batch are gone
+    assert count.answered(1, 111) is False  # and the short answer is the new starting point
+    count.forget()
+    assert count.answered(5, 5) is False  # after a recovery (or in a new term): a fresh start, even from zero
+    assert count.answered(1, 1) is True  # a server that restarted empty answers from zero again
