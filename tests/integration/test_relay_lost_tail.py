@@ -152,24 +152,27 @@ async def test_a_new_leader_notices_a_tail_lost_before_its_term_began(
 async def test_a_server_that_refuses_xinfo_does_not_stop_publishing(
     settings: Settings, conn: psycopg.Connection[Any], private_redis: Any
 ) -> None:
-    """An ACL (or a managed Redis) without XINFO: the tail check is skipped, publishing goes on."""
+    """An ACL (or a managed Redis) without XINFO, nor INCRBY for the written counter: the tail check is skipped,
+    the counter's refusal ignored, and publishing goes on."""
     admin = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
 
-    async def xinfo_refused() -> int:
+    async def refused(command: str) -> int:
         stats = await admin.info("commandstats")
-        return sum(int(v.get("rejected_calls", 0)) for k, v in stats.items() if k.startswith("cmdstat_xinfo"))
+        return sum(int(v.get("rejected_calls", 0)) for k, v in stats.items() if k.startswith(f"cmdstat_{command}"))
 
     try:
-        await admin.execute_command("ACL", "SETUSER", "relay", "on", ">pw", "~*", "&*", "+@all", "-xinfo")
+        await admin.execute_command("ACL", "SETUSER", "relay", "on", ">pw", "~*", "&*", "+@all", "-xinfo", "-incrby")
         limited = settings.model_copy(
             update={"redis_url": private_redis.url.replace("redis://", "redis://relay:pw@", 1)}
         )
         async with running_relay(limited, epoch_check_interval=0.05) as (relay, _):
             enqueue_sql(conn, 3)
             await wait_until_async(lambda: relay.published_total == 3, 10, message="first 3 published")
-            await wait_until_async(xinfo_refused, 10, message="a tail check refused by the ACL")
+            await wait_until_async(lambda: refused("xinfo"), 10, message="a tail check refused by the ACL")
             enqueue_sql(conn, 3)
             await wait_until_async(lambda: relay.published_total == 6, 10, message="3 more published after the refusal")
+            assert await refused("incrby") == 2  # the counter of each of the two batches, refused and ignored
+            assert relay.reconciler is not None and not relay.reconciler.publisher.writes_lost
     finally:
         await admin.aclose()
 
