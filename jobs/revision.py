@@ -29,7 +29,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0017_key_lookups"
+REQUIRED = "0018_notify_payload"
 
 
 def order(revision: str) -> int | None:

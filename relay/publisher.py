@@ -141,6 +141,11 @@ class Publisher:
         self._held: list[_Held] = []
         self._held_ids: list[int] = []
         self._held_since = 0.0
+        # The highest id a select returned or a notification's row carried in this term: a row
+        # that came with its notification at or below it may have gone out already, and is left
+        # to the select (publish_notified). None: nothing seen yet.
+        self._seen_max: int | None = None
+        self.notified_published = 0  # rows published from their notifications (tests, docs/relay.md)
 
     async def events_wanted(self) -> bool:
         """Whether to PUBLISH ``published`` events: always, never, or while the channel has subscribers."""
@@ -257,9 +262,51 @@ class Publisher:
             {"after": after, "limit": limit or self.batch_size, "held": pgarray.ints(self._held_ids)},
         )
         rows = await cur.fetchall()
+        if rows:
+            self._seen(rows[-1][0])  # in id order
         if len(rows) >= self.batch_size:
             await self.check_statistics(conn)
         return rows
+
+    def _seen(self, job_id: int) -> None:
+        if self._seen_max is None or job_id > self._seen_max:
+            self._seen_max = job_id
+
+    async def publish_notified(
+        self,
+        conn: AsyncConnection[Any],
+        rows: Sequence[Row],
+        on_batch: Callable[[BatchResult], None] | None = None,
+        *,
+        hold: bool = False,
+    ) -> BatchResult | None:
+        """Publish rows that came with their notifications (relay/notifier.py), before any select.
+
+        A row is sent only if no select of this term can have returned it (its id is above
+        every id seen) and it is not held: anything else is left to the select that follows,
+        which finds a row still unpublished and skips one held or marked. ``hold`` as in
+        :meth:`publish_burst`. Returns the batch's result (None: nothing was sent).
+        """
+        fresh: list[Row] = []
+        for row in sorted(rows, key=lambda r: r[0]):
+            if (self._seen_max is None or row[0] > self._seen_max) and row[0] not in self._held_ids:
+                fresh.append(row)
+                self._seen(row[0])
+        if not fresh:
+            return None
+        result, live = await self._expire(conn, fresh)
+        ids, sids, result.failed = await self.xadd_rows(live)
+        self.notified_published += len(ids)
+        attempts = attempts_of(live, ids)
+        if hold and self.mark_delay > 0 and ids:
+            self._hold(result, ids, sids, attempts, on_batch)
+            if len(self._held_ids) >= self.batch_size:
+                await self.flush_marks(conn)
+        else:
+            await self._mark(conn, result, ids, sids, attempts)
+            if on_batch is not None:
+                on_batch(result)
+        return result
 
     async def next_due(self, conn: AsyncConnection[Any]) -> float | None:
         """Seconds until the next delayed row is due (None: none waits).

@@ -45,7 +45,7 @@ from postbox.cancellation import cancel_all
 from postbox.relay.fairness import FairQueues, FillResult
 from postbox.relay.leader import LeaderSession, LeadershipLost
 from postbox.relay.metrics import RelayMetrics
-from postbox.relay.notifier import Notifier
+from postbox.relay.notifier import Notifier, notified_rows
 from postbox.relay.publisher import BatchResult, Publisher
 from postbox.relay.reconciler import Reconciler
 from postbox.relay.scheduler import ScheduleDuty
@@ -69,6 +69,7 @@ class RelaySignals:
     listening: asyncio.Event | None = None  # LISTEN (re)established
     workflow_events_listening: asyncio.Event | None = None  # the workflow events' LISTEN (re)established
     redis_loss: asyncio.Event | None = None  # a Redis data loss was detected
+    idle: asyncio.Event | None = None  # the leader's loop went to wait, nothing in hand and no wake-up pending
     stopped: asyncio.Event | None = None
     before_mark: Callable[[list[int]], Awaitable[None]] | None = None  # awaited between XADD and mark
 
@@ -84,6 +85,7 @@ class RelaySignals:
             listening=asyncio.Event(),
             workflow_events_listening=asyncio.Event(),
             redis_loss=asyncio.Event(),
+            idle=asyncio.Event(),
             stopped=asyncio.Event(),
         )
 
@@ -303,8 +305,10 @@ class Relay:
         self._wake = wake
         if self.stopping:
             wake.set()
-        self.notifier = Notifier(self.database_url, wake, on_listening=lambda: _fire(self.signals.listening))
-        listener = asyncio.create_task(self.notifier.run(), name=f"{self.id}-listener")
+        notifier = self.notifier = Notifier(
+            self.database_url, wake, on_listening=lambda: _fire(self.signals.listening)
+        )
+        listener = asyncio.create_task(notifier.run(), name=f"{self.id}-listener")
         # Workflow events (relay/workflow_events.py): releases, cascade cancels and ended
         # workflows, forwarded from PostgreSQL's NOTIFYs on a connection of their own.
         self.workflow_events = WorkflowEvents(
@@ -364,6 +368,7 @@ class Relay:
             while not self.stopping:
                 notified = wake.is_set()  # an insert's NOTIFY (or a stop) woke this round
                 wake.clear()
+                payloads = notifier.take()  # jobs that came with their notifications (relay/notifier.py)
                 await schedules.step(conn)  # needs no Redis: occurrences go to the outbox
                 try:
                     # Redis-loss check first (so a loss is never mistaken for our own fresh
@@ -372,6 +377,9 @@ class Relay:
                     if now >= next_check or publisher.writes_lost:
                         await reconciler.check(conn)
                         next_check = now + reconciler.check_every(self.epoch_check_interval)
+                    if payloads:  # sent before the select, which skips them as held: one round trip less per job
+                        carried = notified_rows(payloads, self.settings.schema_name)
+                        await publisher.publish_notified(conn, carried, on_batch=self._record, hold=True)
                     results = await publisher.publish_burst(
                         conn,
                         # one batch at a time while a fair queue's jobs wait: its window is
@@ -424,6 +432,8 @@ class Relay:
                 for hint in (reconciler.wait_hint(), schedules.wait_hint(), fair.wait_hint()):
                     if hint is not None:
                         timeout = min(timeout, max(0.001, hint))
+                if not wake.is_set():
+                    _fire(self.signals.idle)
                 await self._wait(wake, timeout)
             await publisher.flush_marks(conn)  # stopping: what was sent is marked, not sent again
         finally:
