@@ -30,7 +30,7 @@ from postbox.db import connect_async
 log = logging.getLogger(__name__)
 
 LISTENER_APPLICATION_NAME = "postbox-relay-listener"
-MAX_PAYLOADS = 10_000  # kept between two turns of the publish loop; older ones are dropped (the select finds them)
+MAX_PAYLOADS = 10_000  # kept between two turns of the publish loop; past that, a wake-up counts as bare
 
 
 def notified_rows(payloads: Iterable[str], schema_name: str) -> list[tuple[Any, ...]]:
@@ -80,13 +80,17 @@ class Notifier:
         self.reconnect_delay = reconnect_delay
         self.on_listening = on_listening
         self.backend_pid: int | None = None
-        self.payloads: deque[str] = deque(maxlen=MAX_PAYLOADS)
+        self.payloads: deque[str] = deque()
+        # A wake-up since the last take() that carried no job (an empty notification, a (re)LISTEN,
+        # a lost connection, payloads dropped for room): the loop must select.
+        self.bare = False
 
-    def take(self) -> list[str]:
-        """The payloads received since the last call (the publish loop's turn)."""
-        taken = list(self.payloads)
+    def take(self) -> tuple[list[str], bool]:
+        """The payloads received since the last call (the publish loop's turn), and whether a wake-up came bare."""
+        taken, bare = list(self.payloads), self.bare
         self.payloads.clear()
-        return taken
+        self.bare = False
+        return taken, bare
 
     async def run(self) -> None:
         delay = self.reconnect_delay
@@ -99,15 +103,21 @@ class Notifier:
                 await conn.execute(sql.active().OUTBOX_LISTEN)
                 self.backend_pid = conn.info.backend_pid
                 delay = self.reconnect_delay
+                self.bare = True
                 self.wake.set()  # poll right after every (re-)LISTEN: anything sent meanwhile is lost
                 if self.on_listening is not None:
                     self.on_listening()
                 async for note in conn.notifies():
-                    if note.payload:
+                    if not note.payload:
+                        self.bare = True
+                    elif len(self.payloads) == MAX_PAYLOADS:  # the oldest would be dropped: select instead
+                        self.bare = True
+                    else:
                         self.payloads.append(note.payload)
                     self.wake.set()
             except psycopg.Error as exc:
                 log.warning("listener disconnected, reconnecting", extra={"error": str(exc).strip()})
+                self.bare = True
                 self.wake.set()
             finally:
                 self.backend_pid = None

@@ -279,13 +279,14 @@ class Publisher:
         on_batch: Callable[[BatchResult], None] | None = None,
         *,
         hold: bool = False,
-    ) -> BatchResult | None:
+    ) -> tuple[BatchResult | None, bool]:
         """Publish rows that came with their notifications (relay/notifier.py), before any select.
 
         A row is sent only if no select of this term can have returned it (its id is above
-        every id seen) and it is not held: anything else is left to the select that follows,
-        which finds a row still unpublished and skips one held or marked. ``hold`` as in
-        :meth:`publish_burst`. Returns the batch's result (None: nothing was sent).
+        every id seen) and it is not held: anything else is left to a select, which finds a
+        row still unpublished and skips one held or marked. ``hold`` as in :meth:`publish_burst`.
+        Returns the batch's result (None: nothing was sent) and whether every row was dealt
+        with here (sent, expired or handed to a fair queue): if not, the loop must select.
         """
         fresh: list[Row] = []
         for row in sorted(rows, key=lambda r: r[0]):
@@ -293,7 +294,7 @@ class Publisher:
                 fresh.append(row)
                 self._seen(row[0])
         if not fresh:
-            return None
+            return None, not rows
         result, live = await self._expire(conn, fresh)
         ids, sids, result.failed = await self.xadd_rows(live)
         self.notified_published += len(ids)
@@ -306,7 +307,7 @@ class Publisher:
             await self._mark(conn, result, ids, sids, attempts)
             if on_batch is not None:
                 on_batch(result)
-        return result
+        return result, len(fresh) == len(rows) and not result.failed
 
     async def next_due(self, conn: AsyncConnection[Any]) -> float | None:
         """Seconds until the next delayed row is due (None: none waits).

@@ -363,12 +363,14 @@ class Relay:
         )
         next_beat = 0.0
         next_check = 0.0
+        selected_at = 0.0  # when the last select went out (monotonic)
+        backlog = False  # its last batch was full
         redis_down = False
         try:
             while not self.stopping:
                 notified = wake.is_set()  # an insert's NOTIFY (or a stop) woke this round
                 wake.clear()
-                payloads = notifier.take()  # jobs that came with their notifications (relay/notifier.py)
+                payloads, bare = notifier.take()  # jobs that came with their notifications (relay/notifier.py)
                 await schedules.step(conn)  # needs no Redis: occurrences go to the outbox
                 try:
                     # Redis-loss check first (so a loss is never mistaken for our own fresh
@@ -377,18 +379,28 @@ class Relay:
                     if now >= next_check or publisher.writes_lost:
                         await reconciler.check(conn)
                         next_check = now + reconciler.check_every(self.epoch_check_interval)
-                    if payloads:  # sent before the select, which skips them as held: one round trip less per job
+                    carried_all, batch = False, None
+                    if payloads:  # sent before any select, which skips them as held: one round trip less per job
                         carried = notified_rows(payloads, self.settings.schema_name)
-                        await publisher.publish_notified(conn, carried, on_batch=self._record, hold=True)
-                    results = await publisher.publish_burst(
-                        conn,
-                        # one batch at a time while a fair queue's jobs wait: its window is
-                        # refilled between batches, not after a burst keying a backlog
-                        max_batches=1 if fair.busy() else 8,
-                        keep_going=lambda: not self.stopping,
-                        on_batch=self._record,
-                        hold=True,  # a part batch's mark may wait, to go with the next ones
-                    )
+                        batch, sent = await publisher.publish_notified(conn, carried, on_batch=self._record, hold=True)
+                        carried_all = sent and len(carried) == len(payloads) and not bare and notified
+                    if carried_all and not backlog and now - selected_at < self.settings.poll_interval:
+                        # Every wake-up since the last turn brought its job and each went out: the
+                        # select would find nothing those did not, as one at most a poll interval ago
+                        # found the rest (docs/relay.md, "Jobs that come with their notification").
+                        results = [batch or BatchResult()]
+                    else:
+                        selected_at = now
+                        results = await publisher.publish_burst(
+                            conn,
+                            # one batch at a time while a fair queue's jobs wait: its window is
+                            # refilled between batches, not after a burst keying a backlog
+                            max_batches=1 if fair.busy() else 8,
+                            keep_going=lambda: not self.stopping,
+                            on_batch=self._record,
+                            hold=True,  # a part batch's mark may wait, to go with the next ones
+                        )
+                        backlog = results[-1].selected >= batch_size
                     await publisher.flush_marks(conn, due_only=True)
                     await fair.step(conn, notified=notified)
                     await reconciler.step(conn)

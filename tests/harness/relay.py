@@ -35,9 +35,15 @@ async def running_relay(settings: Settings, **options: Any) -> AsyncIterator[tup
 
 
 def enqueue_sql(
-    conn: psycopg.Connection[Any], n: int = 1, *, queue: str = "default", priority: int = 5, delay: float = 0.0
+    conn: psycopg.Connection[Any],
+    n: int = 1,
+    *,
+    queue: str = "default",
+    priority: int = 5,
+    delay: float = 0.0,
+    commit: bool = True,
 ) -> list[int]:
-    """Insert ``n`` noop jobs with the SQL function and commit; return their ids."""
+    """Insert ``n`` noop jobs with the SQL function and commit (unless told not to); return their ids."""
     ids = []
     for _ in range(n):
         row = conn.execute(
@@ -46,7 +52,8 @@ def enqueue_sql(
         ).fetchone()
         assert row is not None
         ids.append(int(row[0]))
-    conn.commit()
+    if commit:
+        conn.commit()
     return ids
 
 

@@ -21,9 +21,9 @@ from tests.harness.relay import enqueue_sql, entries, running_relay
 from tests.harness.tasks import core as tasks_core
 from tests.harness.wait import wait_event, wait_until_async
 
-# Wake-ups only from notifications (and a heartbeat every 2 s): a turn the test did not cause could
-# select a job committed meanwhile before its notification is read, and the job would go out selected.
-QUIET = {"heartbeat_interval": 2.0, "epoch_check_interval": 30.0}
+# Wake-ups only from notifications, held marks and a heartbeat every 2 s (no poll, check or sweep for 30 s):
+# a turn the test did not cause could select a job committed meanwhile before its notification is read.
+QUIET = {"heartbeat_interval": 2.0, "epoch_check_interval": 30.0, "sweep_interval": 3600.0, "sweep_min_age": 3600.0}
 
 
 def quiet(settings: Settings) -> Settings:
@@ -159,3 +159,32 @@ async def test_another_schemas_a_malformed_or_an_already_seen_jobs_notification_
         assert publisher_of(relay).notified_published == 2
         expected = sorted([first, *barrier, second])
         assert sorted(int(e["id"]) for e in await entries(redis, settings.redis_prefix)) == expected
+
+
+async def test_a_lower_id_committed_late_is_selected_at_once_not_at_the_next_poll(
+    settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
+) -> None:
+    """Its payload comes after a higher id went out from its own: dropped, and that turn selects (no poll for 30 s)."""
+    async with running_relay(quiet(settings), **QUIET) as (relay, signals):
+        await until_idle(signals)
+        with psycopg.connect(conn.info.dsn) as late:
+            [low] = enqueue_sql(late, 1, commit=False)  # its id first, its commit last
+            [high] = enqueue_sql(conn, 1)
+            await wait_until_async(lambda: relay.published_total == 1, 10, message="the higher id published")
+
+            def marked() -> bool:
+                state = conn.execute("SELECT state FROM postbox.outbox WHERE id = %s", (high,)).fetchone()
+                conn.commit()
+                return state == ("queued",)
+
+            await wait_until_async(marked, 10, message="its held mark")  # the turn that marks it selects too
+            await until_idle(signals)
+            assert signals.idle is not None
+            signals.idle.clear()
+            late.commit()
+            await wait_event(signals.idle, 10)  # the turn its notification caused is over...
+        # ...and it selected: the job is in the stream (not left to a poll, a sweep or a schedule's look)
+        assert sorted(int(e["id"]) for e in await entries(redis, settings.redis_prefix)) == [low, high]
+        await wait_until_async(lambda: relay.published_total == 2, 10, message="its held mark")
+        assert publisher_of(relay).notified_published == 1
+        assert sorted(int(e["id"]) for e in await entries(redis, settings.redis_prefix)) == [low, high]
