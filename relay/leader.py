@@ -33,10 +33,11 @@ the lock forever.
 from __future__ import annotations
 
 import os
+import select
 import socket
 from typing import Any
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, pq
 
 from postbox import sql
 from postbox.db import connect_async, worker_bounds
@@ -96,6 +97,24 @@ class LeaderSession:
     @property
     def backend_pid(self) -> int:
         return self.conn.info.backend_pid
+
+    def looks_alive(self) -> bool:
+        """Whether the lock session still stands, as far as its socket tells without a round trip.
+
+        The session is idle between the loop's statements and asked for nothing, so the
+        server has nothing to say on it: anything waiting to be read (a terminated
+        backend's last message, its closed socket) means it may be gone. A network that
+        went silent does not show here. A relay about to send jobs that came with their
+        notifications asks this first (relay/service.py): the listener's own connection
+        can outlive the lock session, and a deposed leader must not send what its
+        successor sends too. A false alarm (a notice the server sent unasked) costs one
+        select, which reads it.
+        """
+        if self.conn.closed or self.conn.pgconn.status != pq.ConnStatus.OK:
+            return False
+        poller = select.poll()
+        poller.register(self.conn.pgconn.socket, select.POLLIN)
+        return not poller.poll(0)
 
     async def register(self, role: str) -> None:
         await self.conn.execute(

@@ -380,7 +380,7 @@ class Relay:
                         await reconciler.check(conn)
                         next_check = now + reconciler.check_every(self.epoch_check_interval)
                     carried_all, batch = False, None
-                    if payloads:  # sent before any select, which skips them as held: one round trip less per job
+                    if payloads and session.looks_alive():  # sent before any select, which skips them as held
                         carried = notified_rows(payloads, self.settings.schema_name)
                         batch, sent = await publisher.publish_notified(conn, carried, on_batch=self._record, hold=True)
                         carried_all = sent and len(carried) == len(payloads) and not bare and notified
