@@ -4,7 +4,7 @@ The outbox's statement trigger sent an empty ``postbox_outbox`` notification,
 and the relay answered each with a select of the due, unpublished rows: at a
 moderate rate, one job per wake-up, that select was a round trip on every
 job's path from its commit to its handler (450 µs of the 2.6 ms at 200 jobs/s
-on the 2-vCPU machine, docs/benchmarks.md, sixteenth round). Now, when a
+on the 2-vCPU machine, docs/benchmarks.md, fifteenth round). Now, when a
 statement inserted one row that the relay would select as it is (``pending``,
 due, no fair queue's key), the notification's payload is that row as the
 relay's select returns it, as a JSON array: the schema, id, queue, task,

@@ -22,7 +22,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+import redis
 
+from postbox import events
+from postbox.streams import events_channel
 from tests.harness.fleet import child
 from tests.harness.redis_server import free_port
 from tests.harness.wait import wait_until
@@ -589,6 +592,18 @@ def test_a_failed_attempts_traceback_and_times_labelled_with_their_zone(
         expect(tb).to_have_count(1)
         expect(tb.locator("pre.traceback")).to_be_hidden()  # collapsed until asked for
         tb.locator("summary").click()
+        expect(tb.locator("pre.traceback")).to_be_visible()
+        # The page is drawn again on this job's events (and when the live socket connects): what the reader
+        # opened stays open. The drawn element is marked, an event sent, and the new one looked at.
+        page.evaluate("document.querySelector('details.traceback').dataset.drawn = 'before'")
+        with redis.Redis.from_url(env["POSTBOX_REDIS_URL"]) as client:
+
+            def redrawn() -> bool:
+                evt = events.event("progress", job_id=dead, queue="apiq", task="api_sum", attempt=1)
+                client.publish(events_channel(env["POSTBOX_REDIS_PREFIX"]), events.encode(evt))
+                return page.locator("details.traceback[data-drawn]").count() == 0
+
+            wait_until(redrawn, TIMEOUT_MS / 1000, interval=0.5, message="the job page drawn again")
         expect(tb.locator("pre.traceback")).to_be_visible()
         expect(tb.locator("pre.traceback")).to_have_text(TRACEBACK)  # as text: the markup is not rendered
         assert tb.locator("pre.traceback b").count() == 0

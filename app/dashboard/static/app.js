@@ -659,6 +659,13 @@ function jobPage(id) {
   // The page draws into its own element: an answer arriving after the reader moved on lands in a detached one.
   const body = h("div", {}, h("h1", {}, `Job ${id}`));
   main.replaceChildren(body);
+  // The tracebacks the reader opened stay open when the page is drawn again (a live event, the socket reconnecting).
+  const opened = new Set();
+  function traceback(a) {
+    const key = `${a.attempt}/${a.life || 1}`;
+    const toggled = (event) => (event.target.open ? opened.add(key) : opened.delete(key));
+    return h("details", { class: "traceback", open: opened.has(key), ontoggle: toggled }, h("summary", {}, "traceback"), h("pre", { class: "traceback" }, a.traceback));
+  }
   async function refresh() {
     let job;
     try {
@@ -724,9 +731,7 @@ function jobPage(id) {
             title: "error",
             cell: (a) => [
               a.error ? h("pre", { class: "error" }, `${a.error_class || ""}: ${a.error}`) : "",
-              a.traceback
-                ? h("details", { class: "traceback" }, h("summary", {}, "traceback"), h("pre", { class: "traceback" }, a.traceback))
-                : "",
+              a.traceback ? traceback(a) : "",
             ],
           },
         ],
