@@ -284,7 +284,9 @@ def test_a_query_larger_than_the_socket_buffer_goes_out_through_psycopgs_wait(
             for _ in range(2):
                 cur = await conn.execute("SELECT length(%s::text)", [big])
                 assert await cur.fetchone() == (len(big),)
-            assert psycopg_waits == 2
+            # At least one of the two sends found the socket full (32 MB against a few MB of buffer); the
+            # other may not have: a server that reads as fast as we write leaves it writable at every look.
+            assert 1 <= psycopg_waits <= 2
             cur = await conn.execute("SELECT 9")
             assert await cur.fetchone() == (9,)
             assert conn._reader is not None and conn._reader.registered
