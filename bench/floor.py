@@ -1,16 +1,18 @@
 """The contract's shortest path, as the floor under ``bench latency``: ``python -m postbox_bench.floor --rate 1000``.
 
 The delivery contract fixes the hops a job takes from its commit to its
-handler: the outbox's NOTIFY wakes the relay, the relay reads the row and
-XADDs it to Redis Streams, Redis hands the entry to a consumer of the group,
+handler: the outbox's NOTIFY wakes the relay (carrying the row, for a one-job
+insert), the relay XADDs it to Redis Streams, Redis hands the entry to a consumer of the group,
 and the worker claims the row in PostgreSQL before the handler runs. This tool
 runs two minimal processes that take exactly those hops and nothing else (no
 leadership, term or fence, no flow control, retries, metrics, wake-ups over
 many streams, fair queues or workflows), with the same producer, the same
 probe line and the same statistic as ``bench latency``:
 
-- ``floor``: the relay LISTENs, selects the due rows, XADDs them in one
-  pipeline and marks them; the worker blocks in ``XREADGROUP ... >`` (the entry
+- ``floor``: the relay LISTENs and XADDs the job a notification carries (a
+  one-job insert's, postbox's trigger), marking such jobs every 25 ms; on a
+  notification without one (a bulk insert) it selects the due rows, XADDs them
+  in one pipeline and marks them; the worker blocks in ``XREADGROUP ... >`` (the entry
   comes with the wake-up), claims the batch, writes the probe lines, and records
   the successes and acknowledges in the background.
 - ``floor-xread``: the same, but the worker wakes on a plain ``XREAD BLOCK``
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
 
+import orjson
 import psycopg
 import redis.asyncio as aioredis
 from psycopg import AsyncClientCursor
@@ -75,6 +78,7 @@ EFFECT = "effect"  # the worker of the exactly-once floor (bench_effect jobs), f
 EFFECT_ASYNCPG = "effect-asyncpg"  # the same on asyncpg connections
 GROUP = "floor"
 BATCH = 50
+MARK_EVERY = 0.025  # seconds between the marks of jobs sent from their notification (as postbox's held marks)
 WORKER = "floor"  # the effect worker's name in its claims and fenced successes
 
 SELECT_DUE: LiteralString = """
@@ -125,7 +129,14 @@ def stream_key(prefix: str) -> str:
 
 
 async def relay_main(database_url: str, redis_url: str, prefix: str) -> None:
-    """LISTEN; per wake-up: select the due rows, XADD them (one pipeline), mark them."""
+    """LISTEN; a notification that carries its job: XADD it at once; any other: select the due rows, XADD them.
+
+    A one-job insert's notification carries the job (postbox's outbox trigger), so
+    the shortest path sends it without selecting it, as postbox's relay does; the
+    marks of such jobs go out every ``MARK_EVERY`` seconds, off the path. A
+    notification without a job (a bulk insert) and the start wake the select: one
+    pipeline of XADDs, then the mark, as before.
+    """
     key = stream_key(prefix)
     redis = aioredis.Redis.from_url(redis_url)
     with contextlib.suppress(ResponseError):  # BUSYGROUP: the worker made it first
@@ -135,31 +146,59 @@ async def relay_main(database_url: str, redis_url: str, prefix: str) -> None:
     listener = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
     await listener.execute("LISTEN postbox_outbox")
     wake = asyncio.Event()
+    wake.set()
+    unmarked: list[int] = []  # sent from their notification, not marked yet
+    sent: set[int] = set()  # the same, for the select to leave out
 
     async def listen() -> None:
-        async for _ in listener.notifies():
-            wake.set()
+        async for note in listener.notifies():
+            job_id = notified_id(note.payload)
+            if job_id is None:
+                wake.set()
+                continue
+            await redis.xadd(key, {"id": job_id})
+            unmarked.append(job_id)
+            sent.add(job_id)
+
+    async def mark_sent() -> None:
+        while True:
+            await asyncio.sleep(MARK_EVERY)
+            if unmarked:
+                ids = unmarked[:]
+                del unmarked[:]
+                await conn.execute(MARK, (ids,))
+                sent.difference_update(ids)
 
     listening = asyncio.ensure_future(listen())
+    marking = asyncio.ensure_future(mark_sent())
     try:
         while True:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
             wake.clear()
             rows = await (await conn.execute(SELECT_DUE)).fetchall()
-            if rows:
-                ids = [row[0] for row in rows]
+            ids = [row[0] for row in rows if row[0] not in sent]
+            if ids:
                 async with redis.pipeline(transaction=False) as pipe:
                     for job_id in ids:
                         pipe.xadd(key, {"id": job_id})
                     await pipe.execute()
                 await conn.execute(MARK, (ids,))
-                if len(rows) == 1000:
-                    continue
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
+            if len(rows) == 1000:
+                wake.set()
     finally:
         listening.cancel()
+        marking.cancel()
+
+
+def notified_id(payload: str) -> int | None:
+    """The job id a notification's payload carries (postbox's trigger: ``[schema, id, ...]``), or None."""
+    if not payload:
+        return None
+    item = orjson.loads(payload)
+    return item[1] if isinstance(item, list) and len(item) > 1 and type(item[1]) is int else None
 
 
 async def worker_main(
