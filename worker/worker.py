@@ -36,6 +36,7 @@ from postbox import db, definitions, events, redis_conn, revision, socket_wait
 from postbox import flow as flow_limits
 from postbox.cancellation import cancel_all
 from postbox.errors import SettingsError
+from postbox.pool import StackPool
 from postbox.progress import Progress
 from postbox.registry import Registry, default_registry
 from postbox.settings import Settings
@@ -148,7 +149,7 @@ class Worker:
     async def run(self) -> None:
         s = self.settings
         redis = redis_conn.connect(s, decode_responses=False)
-        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        pool: AsyncConnectionPool[Any] = StackPool(  # the connection returned last first (postbox.pool)
             s.require_database_url(),
             connection_class=socket_wait.Connection,  # one epoll registration per session, not per round trip
             min_size=2,

@@ -42,6 +42,7 @@ from postbox.app.api.state import ApiState, read_access, start_warnings
 from postbox.app.api.throttle import AuthThrottle
 from postbox.app.dashboard import install as install_dashboard
 from postbox.audience import Audience
+from postbox.pool import StackPool
 from postbox.registry import Registry, default_registry, load_task_modules
 from postbox.settings import Settings
 from postbox.streams import events_channel
@@ -66,7 +67,7 @@ def create_app(settings: Settings, registry: Registry | None = None, routers: Se
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = StackPool(  # the connection returned last first
             database_url,
             connection_class=socket_wait.Connection,  # one epoll registration per session, not per round trip
             min_size=1,
