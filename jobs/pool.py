@@ -16,7 +16,7 @@ Only the choice among idle connections changes; waiting, growing, checks and
 shrinking are psycopg_pool's own. The choice is made in a method psycopg_pool
 keeps private, so it is used only where that method looks as this class
 expects: otherwise the pool behaves exactly as psycopg_pool's (and
-``tests/unit/test_pool.py`` fails, so an upgrade that changes it is noticed).
+``tests/integration/test_pool.py`` fails, so an upgrade that changes it is noticed).
 """
 
 from __future__ import annotations

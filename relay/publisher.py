@@ -124,6 +124,7 @@ class Publisher:
         self.term: int | None = None  # the leader's term, checked by every mark (None: no lock, tools only)
         self.audience = Audience(redis, events_channel(prefix), interval=EVENTS_CHECK_INTERVAL, monotonic=monotonic)
         self.clock = clock
+        self._recording = tracing.RecordingCheck(monotonic=monotonic)
         self.known_groups: set[str] = set()
         self._ready_key = ready_key(prefix).encode()
         self.high_water = HighWater()  # newest entry id per stream, checked for a lost tail (relay/reconciler.py)
@@ -191,7 +192,7 @@ class Publisher:
         await self.ensure_groups(keys)
         emit = await self.events_wanted()
         now_ms = int(self.clock() * 1000)
-        with tracing.publish_span(rows):
+        with tracing.publish_span(rows, recorded=self._recording()):
             chunks, routes = self._encode(rows, keys, emit, now_ms)
             if self.cluster:  # each node's share in parallel, one reply per command as on one server
                 results = await redis_conn.send_per_node(

@@ -456,8 +456,13 @@ class Relay:
             self.workflow_events = None
 
     async def _wait(self, wake: asyncio.Event, seconds: float) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the wait in a task of its
+        # own, and a wake-up reached this loop three turns of the event loop after the set().
+        if wake.is_set():
+            return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await wake.wait()
 
     def _record(self, result: BatchResult) -> None:
         if not result.selected:

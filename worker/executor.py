@@ -58,8 +58,7 @@ class Executor:
         self._on_progress = on_progress
         self._rand = rand
         self._handlers: dict[str, tuple[TaskSpec, bool, bool]] = {}
-        self._tracing = False  # tracing.recording(), asked at most once a second (_recording())
-        self._tracing_at = -float("inf")
+        self._recording = tracing.RecordingCheck()
 
     def spec(self, task: str) -> TaskSpec | None:
         return self._registry.get(task) if task in self._registry else None
@@ -117,17 +116,6 @@ class Executor:
                 await hooks.call(hooks.registered.failure, info, exc)
             await hooks.call(hooks.registered.after, info)
         return outcome
-
-    def _recording(self) -> bool:
-        """:func:`postbox.tracing.recording`, looked up again after a second (a provider set later is seen then).
-
-        Each lookup reads the environment (OpenTelemetry's provider setting): about
-        2 % of the worker's CPU per job when it was asked for every run.
-        """
-        now = time.monotonic()
-        if now - self._tracing_at >= 1.0:
-            self._tracing, self._tracing_at = tracing.recording(), now
-        return self._tracing
 
     async def _run(self, job: Job, failures: list[BaseException] | None) -> Outcome:
         delivery = job.delivery
