@@ -174,6 +174,7 @@ class Worker:
             await self._ensure_groups_at_start(redis)
             self._redis = redis
             self._pool = pool
+            self._claimer = claims.Claimer(pool, worker_id=self.id, lease=self._lease)
             self._consumer = Consumer(redis, consumer=self.id, ready=ready_key(self._prefix))
             self._reclaimer = Reclaimer(
                 redis, pool, prefix=self._prefix, consumer=self.id, min_idle=s.visibility_timeout
@@ -252,6 +253,10 @@ class Worker:
                 background.append(isolation.task)
             await cancel_all(background)
             threads.shutdown()
+            claimer = getattr(self, "_claimer", None)
+            if claimer is not None:
+                with contextlib.suppress(Exception):
+                    await claimer.close()
             await pool.close()
             await redis.aclose()
             log.info("worker stopped", extra={"worker_id": self.id})
@@ -593,7 +598,7 @@ class Worker:
                 await self._reload_limits()
         limits = self.limits
         if not limits:
-            return await claims.claim(self._pool, deliveries, worker_id=self.id, lease=self._lease)
+            return await self._claimer.claim(deliveries)
         plain: list[Delivery] = []
         limited: list[Delivery] = []
         for delivery in deliveries:
@@ -602,8 +607,8 @@ class Worker:
             else:
                 plain.append(delivery)
         if not limited:
-            return await claims.claim(self._pool, plain, worker_id=self.id, lease=self._lease)
-        batch = await claims.claim(self._pool, plain, worker_id=self.id, lease=self._lease)
+            return await self._claimer.claim(plain)
+        batch = await self._claimer.claim(plain)
         got = await flow_claims.claim(
             self._pool,
             limited,
