@@ -5,7 +5,15 @@ behind catches up without waiting, so a slow consumer cannot slow the offered
 load down (and hide its own latency).  Jobs are spread over a few producer
 connections (each its own thread), so a slow COMMIT on a busy machine delays
 one job, not the schedule.  The commit time of a job is ``time.time()`` right
-after COMMIT returned — the moment the producer knows the job exists.
+after its statement returned — the moment the producer knows the job exists.
+
+Each job is one statement on an autocommit connection, as the peers' producers
+enqueue (PgQueuer's ``Queries.enqueue`` is one statement, committed by
+itself): an application enqueueing in its own transaction pays the COMMIT for
+its own rows, and the bench's producer has none. With an explicit COMMIT after
+each INSERT the producer spent 430-500 µs of CPU per job at 1,000 jobs/s on the
+2-vCPU machine (docs/benchmarks.md, seventeenth round), against PgQueuer's
+~200, and the measured system shared the two cores with the difference.
 
 The producer's own cyclic garbage collector is held off while it paces
 (:func:`without_gc_pauses`): a full collection in the bench process (40 ms
@@ -89,13 +97,12 @@ def _produce(
 
     def lane(index: int) -> None:
         try:
-            with psycopg.connect(database_url) as own:
+            with psycopg.connect(database_url, autocommit=True) as own:
                 for i in range(index, total, lanes):
                     delay = start + i / rate - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
                     job_id = enqueue(own, task, {"n": i}, **(options(i) if options is not None else {}))
-                    own.commit()
                     committed = time.time()
                     with lock:
                         out.commits[job_id] = committed
