@@ -6,11 +6,14 @@ claim to a different backend of its pool, idle for the pool's size times that.
 On a small virtual machine a backend's first statement after a long rest costs
 far more than one right after another (its caches, and its idle CPU's wake-up):
 on the 2-vCPU machine of docs/benchmarks.md a claim's round trip in the worker
-was 740-840 µs at 200 jobs/s against 560 µs for the same claim on the one
-connection the floor keeps. Taking the connection returned last keeps the few
-connections that a light load needs busy and warm, and leaves the rest idle,
-where the pool's ``max_idle`` closes those above ``min_size`` (PgBouncer hands
-out its server connections the same way, for the same reason).
+was 740-840 µs at 200 jobs/s, the floor's claim 560 µs on the one connection
+it keeps (the two statements cost the same on equally rested backends).
+Taking the connection returned last keeps the few connections that a light
+load needs busy and warm, and leaves the rest idle, where the pool's
+``max_idle`` closes those above ``min_size`` (PgBouncer hands out its server
+connections the same way, for the same reason). The worker's claims now keep
+a connection of their own (``postbox.worker.claims.Claimer``); its outcomes and
+its handlers' transactions, and the API's requests, still come through here.
 
 Only the choice among idle connections changes; waiting, growing, checks and
 shrinking are psycopg_pool's own. The choice is made in a method psycopg_pool

@@ -52,9 +52,9 @@ class RecordingCheck:
     """:func:`recording`, asked again only after ``every`` seconds: what a hot loop calls instead.
 
     Each lookup reads the environment (OpenTelemetry's provider setting): about
-    2 % of the worker's CPU per job when it was asked for every run, and some
-    15 µs of the relay's path from a notification to its XADD. A provider set
-    later is seen within ``every`` seconds.
+    2 % of the worker's CPU per job when it was asked for every run, and one
+    lookup per batch on the relay's path from a notification to its XADD. A
+    provider set later is seen within ``every`` seconds.
     """
 
     def __init__(self, every: float = 1.0, monotonic: Callable[[], float] = time.monotonic) -> None:
