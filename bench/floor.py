@@ -54,13 +54,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, LiteralString
 
-import orjson
 import psycopg
 import redis.asyncio as aioredis
 from psycopg import AsyncClientCursor
 from redis.exceptions import ResponseError
 
 from postbox import sql, startup
+from postbox.relay.notifier import notified_rows
 from postbox.streams import GROUP as POSTBOX_GROUP
 from postbox.streams import split_meta
 from postbox.streams import stream_key as postbox_stream_key
@@ -152,10 +152,11 @@ async def relay_main(database_url: str, redis_url: str, prefix: str) -> None:
 
     async def listen() -> None:
         async for note in listener.notifies():
-            job_id = notified_id(note.payload)
-            if job_id is None:
+            carried = notified_rows([note.payload], "postbox") if note.payload else []
+            if not carried:
                 wake.set()
                 continue
+            job_id = carried[0][0]
             await redis.xadd(key, {"id": job_id})
             unmarked.append(job_id)
             sent.add(job_id)
@@ -191,14 +192,6 @@ async def relay_main(database_url: str, redis_url: str, prefix: str) -> None:
     finally:
         listening.cancel()
         marking.cancel()
-
-
-def notified_id(payload: str) -> int | None:
-    """The job id a notification's payload carries (postbox's trigger: ``[schema, id, ...]``), or None."""
-    if not payload:
-        return None
-    item = orjson.loads(payload)
-    return item[1] if isinstance(item, list) and len(item) > 1 and type(item[1]) is int else None
 
 
 async def worker_main(
