@@ -428,8 +428,12 @@ class Statements(schema.Templates):
 
     # The rows of fair queues among a batch the relay selected: each takes its key (the
     # declared argument's value as text, '' without it) and leaves the id-ordered list.
+    # Rows a fair queue's window already has (keyed before: a batch that came with its
+    # notifications is older than the relay's last look at the newest rows, which may
+    # have keyed them) are returned too, unlocked: they must not be published here either.
     # Rows of queues not (or no longer) fair are not returned: the relay publishes them.
-    # Locked in id order first, like the marks.
+    # Locked in id order first, like the marks. (The last SELECT reads the rows as they
+    # were before the UPDATE: a row keyed now is returned once, by ``keyed``.)
     JOB_SET_FAIR_KEY: LiteralString = """
     WITH locked AS MATERIALIZED (
         SELECT o.ctid FROM {schema}.outbox o
@@ -437,11 +441,17 @@ class Statements(schema.Templates):
            AND o.fair_key IS NULL AND o.queue IN (SELECT f.queue FROM {schema}.fair_queues f)
          ORDER BY o.id
            FOR UPDATE
+    ), keyed AS (
+        UPDATE {schema}.outbox o
+           SET fair_key = coalesce(o.args ->> (SELECT f.key_arg FROM {schema}.fair_queues f WHERE f.queue = o.queue), '')
+         WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked))
+        RETURNING o.id
     )
-    UPDATE {schema}.outbox o
-       SET fair_key = coalesce(o.args ->> (SELECT f.key_arg FROM {schema}.fair_queues f WHERE f.queue = o.queue), '')
-     WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked))
-    RETURNING o.id
+    SELECT id FROM keyed
+    UNION ALL
+    SELECT o.id FROM {schema}.outbox o
+     WHERE o.id = ANY(%(ids)s::int8[]) AND o.fair_key IS NOT NULL
+       AND o.queue IN (SELECT f.queue FROM {schema}.fair_queues f)
     """
 
     # The same for the rows of fair queues among the newest ``scan`` unkeyed waiting rows

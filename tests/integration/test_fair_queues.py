@@ -12,6 +12,9 @@ import redis.asyncio as aioredis
 from postbox import fairness
 from postbox.errors import InvalidOptionError
 from postbox.relay import RelaySignals
+from postbox.relay.fairness import FairQueues
+from postbox.relay.notifier import notified_rows
+from postbox.relay.publisher import Publisher
 from postbox.settings import Settings
 from tests.harness.relay import entries, lose_prefix, running_relay
 from tests.harness.wait import wait_until_async
@@ -118,6 +121,39 @@ async def test_a_late_key_is_served_before_the_backlog_and_priorities_order_each
         assert sorted(got) == sorted(a[:4] + high + none + [a[4]] + low)
     assert {k for i, k in keys(conn).items() if i in low + high} == {"7"}
     assert keys(conn)[none[0]] == ""
+
+
+async def test_a_job_keyed_before_its_notification_is_read_waits_for_the_window(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A turn's look at the newest rows can key a job whose notification the relay reads only on its next
+    turn; that notification's row is then held back with the others (no entry outside the window)."""
+    await aconn.set_autocommit(True)
+    fairness.declare(conn, QUEUE, by="tenant_id", window=1)
+    conn.commit()
+    publisher = Publisher(redis, settings.redis_prefix)
+    fair = FairQueues(publisher, default_window=10, poll_interval=0.02)
+    await fair.refresh(aconn, force=True)
+    [first] = enqueue(conn, 1, "a")
+    [late] = enqueue(conn, 1, "b")
+    await fair.step(aconn)  # keys both (the newest rows), fills the window of one with the first
+    assert keys(conn) == {first: "a", late: "b"}
+    assert await published(redis, settings) == [first]
+    row = conn.execute(
+        "SELECT id, queue, task, args::text, headers::text, priority, attempts,"
+        " (extract(epoch FROM created_at) * 1000)::int8 FROM postbox.outbox WHERE id = %s",
+        (late,),
+    ).fetchone()
+    conn.commit()
+    assert row is not None
+    carried = notified_rows([orjson.dumps(["postbox", *row, False]).decode()], "postbox")
+    result, dealt_with = await publisher.publish_notified(aconn, carried)
+    assert dealt_with is True
+    assert result is not None and (result.keyed, result.published) == ([late], [])
+    assert await published(redis, settings) == [first]
+    finish(conn, [first])
+    await fair.step(aconn, notified=False)
+    assert await published(redis, settings) == [first, late]
 
 
 async def test_a_redis_flush_keeps_the_window_counted_in_postgresql(
