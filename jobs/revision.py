@@ -29,7 +29,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0018_notify_payload"
+REQUIRED = "0019_mark_due"
 
 
 def order(revision: str) -> int | None:

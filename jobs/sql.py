@@ -443,7 +443,8 @@ class Statements(schema.Templates):
            FOR UPDATE
     ), keyed AS (
         UPDATE {schema}.outbox o
-           SET fair_key = coalesce(o.args ->> (SELECT f.key_arg FROM {schema}.fair_queues f WHERE f.queue = o.queue), '')
+           SET fair_key = coalesce(o.args ->> (SELECT f.key_arg FROM {schema}.fair_queues f
+                                                WHERE f.queue = o.queue), '')
          WHERE o.ctid = ANY(ARRAY(SELECT ctid FROM locked))
         RETURNING o.id
     )

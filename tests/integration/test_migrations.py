@@ -803,3 +803,28 @@ def test_0017_sets_the_key_lookups_inside_the_functions_only_and_downgrades_to_0
         assert conn.execute(success).fetchone() == (None, False)  # 0016's function, as it was
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
+
+
+def test_0019_marks_only_due_rows_and_downgrades_to_0018s_mark(empty_database_url: str) -> None:
+    settings = "SELECT proconfig FROM pg_proc WHERE proname = 'mark_published'"
+    mark = "SELECT marked FROM postbox.mark_published(%s::int8[], '{1-1,1-2}', NULL, '{0,0}')"
+    insert = (
+        "INSERT INTO postbox.outbox (queue, task, available_at) VALUES ('q', 't', now()), ('q', 't', now() + interval"
+        " '1 hour') RETURNING id"
+    )
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        ids = [r[0] for r in conn.execute(insert).fetchall()]
+        assert conn.execute(mark, (ids,)).fetchone() == (1,)  # the second was moved to a later time
+        assert conn.execute("SELECT state FROM postbox.outbox ORDER BY id").fetchall() == [("queued",), ("pending",)]
+        assert conn.execute(settings).fetchone() == (["plan_cache_mode=force_generic_plan", "random_page_cost=1.1"],)
+    migrate.downgrade(empty_database_url, "0018_notify_payload")
+    assert objects(empty_database_url) == everything
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        assert conn.execute(settings).fetchone() == (["plan_cache_mode=force_generic_plan", "random_page_cost=1.1"],)
+        conn.execute("DELETE FROM postbox.outbox")
+        ids = [r[0] for r in conn.execute(insert).fetchall()]
+        assert conn.execute(mark, (ids,)).fetchone() == (2,)  # 0018's mark: due or not
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything

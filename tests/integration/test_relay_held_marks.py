@@ -10,6 +10,8 @@ from typing import Any
 import psycopg
 import redis.asyncio as aioredis
 
+from postbox.app.services import moves
+from postbox.app.services.audit import Actor
 from postbox.relay.publisher import BatchResult, Publisher
 from postbox.settings import Settings
 from tests.harness.relay import enqueue_sql, entries, lose_prefix, running_relay
@@ -103,6 +105,35 @@ async def test_a_held_row_a_worker_claimed_first_is_left_to_the_claim(
     assert marks == [[job]]
     assert [(r.published, r.marked) for r in seen] == [([job], 0)]
     assert rows(conn) == [(job, "running", 0, entry["_sid"], True)]
+
+
+async def test_a_held_row_moved_to_a_later_time_is_left_unpublished_and_sent_again_when_due(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The move sees the row unpublished (its mark is held); the mark must not take it for sent (migration 0019)."""
+    await aconn.set_autocommit(True)
+    clock = Clock()
+    publisher, marks = held_publisher(redis, settings, clock)
+    [job] = enqueue_sql(conn)
+    seen: list[BatchResult] = []
+    await publisher.publish_burst(aconn, on_batch=seen.append, hold=True)
+    [stale] = await entries(redis, settings.redis_prefix)
+    moved = await moves.move_jobs(aconn, Actor("test"), ids=[job], delay=0.5)
+    assert [(m.id, m.was_published) for m in moved.moved] == [(job, False)]
+    clock.now += DELAY
+    await publisher.flush_marks(aconn, due_only=True)
+    assert marks == [[job]]
+    assert [(r.published, r.marked) for r in seen] == [([job], 0)]
+    assert rows(conn) == [(job, "pending", 0, None, False)]  # not queued behind an entry the claim skips
+
+    async def sent_again() -> bool:
+        await publisher.publish_burst(aconn)  # unheld: marked at once
+        return len(await entries(redis, settings.redis_prefix)) == 2
+
+    await wait_until_async(sent_again, 10, message="the job sent again once due")
+    fresh = [e for e in await entries(redis, settings.redis_prefix) if e["_sid"] != stale["_sid"]]
+    assert [int(e["id"]) for e in fresh] == [job]
+    assert rows(conn) == [(job, "queued", 1, fresh[0]["_sid"], True)]
 
 
 async def test_held_ids_reaching_a_batch_are_marked_at_once(
