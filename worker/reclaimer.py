@@ -27,6 +27,11 @@ from postbox.worker.delivery import Delivery, parse_delivery
 log = logging.getLogger(__name__)
 
 MAX_SCANS_PER_STREAM = 10
+# Streams per idle-entry script call on one server. Redis runs a script alone: over
+# 100 queues x 10 priorities one call for all 1,000 streams held every other client
+# back for 2.1 ms (3.5 at most) once a second (docs/benchmarks.md, eighteenth round).
+# In slices, sent one after another, others' commands run between them.
+IDLE_SLICE = 200
 
 # KEYS: streams. ARGV: group, min idle (ms). Returns the (1-based) indexes of the
 # streams holding an entry idle for at least min idle, and of those whose group
@@ -90,15 +95,19 @@ class Reclaimer:
         """Those of ``streams`` holding an entry idle past the visibility timeout, in their order.
 
         Asked before any capacity is taken: a pass over a worker's streams (one
-        script call; one per queue on a Redis Cluster, in parallel) must not keep
-        its reads waiting, and usually finds nothing. A missing group is recreated.
+        script call per :data:`IDLE_SLICE` streams, in turn; one per queue on a
+        Redis Cluster, in parallel) must not keep its reads waiting, and usually
+        finds nothing. A missing group is recreated.
         """
         if not streams:
             return []
-        groups = by_slot(streams) if is_cluster(self._redis) else [list(streams)]
-        replies = await asyncio.gather(
-            *(run_script(self._idle_script, group, [GROUP, self._min_idle_ms]) for group in groups)
-        )
+        args = [GROUP, self._min_idle_ms]
+        if is_cluster(self._redis):
+            groups = by_slot(streams)
+            replies = await asyncio.gather(*(run_script(self._idle_script, group, args) for group in groups))
+        else:
+            groups = [list(streams[i : i + IDLE_SLICE]) for i in range(0, len(streams), IDLE_SLICE)]
+            replies = [await run_script(self._idle_script, group, args) for group in groups]
         idle: set[str] = set()
         missing: list[str] = []
         for group, (found, lost) in zip(groups, replies, strict=True):
