@@ -84,9 +84,10 @@ async def test_part_batches_are_marked_together_once_the_delay_is_up_and_never_s
     assert await publisher.publish_burst(aconn, hold=True) == [BatchResult()]  # nothing left to send
 
 
-async def test_a_held_row_a_worker_claimed_first_is_left_to_the_claim(
+async def one_job_held(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
-) -> None:
+) -> tuple[Publisher, list[list[int]], Clock, int, list[BatchResult], dict[str, Any]]:
+    """One job sent with its mark held: the publisher, its marks, its clock, the job, the batches seen, the entry."""
     await aconn.set_autocommit(True)
     clock = Clock()
     publisher, marks = held_publisher(redis, settings, clock)
@@ -94,6 +95,13 @@ async def test_a_held_row_a_worker_claimed_first_is_left_to_the_claim(
     seen: list[BatchResult] = []
     await publisher.publish_burst(aconn, on_batch=seen.append, hold=True)
     [entry] = await entries(redis, settings.redis_prefix)
+    return publisher, marks, clock, job, seen, entry
+
+
+async def test_a_held_row_a_worker_claimed_first_is_left_to_the_claim(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    publisher, marks, clock, job, seen, entry = await one_job_held(settings, conn, redis, aconn)
     conn.execute(
         """UPDATE postbox.outbox SET state = 'running', attempts = 1, claimed_by = 'w', published_at = now(),
                   stream_id = %s, lease_until = now() + interval '30 s'""",
@@ -111,13 +119,7 @@ async def test_a_held_row_moved_to_a_later_time_is_left_unpublished_and_sent_aga
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
 ) -> None:
     """The move sees the row unpublished (its mark is held); the mark must not take it for sent (migration 0019)."""
-    await aconn.set_autocommit(True)
-    clock = Clock()
-    publisher, marks = held_publisher(redis, settings, clock)
-    [job] = enqueue_sql(conn)
-    seen: list[BatchResult] = []
-    await publisher.publish_burst(aconn, on_batch=seen.append, hold=True)
-    [stale] = await entries(redis, settings.redis_prefix)
+    publisher, marks, clock, job, seen, stale = await one_job_held(settings, conn, redis, aconn)
     moved = await moves.move_jobs(aconn, Actor("test"), ids=[job], delay=0.5)
     assert [(m.id, m.was_published) for m in moved.moved] == [(job, False)]
     clock.now += DELAY
