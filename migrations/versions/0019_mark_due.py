@@ -5,7 +5,7 @@ that are still unpublished and at the attempt it sent. Between the send and the
 mark (one round trip, or the hold of ``POSTBOX_RELAY_MARK_DELAY``; for a job
 sent from its notification, also the time the notification waited for the
 relay's turn) an operator can move the job to a later time (``POST
-/jobs/move``): the row is then unpublished with a future ``available_at``, and
+/api/v1/jobs/{id}/move``, ``postbox jobs move``): the row is then unpublished with a future ``available_at``, and
 the mark took it for sent. It became ``queued`` behind an entry the claim skips
 (not due), so the reconciler's sweep found its entry gone and published it again
 every few seconds, warning each time, until the new time came. The mark now also
