@@ -29,9 +29,7 @@ async def connect_async(
     url: str, *, autocommit: bool = False, application_name: str = "postbox", **kwargs: Any
 ) -> AsyncConnection[Any]:
     """A :class:`postbox.socket_wait.Connection`: its socket stays registered with the loop between round trips."""
-    return await socket_wait.Connection.connect(
-        url, autocommit=autocommit, application_name=application_name, **kwargs
-    )
+    return await socket_wait.Connection.connect(url, autocommit=autocommit, application_name=application_name, **kwargs)
 
 
 def _ms(seconds: float) -> str:

@@ -47,4 +47,3 @@ class StackPool(AsyncConnectionPool[AsyncConnection[Any]]):
             self._nconns_min = min(self._nconns_min, len(idle))  # what the pool's shrinking looks at
             return conn
         return await super()._get_ready_connection(timeout)
-

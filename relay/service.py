@@ -305,9 +305,7 @@ class Relay:
         self._wake = wake
         if self.stopping:
             wake.set()
-        notifier = self.notifier = Notifier(
-            self.database_url, wake, on_listening=lambda: _fire(self.signals.listening)
-        )
+        notifier = self.notifier = Notifier(self.database_url, wake, on_listening=lambda: _fire(self.signals.listening))
         listener = asyncio.create_task(notifier.run(), name=f"{self.id}-listener")
         # Workflow events (relay/workflow_events.py): releases, cascade cancels and ended
         # workflows, forwarded from PostgreSQL's NOTIFYs on a connection of their own.

@@ -55,9 +55,7 @@ CHECK_SCRIPT = textwrap.dedent(
 
 
 def test_the_recording_check_sees_a_provider_set_later_within_its_interval() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", CHECK_SCRIPT], capture_output=True, text=True, timeout=60, check=False
-    )
+    done = subprocess.run([sys.executable, "-c", CHECK_SCRIPT], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "no provider: False",
