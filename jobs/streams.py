@@ -5,6 +5,7 @@ Keys (with the default prefix ``postbox``)::
     postbox:{<queue>}:p<priority>   stream of one queue and priority (0-9)
     postbox:epoch                   random token; vanishes when Redis loses data
     postbox:ready                   set of the streams that may hold undelivered entries (one server only)
+    postbox:wake                    stream of wake-ups: an entry per relay write, naming its streams (one server only)
 
 The ``{queue}`` hash tag puts every stream of one queue in one Redis Cluster
 slot, so a worker's multi-stream XREADGROUP stays single-slot.
@@ -55,6 +56,39 @@ def ready_key(prefix: str) -> str:
     """The set of stream keys that may hold undelivered entries (one server; the read script keeps it, see
     ``postbox.worker.consumer``): the relay adds a stream with each XADD, a read removes one it finds empty."""
     return f"{prefix}:ready"
+
+
+def wake_key(prefix: str) -> str:
+    """The wake-up stream (one server): after each batch of XADDs the relay adds an entry naming the
+    batch's streams (:func:`wake_entry`). A worker over more streams than one blocked XREAD should name
+    blocks on this one key instead (``postbox.worker.consumer``). Trimmed to about :data:`WAKE_MAXLEN`."""
+    return f"{prefix}:wake"
+
+
+# Wake-up entries kept (approximately: MAXLEN ~). A worker only asks whether any came after the
+# last one it saw, so trimming never hides a newer one.
+WAKE_MAXLEN = 1000
+
+
+def wake_entry(streams: Iterable[tuple[str, int]]) -> list[bytes]:
+    """A wake-up entry's fields for a batch's (queue, priority) pairs: each queue once, its priorities as
+    digits (``b"emails", b"95"``). Queue names hold no spaces and priorities are single digits."""
+    by_queue: dict[str, str] = {}
+    for queue, priority in streams:
+        digits = by_queue.get(queue, "")
+        if str(priority) not in digits:
+            by_queue[queue] = digits + str(priority)
+    return [part for queue, digits in by_queue.items() for part in (queue.encode(), digits.encode())]
+
+
+def parse_wake(prefix: str, fields: Sequence[bytes | str]) -> set[str]:
+    """The stream keys a wake-up entry names (the flat field list of :func:`wake_entry`)."""
+    named: set[str] = set()
+    for queue, digits in zip(fields[::2], fields[1::2], strict=True):
+        name = queue.decode() if isinstance(queue, bytes) else queue
+        for digit in digits.decode() if isinstance(digits, bytes) else digits:
+            named.add(stream_key(prefix, name, int(digit)))
+    return named
 
 
 def epoch_key(prefix: str) -> str:

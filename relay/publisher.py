@@ -43,7 +43,16 @@ from postbox import events, pgarray, redis_conn, resp, sql, tracing
 from postbox.audience import Audience
 from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater, WriteCount
-from postbox.streams import GROUP, events_channel, ready_key, stream_key, written_key
+from postbox.streams import (
+    GROUP,
+    WAKE_MAXLEN,
+    events_channel,
+    ready_key,
+    stream_key,
+    wake_entry,
+    wake_key,
+    written_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +136,7 @@ class Publisher:
         self._recording = tracing.RecordingCheck(monotonic=monotonic)
         self.known_groups: set[str] = set()
         self._ready_key = ready_key(prefix).encode()
+        self._wake_key = wake_key(prefix).encode()
         self.high_water = HighWater()  # newest entry id per stream, checked for a lost tail (relay/reconciler.py)
         # The written counter (one server): an answer lower than the last one plus the batch means
         # Redis lost writes (a failover to a replica that missed them); the reconciler acts on it.
@@ -202,10 +212,16 @@ class Publisher:
                 # Then the batch's streams into the ready set (jobs/streams.py), after their XADDs: a
                 # read that runs between the two finds those streams in its walk of every stream.
                 chunks.append(resp.command(b"SADD", self._ready_key, *(key.encode() for key in set(keys))))
+                # Then the wake-up entry naming the batch's streams (jobs/streams.py, wake_key), after
+                # the XADDs and the SADD: a worker woken by it finds both.
+                chunks.append(resp.command(b"XADD", self._wake_key, b"MAXLEN", b"~", b"%d" % WAKE_MAXLEN, b"*",
+                                           *wake_entry((row[1], row[5]) for row in rows)))  # fmt: skip
                 # Last, the batch's count (relay/watermark.py, WriteCount): a replica that has it has the XADDs.
                 chunks.append(resp.command(b"INCRBY", self._written_key, b"%d" % len(rows)))
                 results = await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))
                 written = results.pop()
+                if isinstance(woke := results.pop(), BaseException):
+                    log.warning("XADD to the wake-up stream refused; workers over many queues wait longer: %s", woke)
                 if isinstance(ready := results.pop(), BaseException):
                     log.warning("SADD to the ready set refused; workers find the entries in a slower walk: %s", ready)
                 if isinstance(written, int) and self.written.answered(len(rows), written):

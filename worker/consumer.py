@@ -44,7 +44,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -53,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from postbox import redis_conn, resp
-from postbox.streams import GROUP, by_slot
+from postbox.streams import GROUP, by_slot, parse_wake, wake_key
 from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,15 @@ log = logging.getLogger(__name__)
 # streams' tails when it drained them (empty when it reached its count).
 Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 
-# KEYS: streams, highest priority first, then (when ARGV[4] is "1") the ready set.
-# ARGV: group, consumer, count, whether the last key is the ready set.
+# KEYS: streams, highest priority first, then (when ARGV[4] is "1") the ready set,
+# then (when ARGV[5] is "1") the wake-up stream.
+# ARGV: group, consumer, count, whether there is the ready set, whether there is the wake-up stream.
 # Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the
 # count was reached), and then the newest entry id of each stream holding any,
-# as {index, id, ...} (the others are empty: '0-0' for the wake-up XREAD).
+# as {index, id, ...} (the others are empty: '0-0' for the wake-up XREAD); with
+# the wake-up stream and fewer than count found, a fourth item: its newest entry
+# id ('0-0' when it has none), taken in the same atomic run as the walk that
+# found every stream drained.
 #
 # XREADGROUP and XREVRANGE go only to streams holding entries. Entries are
 # deleted as their jobs end (XACK + XDEL), so below saturation most of a
@@ -88,6 +93,11 @@ Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 READ_SCRIPT = """
 local want = tonumber(ARGV[3])
 local n = #KEYS
+local wake = nil
+if ARGV[5] == '1' then
+    wake = KEYS[n]
+    n = n - 1
+end
 local set = nil
 if ARGV[4] == '1' then
     set = KEYS[n]
@@ -170,6 +180,10 @@ for _, i in ipairs(held) do
         tails[#tails + 1] = last[1][1]
     end
 end
+if wake then
+    local last = redis.call('XREVRANGE', wake, '+', '-', 'COUNT', 1)
+    return {found, 1, tails, #last > 0 and last[1][1] or '0-0'}
+end
 return {found, 1, tails}
 """
 
@@ -182,6 +196,12 @@ EMPTY_TAIL = "0-0"
 # blocked (their older tails still catch every newer entry) and only the one
 # that answered is registered again.
 WAIT_GROUP = 100
+
+# Entries one wake-up XREAD takes from the wake-up stream (more wait for the next one, at once).
+WAKE_COUNT = 100
+# Seconds a consumer waits on the streams themselves after it found entries that came with no
+# wake-up entry (a relay of an earlier version leads): then it tries the wake-up stream again.
+WAKE_OFF = 300.0
 
 
 def is_nogroup(exc: BaseException) -> bool:
@@ -204,17 +224,42 @@ def _text(value: bytes | str) -> str:
 
 
 class Consumer:
-    def __init__(self, redis: redis_conn.AnyRedis, *, consumer: str, ready: str | None = None) -> None:
+    def __init__(
+        self,
+        redis: redis_conn.AnyRedis,
+        *,
+        consumer: str,
+        ready: str | None = None,
+        wake_prefix: str | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``ready``: the ready set's key (:func:`postbox.streams.ready_key`), kept by the relay on one
         server; reads then look only at the streams in it while they fill their count. None (and on a
-        cluster, where a script may not span queues): every stream is looked at."""
+        cluster, where a script may not span queues): every stream is looked at.
+
+        ``wake_prefix``: the stream prefix whose wake-up stream (:func:`postbox.streams.wake_key`) a
+        wait over more than :data:`WAIT_GROUP` streams blocks on, on one server (see :meth:`wait_for_new`).
+        None: such a wait blocks on the streams, in groups."""
         self._redis = redis
         self._cluster = redis_conn.is_cluster(redis)
         self._ready = None if self._cluster or ready is None else ready.encode()
+        self._monotonic = monotonic
+        self._wake_prefix = None if self._cluster else wake_prefix
+        self._wake = None if self._wake_prefix is None else wake_key(self._wake_prefix).encode()
+        # The wake-up stream's cursor: taken by a drained read of every stream (``whole``), in the same
+        # run of the script, then moved to each wake-up entry a wait takes. Every entry of those streams
+        # that came with a wake-up entry up to the cursor has been read; any later one wakes the wait.
+        self._wake_cursor: str | None = None
+        self._wake_for: Sequence[str] | None = None  # the streams (a list not modified) it covers
+        self._wake_wait: tuple[str, asyncio.Future[tuple[str | None, set[str]]]] | None = None
+        self._wake_timed_out = False  # the last wake-up wait ended at its timeout
+        self._found_after_timeout = 0  # entries whole reads found since then
+        self._wake_off_until = float("-inf")
         self._script = redis.register_script(READ_SCRIPT)
         self._group_and_consumer = (GROUP.encode(), consumer.encode())
         self._keys: dict[str, bytes] = {}
-        self._read_for: Sequence[str] | None = None  # the streams (a list not modified) _read_head names
+        self._read_for: tuple[Sequence[str], bool] | None = None  # the streams (a list not modified) and
+        # whether the wake-up stream is named too: what _read_head names
         self._read_head: tuple[int, bytes] = (0, b"")
         # Wake-up reads still blocked, by their group of streams (wait_for_new): they outlive the call
         # that started them, so a wake-up re-registers only the group that answered.
@@ -225,7 +270,7 @@ class Consumer:
         self._waiting: int | None = None
         self._no_unblock = False  # CLIENT ID or CLIENT UNBLOCK refused (an ACL): wait and read apart
 
-    async def _run_script(self, streams: Sequence[str], count: int) -> Any:
+    async def _run_script(self, streams: Sequence[str], count: int, wake: bool = False) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
 
         redis-py's Script call packs the command generically and reads the
@@ -235,7 +280,7 @@ class Consumer:
         """
         if self._cluster:
             return await self._run_script_per_queue(streams, count)
-        payload = self._read_command(streams, count)
+        payload = self._read_command(streams, count, wake)
         for attempt in (1, 2):
             [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)  # one server here
             if not isinstance(reply, ResponseError):
@@ -245,17 +290,26 @@ class Consumer:
                 continue
             raise reply
 
-    def _read_command(self, streams: Sequence[str], count: int) -> bytes:
-        """The read script's EVALSHA over ``streams`` for ``count`` entries, RESP-encoded."""
-        if streams is not self._read_for:  # packed once per list of streams (a read of every stream names 1,000)
+    def _read_command(self, streams: Sequence[str], count: int, wake: bool = False) -> bytes:
+        """The read script's EVALSHA over ``streams`` for ``count`` entries, RESP-encoded.
+
+        ``wake``: the wake-up stream is named too, and a drained read returns its newest entry id."""
+        read_for = self._read_for
+        if read_for is None or read_for[0] is not streams or read_for[1] != wake:
+            # packed once per list of streams (a read of every stream names 1,000)
             keys = [self._key(key) for key in streams]
             if self._ready is not None:
                 keys.append(self._ready)
+            if wake:
+                assert self._wake is not None
+                keys.append(self._wake)
             self._read_head = resp.command_head(
                 b"EVALSHA", self._script.sha.encode(), b"%d" % len(keys), *keys, *self._group_and_consumer
             )
-            self._read_for = streams
-        return resp.with_tail(self._read_head, b"%d" % count, b"0" if self._ready is None else b"1")
+            self._read_for = (streams, wake)
+        return resp.with_tail(
+            self._read_head, b"%d" % count, b"0" if self._ready is None else b"1", b"1" if wake else b"0"
+        )
 
     async def _run_script_per_queue(self, streams: Sequence[str], count: int) -> Any:
         """A cluster: the script once per queue (one slot each), merged into one reply of the same shape."""
@@ -284,21 +338,56 @@ class Consumer:
             return [found, 1, tails]
         return [found, 0, []]
 
-    async def read(self, streams: Sequence[str], count: int) -> Read:
+    async def read(self, streams: Sequence[str], count: int, *, whole: bool = False) -> Read:
         """Up to ``count`` new entries in priority order, malformed (stream, id) pairs, and tails.
 
         Tails are empty when ``count`` entries were found (more may be waiting);
         otherwise every stream's newest entry id (``0-0`` for an empty stream).
+        ``whole``: ``streams`` are every stream the next waits cover (the same
+        list, not modified), not the few a wake-up named; a drained read of them
+        takes the wake-up stream's cursor (:meth:`wait_for_new`).
         """
+        wake = whole and self._wake_wanted(streams)
         try:
-            reply: Any = await self._run_script(streams, count)
+            reply: Any = await self._run_script(streams, count, wake)
         except ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             log.warning("consumer group missing (Redis lost data?); recreating it from 0")
             await ensure_groups(self._redis, streams)
-            reply = await self._run_script(streams, count)
-        return self._parse(reply, streams)
+            reply = await self._run_script(streams, count, wake)
+        read = self._parse(reply, streams)
+        if whole:
+            self._whole_read(streams, reply, len(read[0]), wake)
+        return read
+
+    def _wake_wanted(self, streams: Sequence[str]) -> bool:
+        return self._wake is not None and len(streams) > WAIT_GROUP and self._monotonic() >= self._wake_off_until
+
+    def _whole_read(self, streams: Sequence[str], reply: Any, found: int, wake: bool) -> None:
+        """After a read of every stream: the wake-up stream's cursor, and the check for missed wake-ups.
+
+        After a wait that timed out, whole reads that found entries while the wake-up
+        stream's newest entry is still the cursor found entries that came with no
+        wake-up entry (a relay of an earlier version): this consumer waits on the
+        streams themselves for :data:`WAKE_OFF` seconds.
+        """
+        if self._wake_timed_out:
+            self._found_after_timeout += found
+        if len(reply) < 3 or not int(reply[1]):
+            return  # the count was reached: the next read is a whole one again
+        tail = _text(reply[3]) if wake and len(reply) > 3 else None
+        missed = self._wake_timed_out and self._found_after_timeout > 0 and tail == self._wake_cursor
+        self._wake_timed_out, self._found_after_timeout = False, 0
+        if missed:
+            log.warning(
+                "entries came with no wake-up entry (a relay of an earlier version?): "
+                "waiting on the streams themselves for %.0f s",
+                WAKE_OFF,
+            )
+            self._wake_off_until = self._monotonic() + WAKE_OFF
+            tail = None
+        self._wake_cursor, self._wake_for = tail, (streams if tail is not None else None)
 
     def reads_on_wake(self, streams: Sequence[str]) -> bool:
         """Whether :meth:`wait_then_read` serves ``streams``: one server, one wait group, no wait blocked."""
@@ -421,7 +510,7 @@ class Consumer:
         return conn
 
     def _parse(self, reply: Any, streams: Sequence[str]) -> Read:
-        found, drained, tails = reply
+        found, drained, tails = reply[:3]
         deliveries: list[Delivery] = []
         malformed: list[tuple[str, bytes]] = []
         for stream_raw, entries in found:
@@ -440,7 +529,11 @@ class Consumer:
         return deliveries, malformed, tail_ids
 
     async def wait_for_new(
-        self, tails: dict[str, str], block: float, stop: asyncio.Future[Any] | None = None
+        self,
+        tails: dict[str, str],
+        block: float,
+        stop: asyncio.Future[Any] | None = None,
+        streams: Sequence[str] | None = None,
     ) -> set[str] | None:
         """Block until an entry newer than ``tails`` arrives on any stream (or timeout, or ``stop`` is done).
 
@@ -455,12 +548,28 @@ class Consumer:
         the caller reads on as soon as a group answers, with no task of its own
         around the wait (a wake-up went through five turns of the event loop
         before its read went out, 130 µs at the median over 1,000 streams).
+
+        Over more than one group, when ``streams`` is the list the last drained
+        whole read (:meth:`read`) covered, the wait is one ``XREAD BLOCK`` on the
+        wake-up stream after its cursor instead: Redis registers one key per
+        wake-up, not a group of 100 (127 against 10-20 µs of Redis per wake-up
+        over 1,000 streams, docs/benchmarks.md), and the entries name the
+        streams written. Entries naming none of ``tails``' streams (another
+        worker's queues) move the cursor and the wait goes on.
         """
         if not tails:
             return set()
         if self._cluster:
             await self._wait_per_queue(tails, block, stop)
             return None
+        if (
+            streams is not None
+            and streams is self._wake_for
+            and self._wake_cursor is not None
+            and self._wake_wanted(streams)
+        ):
+            return await self._wait_wake(tails, block, stop)
+        await self._cancel_wake_wait()
         streams = list(tails)
         groups = [tuple(streams[i : i + WAIT_GROUP]) for i in range(0, len(streams), WAIT_GROUP)]
         wanted = set(groups)
@@ -498,10 +607,81 @@ class Consumer:
             await self.cancel_waits()
             raise
 
+    async def _wait_wake(
+        self, tails: dict[str, str], block: float, stop: asyncio.Future[Any] | None
+    ) -> set[str] | None:
+        """:meth:`wait_for_new` on the wake-up stream: the streams of ``tails`` its new entries name."""
+        if self._blocked:  # group waits of an earlier wait on the streams themselves
+            await self._cancel([*self._blocked.values()])
+            self._blocked = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + block
+        try:
+            while True:
+                cursor = self._wake_cursor
+                assert cursor is not None
+                remaining = deadline - loop.time()
+                if remaining <= 0.001:
+                    self._wake_timed_out, self._found_after_timeout = True, 0
+                    return set()
+                if self._wake_wait is not None and self._wake_wait[0] != cursor:
+                    await self._cancel_wake_wait()
+                if self._wake_wait is None:
+                    self._wake_wait = (cursor, asyncio.ensure_future(self._xread_wake(cursor, remaining)))
+                wait = self._wake_wait[1]
+                if stop is None:
+                    await asyncio.wait([wait], timeout=remaining)
+                else:
+                    await asyncio.wait([wait, stop], timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                    if stop.done():
+                        return None  # the wait stays blocked: cancel_waits() ends it
+                if not wait.done():
+                    continue
+                self._wake_wait = None
+                last, named = wait.result()
+                if last is None:
+                    continue  # its own block ran out: again until the deadline
+                self._wake_cursor = last
+                woken = {stream for stream in named if stream in tails}
+                if woken:
+                    return woken
+        except BaseException:
+            await self.cancel_waits()
+            raise
+
+    async def _xread_wake(self, cursor: str, block: float) -> tuple[str | None, set[str]]:
+        """One ``XREAD BLOCK`` on the wake-up stream after ``cursor``: the last entry id taken (None at the
+        timeout) and the streams the entries name."""
+        assert self._wake is not None and self._wake_prefix is not None
+        payload = resp.command(
+            b"XREAD", b"COUNT", b"%d" % WAKE_COUNT, b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
+            self._wake, cursor.encode(),
+        )  # fmt: skip
+        [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)
+        if isinstance(reply, ResponseError):
+            raise reply
+        if not reply:
+            return None, set()
+        entries = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+        named: set[str] = set()
+        for _entry_id, fields in entries:
+            try:
+                named |= parse_wake(self._wake_prefix, fields)
+            except ValueError:
+                log.warning("a malformed wake-up entry: ignored")
+        return _text(entries[-1][0]), named
+
+    async def _cancel_wake_wait(self) -> None:
+        if self._wake_wait is not None:
+            wait, self._wake_wait = self._wake_wait[1], None
+            wait.cancel()
+            await asyncio.gather(wait, return_exceptions=True)
+
     async def cancel_waits(self) -> None:
         """End the wake-up reads still blocked (their connections are dropped: a reply cannot come back later)."""
         waits, self._blocked = list(self._blocked.values()), {}
         await self._cancel(waits)
+        await self._cancel_wake_wait()
 
     async def close(self) -> None:
         """End blocked waits and give :meth:`wait_then_read`'s connection back to the pool."""

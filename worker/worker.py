@@ -175,7 +175,7 @@ class Worker:
             self._redis = redis
             self._pool = pool
             self._claimer = claims.Claimer(pool, worker_id=self.id, lease=self._lease)
-            self._consumer = Consumer(redis, consumer=self.id, ready=ready_key(self._prefix))
+            self._consumer = Consumer(redis, consumer=self.id, ready=ready_key(self._prefix), wake_prefix=self._prefix)
             self._reclaimer = Reclaimer(
                 redis, pool, prefix=self._prefix, consumer=self.id, min_idle=s.visibility_timeout
             )
@@ -428,7 +428,9 @@ class Worker:
                     else:
                         taken = self.capacity.take(min(self.capacity.free, MAX_READ))
                         try:
-                            deliveries, malformed, tails = await self._consumer.read(read_from, taken)
+                            deliveries, malformed, tails = await self._consumer.read(
+                                read_from, taken, whole=read_from is streams
+                            )
                         except BaseException:
                             self.capacity.release(taken)
                             raise
@@ -459,7 +461,7 @@ class Worker:
                         else:
                             # The streams that answered (None: unknown, or stopping). The wait
                             # watches ``stopped`` itself, in this task: no task around it.
-                            woken = await self._consumer.wait_for_new(tails, IDLE_BLOCK, stopped)
+                            woken = await self._consumer.wait_for_new(tails, IDLE_BLOCK, stopped, streams)
                     delay = 0.05
                 except asyncio.CancelledError:
                     raise

@@ -1,9 +1,10 @@
 """A tiny stand-in publisher for worker tests: the relay's contract, step by step.
 
-``publish_due`` does what the relay does (select due unpublished rows, XADD,
-mark them per the contract); ``xadd_again`` XADDs a row once more without
-marking anything, as a relay crash between XADD and mark would. Tests that
-need the real relay process use ``relay/``.
+``publish_due`` does what the relay does (select due unpublished rows, XADD
+them and the wake-up entry naming their streams, mark them per the contract);
+``xadd_again`` XADDs a row once more without marking anything, as a relay crash
+between XADD and mark would. Tests that need the real relay process use
+``relay/``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from psycopg import AsyncConnection
 
-from postbox.streams import encode_entry, stream_key
+from postbox.streams import WAKE_MAXLEN, encode_entry, stream_key, wake_entry, wake_key
 
 SELECT_DUE = """
 SELECT id, queue, task, args::text, headers::text, priority, attempts,
@@ -53,8 +54,11 @@ async def _xadd(redis: aioredis.Redis, prefix: str, rows: list[tuple[Any, ...]])
                 published_ms=now_ms,
             )
             pipe.xadd(stream_key(prefix, queue, priority), fields)  # type: ignore[arg-type]
+        # the wake-up entry after the XADDs, as the relay writes it (postbox.streams.wake_key)
+        wake = wake_entry((row[1], row[5]) for row in rows)
+        pipe.xadd(wake_key(prefix), dict(zip(wake[::2], wake[1::2], strict=True)), maxlen=WAKE_MAXLEN, approximate=True)
         replies = await pipe.execute()
-    return [r.decode() if isinstance(r, bytes) else str(r) for r in replies]
+    return [r.decode() if isinstance(r, bytes) else str(r) for r in replies[:-1]]
 
 
 async def publish_due(aconn: AsyncConnection[Any], redis: aioredis.Redis, prefix: str) -> list[int]:

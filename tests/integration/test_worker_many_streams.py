@@ -23,6 +23,7 @@ from postbox.streams import PRIORITIES
 from postbox.worker.worker import IDLE_BLOCK
 from tests.harness.publish import publish_due
 from tests.harness.tasks import worker as t
+from tests.harness.wait import wait_until_async
 from tests.harness.worker import enqueue, finished, running_worker, worker_settings
 
 pytestmark = pytest.mark.alone  # start times over 1,000 streams
@@ -46,6 +47,11 @@ async def test_single_jobs_over_1000_streams_start_well_within_the_idle_block(
             assert await asyncio.wait_for(started.get(), 10) == job_id
             waits.append(time.monotonic() - published)
         await finished(worker, 41)
+
+        async def one_read_blocked() -> bool:  # the wake-up stream's key, not ten groups of 100 streams
+            return int((await redis.info("clients"))["blocked_clients"]) == 1
+
+        await wait_until_async(one_read_blocked, 10, message="the idle worker blocked on one key")
     waits = sorted(waits[1:])  # the first job warms the worker up (its first claim, the script loaded)
     # Measured at load 9-11 on 2 cores: slowest 88-186 ms with the fix; before it, about one
     # job in six came during a pass and waited for its end: 0.96-1.5 s. One slow start of the

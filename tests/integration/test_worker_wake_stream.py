@@ -1,0 +1,209 @@
+"""A wait over many streams blocks on the wake-up stream: one key, its cursor, and the fallback for old relays.
+
+Over more than ``WAIT_GROUP`` streams on one server, the consumer's wait is one
+``XREAD BLOCK`` on ``<prefix>:wake`` after a cursor that the drained read of
+every stream took in the same script run. The tests shrink ``WAIT_GROUP`` to 2
+so three streams take that path, and count blocked clients on a private Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from postbox.streams import encode_entry, stream_key, wake_entry, wake_key
+from postbox.worker import consumer as consumer_module
+from postbox.worker.consumer import WAKE_OFF, Consumer, ensure_groups
+from tests.harness.redis_server import RedisServer
+from tests.harness.wait import wait_until_async
+
+PREFIX = "wk"
+
+
+async def add(client: aioredis.Redis, queue: str, priority: int, job_id: int, *, wake: bool = True) -> None:
+    """An entry as the relay writes it: the XADD, then (``wake``) the wake-up entry naming its stream."""
+    fields = encode_entry(
+        job_id=job_id, task="t", args="{}", headers="{}", attempt=0, queue=queue, priority=priority,
+        enqueued_ms=1, published_ms=2,
+    )  # fmt: skip
+    await client.xadd(stream_key(PREFIX, queue, priority), fields)  # type: ignore[arg-type]
+    if wake:
+        await wake_only(client, queue, priority)
+
+
+async def wake_only(client: aioredis.Redis, queue: str, priority: int) -> None:
+    parts = wake_entry([(queue, priority)])
+    await client.xadd(wake_key(PREFIX), dict(zip(parts[::2], parts[1::2], strict=True)))
+
+
+async def blocked(client: aioredis.Redis, count: int) -> bool:
+    info = await client.info("clients")
+    return int(info["blocked_clients"]) == count
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def client(private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) -> aioredis.Redis:
+    monkeypatch.setattr(consumer_module, "WAIT_GROUP", 2)  # three streams: the wake-up stream's path
+    redis = aioredis.Redis.from_url(private_redis.url, socket_timeout=5)
+    yield redis  # type: ignore[misc]
+    await redis.aclose()
+
+
+STREAMS = [stream_key(PREFIX, "a", 9), stream_key(PREFIX, "b", 9), stream_key(PREFIX, "a", 1)]
+
+
+async def test_a_wait_over_many_streams_blocks_on_one_key_and_answers_with_the_streams_named(
+    client: aioredis.Redis,
+) -> None:
+    streams = list(STREAMS)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, streams)
+        got, _, tails = await consumer.read(streams, 5, whole=True)
+        assert got == [] and set(tails) == set(streams)
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
+        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked (not one per group)")
+        await wake_only(client, "c", 5)  # another worker's queue: the wait goes on
+        await add(client, "b", 9, 1)
+        assert await asyncio.wait_for(waiting, 10) == {streams[1]}
+        got, _, _ = await consumer.read([streams[1]], 5)
+        assert [d.job_id for d in got] == [1]
+
+        # The cursor moved past both entries: nothing new, so the next wait runs to its timeout.
+        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+        # An entry written while nobody waits is caught by the next wait at once.
+        await add(client, "a", 1, 2)
+        assert await asyncio.wait_for(consumer.wait_for_new(tails, 30, None, streams), 10) == {streams[2]}
+    finally:
+        await consumer.close()
+
+
+async def test_the_cursor_is_taken_with_the_drained_read_so_an_entry_written_after_it_wakes_the_wait(
+    client: aioredis.Redis,
+) -> None:
+    """A read of a few streams (what a wake-up named) does not move the cursor; a whole drained read does."""
+    streams = list(STREAMS)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, streams)
+        await add(client, "a", 9, 1)
+        await add(client, "a", 1, 2)
+        got, _, tails = await consumer.read(streams, 1, whole=True)  # the count reached: no cursor
+        assert [d.job_id for d in got] == [1] and tails == {}
+        got, _, tails = await consumer.read(streams, 5, whole=True)  # drained: the cursor is the newest entry
+        assert [d.job_id for d in got] == [2]
+        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+
+        await add(client, "b", 9, 3)
+        got, _, _ = await consumer.read([streams[0]], 5)  # a read of a named few: the cursor stays
+        assert got == []
+        assert await asyncio.wait_for(consumer.wait_for_new(tails, 30, None, streams), 10) == {streams[1]}
+
+        # Another list of streams (the worker builds a new one when its paused queues change) is not
+        # covered by the cursor: the wait is on the streams, in groups.
+        got, _, tails = await consumer.read(streams, 5, whole=True)
+        assert [d.job_id for d in got] == [3]
+        fewer = streams[:2] + streams[2:]
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, fewer))
+        await wait_until_async(lambda: blocked(client, 2), 10, message="two groups of two and one")
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    finally:
+        await consumer.close()
+
+
+async def test_entries_with_no_wake_up_entry_send_the_consumer_back_to_the_streams_for_a_while(
+    client: aioredis.Redis,
+) -> None:
+    """A relay of an earlier version writes no wake-up entry: one timeout, then waits on the streams themselves."""
+    streams = list(STREAMS)
+    clock = Clock()
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX, monotonic=clock)
+    try:
+        await ensure_groups(client, streams)
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        await add(client, "a", 9, 1, wake=False)
+        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()  # missed: the timeout
+        got, _, tails = await consumer.read(streams, 5, whole=True)
+        assert [d.job_id for d in got] == [1]
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
+        await wait_until_async(lambda: blocked(client, 2), 10, message="waits on the streams, in groups")
+        await add(client, "a", 1, 2, wake=False)
+        assert await asyncio.wait_for(waiting, 10) == {streams[2]}
+        got, _, tails = await consumer.read(streams, 5, whole=True)
+        assert [d.job_id for d in got] == [2]
+        await consumer.cancel_waits()
+
+        clock.now += WAKE_OFF  # then the wake-up stream again, from the next drained whole read
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
+        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked again")
+        await add(client, "b", 9, 3)
+        assert await asyncio.wait_for(waiting, 10) == {streams[1]}
+    finally:
+        await consumer.close()
+
+
+async def test_an_entry_found_after_a_timeout_with_its_wake_up_entry_keeps_the_wake_up_stream(
+    client: aioredis.Redis,
+) -> None:
+    """Written between the timeout and the read after it, with its wake-up entry: not a missed wake-up."""
+    streams = list(STREAMS)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, streams)
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+        await add(client, "a", 9, 1)
+        got, _, tails = await consumer.read(streams, 5, whole=True)
+        assert [d.job_id for d in got] == [1]
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
+        await wait_until_async(lambda: blocked(client, 1), 10, message="still on the wake-up stream")
+        await add(client, "a", 1, 2)
+        assert await asyncio.wait_for(waiting, 10) == {streams[2]}
+    finally:
+        await consumer.close()
+
+
+async def test_a_stop_ends_a_wait_on_the_wake_up_stream_at_once(client: aioredis.Redis) -> None:
+    streams = list(STREAMS)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, streams)
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, stop, streams))
+        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
+        stop.set_result(None)
+        assert await asyncio.wait_for(waiting, 5) is None  # at once, not at the 30 s block
+        await consumer.cancel_waits()
+        await wait_until_async(lambda: blocked(client, 0), 10, message="the read ended")
+    finally:
+        await consumer.close()
+
+
+async def test_the_relay_writes_one_wake_up_entry_per_write_naming_each_queue_once(client: aioredis.Redis) -> None:
+    from postbox.relay.publisher import Publisher
+
+    publisher = Publisher(client, PREFIX)
+    rows = [
+        (1, "a", "t", "{}", "{}", 9, 0, 1),
+        (2, "a", "t", "{}", "{}", 1, 0, 1),
+        (3, "b", "t", "{}", "{}", 9, 0, 1),
+        (4, "a", "t", "{}", "{}", 9, 0, 1),
+    ]
+    ids, _, refused = await publisher.xadd_rows(rows)
+    assert (ids, refused) == ([1, 2, 3, 4], [])
+    [(_, fields)] = await client.xrange(wake_key(PREFIX))
+    assert fields == {b"a": b"91", b"b": b"9"}
+    assert await client.xlen(stream_key(PREFIX, "a", 9)) == 2
