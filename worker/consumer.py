@@ -367,17 +367,22 @@ class Consumer:
     def _whole_read(self, streams: Sequence[str], reply: Any, found: int, wake: bool) -> None:
         """After a read of every stream: the wake-up stream's cursor, and the check for missed wake-ups.
 
-        After a wait that timed out, whole reads that found entries while the wake-up
-        stream's newest entry is still the cursor found entries that came with no
-        wake-up entry (a relay of an earlier version): this consumer waits on the
-        streams themselves for :data:`WAKE_OFF` seconds.
+        After a wait that timed out, whole reads of the same streams that found
+        entries while the wake-up stream's newest entry is still the cursor found
+        entries that came with no wake-up entry (a relay of an earlier version):
+        this consumer waits on the streams themselves for :data:`WAKE_OFF` seconds.
         """
         if self._wake_timed_out:
             self._found_after_timeout += found
         if len(reply) < 3 or not int(reply[1]):
             return  # the count was reached: the next read is a whole one again
         tail = _text(reply[3]) if wake and len(reply) > 3 else None
-        missed = self._wake_timed_out and self._found_after_timeout > 0 and tail == self._wake_cursor
+        missed = (
+            self._wake_timed_out
+            and self._found_after_timeout > 0
+            and tail == self._wake_cursor
+            and streams is self._wake_for  # (a queue resumed since: its entries came before the cursor)
+        )
         self._wake_timed_out, self._found_after_timeout = False, 0
         if missed:
             log.warning(

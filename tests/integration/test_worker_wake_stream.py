@@ -175,6 +175,29 @@ async def test_an_entry_found_after_a_timeout_with_its_wake_up_entry_keeps_the_w
         await consumer.close()
 
 
+async def test_a_resumed_queues_entries_found_after_a_timeout_are_not_a_missed_wake_up(
+    client: aioredis.Redis,
+) -> None:
+    """Entries written while the queue was paused came before the cursor: the new list of streams finds them."""
+    streams = list(STREAMS)
+    resumed = stream_key(PREFIX, "c", 5)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, [*streams, resumed])
+        await add(client, "c", 5, 1)  # queue c paused: not among the streams read
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+        with_resumed = [*streams, resumed]  # the worker's new list once c is resumed
+        got, _, tails = await consumer.read(with_resumed, 5, whole=True)
+        assert [d.job_id for d in got] == [1]
+        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, with_resumed))
+        await wait_until_async(lambda: blocked(client, 1), 10, message="still on the wake-up stream")
+        await add(client, "c", 5, 2)
+        assert await asyncio.wait_for(waiting, 10) == {resumed}
+    finally:
+        await consumer.close()
+
+
 async def test_a_stop_ends_a_wait_on_the_wake_up_stream_at_once(client: aioredis.Redis) -> None:
     streams = list(STREAMS)
     consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
