@@ -54,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from postbox import redis_conn, resp
-from postbox.streams import GROUP, by_slot, parse_wake, wake_key
+from postbox.streams import GROUP, by_slot, parse_stream_key, parse_wake, wake_key
 from postbox.worker.delivery import Delivery, parse_delivery
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,63 @@ return {found, 1, tails}
 
 EMPTY_TAIL = "0-0"
 
+# The read that rides with a wake-up on the wake-up stream (one server, a worker of more than
+# WAIT_GROUP streams: Consumer.wait_then_read), run right after that XREAD, in the same send.
+# KEYS: the wake-up stream. ARGV: group, consumer, the stream prefix, how many wake-up entries
+# to take at most, the worker's queues in its order, then count and the cursor.
+# Takes the wake-up entries after the cursor and reads the streams they name among the worker's
+# queues, highest priority first (then in the worker's queue order), up to count entries.
+# Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the count was
+# reached), and the last wake-up entry id taken ('' when there was none after the cursor).
+# The streams' keys are built here from the entries, not declared in KEYS: Redis allows that
+# on one server (a cluster never runs this script), and a worker of 1,000 streams would
+# otherwise name them all in each call (about 100 us of Redis, docs/benchmarks.md).
+WAKE_READ_SCRIPT = """
+local n = #ARGV
+local want = tonumber(ARGV[n - 1])
+local got = redis.call('XRANGE', KEYS[1], '(' .. ARGV[n], '+', 'COUNT', ARGV[4])
+if #got == 0 then return {{}, 1, ''} end
+local rank = {}
+for i = 5, n - 2 do rank[ARGV[i]] = i end
+local named, seen = {}, {}
+for _, entry in ipairs(got) do
+    local fields = entry[2]
+    for j = 1, #fields - 1, 2 do
+        local queue = fields[j]
+        local r = rank[queue]
+        if r then
+            local digits = fields[j + 1]
+            for k = 1, #digits do
+                local p = string.byte(digits, k) - 48
+                if p >= 0 and p <= 9 then
+                    local key = ARGV[3] .. ':{' .. queue .. '}:p' .. p
+                    if not seen[key] then
+                        seen[key] = true
+                        named[#named + 1] = {p, r, key}
+                    end
+                end
+            end
+        end
+    end
+end
+table.sort(named, function(a, b)
+    if a[1] ~= b[1] then return a[1] > b[1] end
+    return a[2] < b[2]
+end)
+local found = {}
+for _, stream in ipairs(named) do
+    if want <= 0 then break end
+    if redis.call('XLEN', stream[3]) > 0 then  -- (a deleted stream: never read without its group)
+        local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', stream[3], '>')
+        if r then
+            want = want - #r[1][2]
+            found[#found + 1] = {stream[3], r[1][2]}
+        end
+    end
+end
+return {found, want > 0 and 1 or 0, got[#got][1]}
+"""
+
 # Streams per blocked wake-up XREAD. Redis registers a blocked XREAD on each of
 # its keys and unregisters it from all of them when one answers: over 1,000
 # streams in one XREAD that was about 370 us of Redis CPU per job at 200 jobs/s
@@ -255,6 +312,8 @@ class Consumer:
         self._wake_timed_out = False  # the last wake-up wait ended at its timeout
         self._found_after_timeout = 0  # entries whole reads found since then
         self._wake_off_until = float("-inf")
+        self._wake_script = redis.register_script(WAKE_READ_SCRIPT)
+        self._wake_head: tuple[Sequence[str], tuple[int, bytes]] | None = None  # (streams, packed head)
         self._script = redis.register_script(READ_SCRIPT)
         self._group_and_consumer = (GROUP.encode(), consumer.encode())
         self._keys: dict[str, bytes] = {}
@@ -364,6 +423,10 @@ class Consumer:
     def _wake_wanted(self, streams: Sequence[str]) -> bool:
         return self._wake is not None and len(streams) > WAIT_GROUP and self._monotonic() >= self._wake_off_until
 
+    def _wake_ready(self, streams: Sequence[str]) -> bool:
+        """Whether a wait over ``streams`` may block on the wake-up stream: its cursor covers that list."""
+        return streams is self._wake_for and self._wake_cursor is not None and self._wake_wanted(streams)
+
     def _whole_read(self, streams: Sequence[str], reply: Any, found: int, wake: bool) -> None:
         """After a read of every stream: the wake-up stream's cursor, and the check for missed wake-ups.
 
@@ -395,8 +458,11 @@ class Consumer:
         self._wake_cursor, self._wake_for = tail, (streams if tail is not None else None)
 
     def reads_on_wake(self, streams: Sequence[str]) -> bool:
-        """Whether :meth:`wait_then_read` serves ``streams``: one server, one wait group, no wait blocked."""
-        return not self._cluster and len(streams) <= WAIT_GROUP and not self._blocked and not self._no_unblock
+        """Whether :meth:`wait_then_read` serves ``streams``: one server, one wait group or the wake-up
+        stream, no wait blocked."""
+        if self._cluster or self._blocked or self._wake_wait is not None or self._no_unblock:
+            return False
+        return len(streams) <= WAIT_GROUP or self._wake_ready(streams)
 
     async def wait_then_read(self, tails: dict[str, str], streams: Sequence[str], count: int, block: float) -> Read:
         """Block until an entry newer than ``tails`` arrives (or ``block`` seconds pass), then read as :meth:`read`.
@@ -405,18 +471,34 @@ class Consumer:
         ``streams`` for ``count`` entries, which Redis runs as soon as the XREAD
         answers. At the timeout the read runs too (it finds nothing new, and
         reports the tails again). For one server and at most :data:`WAIT_GROUP`
-        streams (:meth:`reads_on_wake`). Cancelling the call drops the connection:
+        streams (:meth:`reads_on_wake`).
+
+        Over more streams, once a drained read of every stream took the wake-up
+        stream's cursor: ``XREAD BLOCK`` on the wake-up stream after the cursor,
+        then the wake-up read script, which takes the wake-up entries and reads
+        the streams they name (among this worker's queues). Its tails are
+        ``tails`` itself when it drained them (wait again), and empty when it
+        reached its count or found no wake-up entry (the wait timed out or was
+        ended: read every stream next). Cancelling the call drops the connection:
         entries its read took then stay pending until they are reclaimed, so
         end a wait with :meth:`interrupt_wait` rather than a cancellation.
         """
         conn = await self._own_connection()
         if conn is None:  # no CLIENT ID here: nothing waited, nothing read; the caller waits apart from now on
             return [], [], dict(tails)
-        waited = list(tails)
-        payload = resp.command(
-            b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
-            *(self._key(stream) for stream in waited), *(tails[stream].encode() for stream in waited),
-        ) + self._read_command(streams, count)  # fmt: skip
+        wake = self._wake_ready(streams)
+        if wake:
+            assert self._wake is not None and self._wake_cursor is not None
+            payload = resp.command(
+                b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
+                self._wake, self._wake_cursor.encode(),
+            ) + self._wake_read_command(streams, count, self._wake_cursor)  # fmt: skip
+        else:
+            waited = list(tails)
+            payload = resp.command(
+                b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
+                *(self._key(stream) for stream in waited), *(tails[stream].encode() for stream in waited),
+            ) + self._read_command(streams, count)  # fmt: skip
         self._waiting = self._wait_client
         try:
             [woke, reply] = await resp.exchange(conn, payload, 2, blocks=block)
@@ -424,13 +506,42 @@ class Consumer:
             self._waiting = None
         if isinstance(woke, ResponseError):
             log.warning("the wake-up read failed: %s", woke)  # the read behind it ran all the same
+        if wake and isinstance(reply, NoScriptError):  # loaded, and run again on its own: nothing else changes
+            await self._redis.script_load(WAKE_READ_SCRIPT)
+            assert self._wake_cursor is not None
+            [reply] = await resp.exchange(conn, self._wake_read_command(streams, count, self._wake_cursor), 1)
         if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and is_nogroup(reply)):
             if isinstance(reply, NoScriptError):
                 await self._redis.script_load(READ_SCRIPT)
-            return await self.read(streams, count)  # recreates a lost group
+            return await self.read(streams, count, whole=True)  # recreates a lost group
         if isinstance(reply, ResponseError):
             raise reply
+        if wake:
+            return self._woken_read(reply, streams, tails)
         return self._parse(reply, streams)
+
+    def _wake_read_command(self, streams: Sequence[str], count: int, cursor: str) -> bytes:
+        """The wake-up read script's EVALSHA for this worker's ``streams``, RESP-encoded."""
+        if self._wake_head is None or self._wake_head[0] is not streams:  # packed once per list of streams
+            assert self._wake is not None and self._wake_prefix is not None
+            queues = dict.fromkeys(parse_stream_key(self._wake_prefix, key)[0] for key in streams)
+            head = resp.command_head(
+                b"EVALSHA", self._wake_script.sha.encode(), b"1", self._wake, *self._group_and_consumer,
+                self._wake_prefix.encode(), b"%d" % WAKE_COUNT, *(queue.encode() for queue in queues),
+            )  # fmt: skip
+            self._wake_head = (streams, head)
+        return resp.with_tail(self._wake_head[1], b"%d" % count, cursor.encode())
+
+    def _woken_read(self, reply: Any, streams: Sequence[str], tails: dict[str, str]) -> Read:
+        """The wake-up read script's reply: what it read, and ``tails`` when it drained what it was woken for."""
+        found, drained, last = reply
+        deliveries, malformed, _ = self._parse([found, 0, []], streams)
+        last = _text(last)
+        if not last:  # no wake-up entry after the cursor: the wait timed out, or was ended
+            self._wake_timed_out, self._found_after_timeout = True, 0
+            return deliveries, malformed, {}
+        self._wake_cursor = last
+        return deliveries, malformed, dict(tails) if int(drained) else {}
 
     async def wait_then_read_until(
         self,

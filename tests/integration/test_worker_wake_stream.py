@@ -2,8 +2,10 @@
 
 Over more than ``WAIT_GROUP`` streams on one server, the consumer's wait is one
 ``XREAD BLOCK`` on ``<prefix>:wake`` after a cursor that the drained read of
-every stream took in the same script run. The tests shrink ``WAIT_GROUP`` to 2
-so three streams take that path, and count blocked clients on a private Redis.
+every stream took in the same script run; the worker's own wait sends the
+wake-up read script behind it (``wait_then_read``), which reads the streams
+the entries name. The tests shrink ``WAIT_GROUP`` to 2 so three streams take
+that path, and count blocked clients on a private Redis.
 """
 
 from __future__ import annotations
@@ -230,3 +232,68 @@ async def test_the_relay_writes_one_wake_up_entry_per_write_naming_each_queue_on
     [(_, fields)] = await client.xrange(wake_key(PREFIX))
     assert fields == {b"a": b"91", b"b": b"9"}
     assert await client.xlen(stream_key(PREFIX, "a", 9)) == 2
+
+
+async def test_the_read_behind_the_wake_up_reads_the_named_streams_of_this_worker_in_priority_order(
+    client: aioredis.Redis,
+) -> None:
+    streams = list(STREAMS)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, [*streams, stream_key(PREFIX, "c", 5)])
+        got, _, tails = await consumer.read(streams, 5, whole=True)
+        assert got == [] and consumer.reads_on_wake(streams)
+        waiting = asyncio.ensure_future(consumer.wait_then_read(tails, streams, 5, 30))
+        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
+        await add(client, "c", 5, 1)  # another worker's queue: woken, nothing read, wait again
+        assert await asyncio.wait_for(waiting, 10) == ([], [], tails)
+        assert await client.xlen(stream_key(PREFIX, "c", 5)) == 1
+
+        await add(client, "a", 1, 2)
+        await add(client, "b", 9, 3)
+        await add(client, "a", 9, 4)
+        got, malformed, after = await consumer.wait_then_read(tails, streams, 2, 30)  # there already: at once
+        assert [(d.stream, d.job_id) for d in got] == [(streams[0], 4), (streams[1], 3)] and malformed == []
+        assert after == {}  # the count was reached: the worker reads every stream next
+        got, _, after = await consumer.read(streams, 5, whole=True)
+        assert [d.job_id for d in got] == [2] and after
+
+        await add(client, "a", 1, 5)
+        got, _, after = await consumer.wait_then_read(after, streams, 5, 30)
+        assert [d.job_id for d in got] == [5] and after  # drained: wait again
+    finally:
+        await consumer.close()
+
+
+async def test_a_wake_up_read_that_times_out_sends_the_worker_to_every_stream(client: aioredis.Redis) -> None:
+    """No wake-up entry by the timeout: empty tails (read every stream); entries with none mean an old relay."""
+    streams = list(STREAMS)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, streams)
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        await add(client, "b", 9, 1, wake=False)
+        assert await consumer.wait_then_read(tails, streams, 5, 0.2) == ([], [], {})
+        got, _, tails = await consumer.read(streams, 5, whole=True)
+        assert [d.job_id for d in got] == [1]
+        assert not consumer.reads_on_wake(streams)  # waits on the streams themselves now (more than one group)
+    finally:
+        await consumer.close()
+
+
+async def test_a_stop_ends_a_wake_up_read_at_once_and_loses_nothing(client: aioredis.Redis) -> None:
+    streams = list(STREAMS)
+    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    try:
+        await ensure_groups(client, streams)
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiting = asyncio.ensure_future(consumer.wait_then_read_until(tails, streams, 5, 30, stop, 5))
+        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
+        stop.set_result(None)
+        assert await asyncio.wait_for(waiting, 5) == ([], [], {})  # at once, not at the 30 s block
+        await add(client, "a", 9, 1)
+        got, _, _ = await consumer.read(streams, 5, whole=True)
+        assert [d.job_id for d in got] == [1]
+    finally:
+        await consumer.close()
