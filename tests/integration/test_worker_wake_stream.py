@@ -45,6 +45,25 @@ async def blocked(client: aioredis.Redis, count: int) -> bool:
     return int(info["blocked_clients"]) == count
 
 
+async def woken(
+    consumer: Consumer,
+    client: aioredis.Redis,
+    tails: dict[str, str],
+    streams: list[str],
+    entry: tuple[str, int, int],
+    *,
+    blocked_clients: int = 1,
+    wake: bool = True,
+) -> set[str] | None:
+    """A wait started, seen blocked on ``blocked_clients`` connections, then ``entry`` written: its answer."""
+    waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
+    await wait_until_async(
+        lambda: blocked(client, blocked_clients), 10, message=f"{blocked_clients} blocked (the groups: one each)"
+    )
+    await add(client, *entry, wake=wake)
+    return await asyncio.wait_for(waiting, 10)
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -64,64 +83,65 @@ async def client(private_redis: RedisServer, monkeypatch: pytest.MonkeyPatch) ->
 STREAMS = [stream_key(PREFIX, "a", 9), stream_key(PREFIX, "b", 9), stream_key(PREFIX, "a", 1)]
 
 
+@pytest.fixture
+async def consumer(client: aioredis.Redis) -> Consumer:
+    """A consumer on the wake-up stream's path, its groups on the three streams made."""
+    made = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
+    await ensure_groups(client, STREAMS)
+    yield made  # type: ignore[misc]
+    await made.close()
+
+
 async def test_a_wait_over_many_streams_blocks_on_one_key_and_answers_with_the_streams_named(
     client: aioredis.Redis,
+    consumer: Consumer,
 ) -> None:
     streams = list(STREAMS)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, streams)
-        got, _, tails = await consumer.read(streams, 5, whole=True)
-        assert got == [] and set(tails) == set(streams)
-        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
-        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked (not one per group)")
-        await wake_only(client, "c", 5)  # another worker's queue: the wait goes on
-        await add(client, "b", 9, 1)
-        assert await asyncio.wait_for(waiting, 10) == {streams[1]}
-        got, _, _ = await consumer.read([streams[1]], 5)
-        assert [d.job_id for d in got] == [1]
+    got, _, tails = await consumer.read(streams, 5, whole=True)
+    assert got == [] and set(tails) == set(streams)
+    waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
+    await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked (not one per group)")
+    await wake_only(client, "c", 5)  # another worker's queue: the wait goes on
+    await add(client, "b", 9, 1)
+    assert await asyncio.wait_for(waiting, 10) == {streams[1]}
+    got, _, _ = await consumer.read([streams[1]], 5)
+    assert [d.job_id for d in got] == [1]
 
-        # The cursor moved past both entries: nothing new, so the next wait runs to its timeout.
-        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
-        # An entry written while nobody waits is caught by the next wait at once.
-        await add(client, "a", 1, 2)
-        assert await asyncio.wait_for(consumer.wait_for_new(tails, 30, None, streams), 10) == {streams[2]}
-    finally:
-        await consumer.close()
+    # The cursor moved past both entries: nothing new, so the next wait runs to its timeout.
+    assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+    # An entry written while nobody waits is caught by the next wait at once.
+    await add(client, "a", 1, 2)
+    assert await asyncio.wait_for(consumer.wait_for_new(tails, 30, None, streams), 10) == {streams[2]}
 
 
 async def test_the_cursor_is_taken_with_the_drained_read_so_an_entry_written_after_it_wakes_the_wait(
     client: aioredis.Redis,
+    consumer: Consumer,
 ) -> None:
     """A read of a few streams (what a wake-up named) does not move the cursor; a whole drained read does."""
     streams = list(STREAMS)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, streams)
-        await add(client, "a", 9, 1)
-        await add(client, "a", 1, 2)
-        got, _, tails = await consumer.read(streams, 1, whole=True)  # the count reached: no cursor
-        assert [d.job_id for d in got] == [1] and tails == {}
-        got, _, tails = await consumer.read(streams, 5, whole=True)  # drained: the cursor is the newest entry
-        assert [d.job_id for d in got] == [2]
-        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+    await add(client, "a", 9, 1)
+    await add(client, "a", 1, 2)
+    got, _, tails = await consumer.read(streams, 1, whole=True)  # the count reached: no cursor
+    assert [d.job_id for d in got] == [1] and tails == {}
+    got, _, tails = await consumer.read(streams, 5, whole=True)  # drained: the cursor is the newest entry
+    assert [d.job_id for d in got] == [2]
+    assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
 
-        await add(client, "b", 9, 3)
-        got, _, _ = await consumer.read([streams[0]], 5)  # a read of a named few: the cursor stays
-        assert got == []
-        assert await asyncio.wait_for(consumer.wait_for_new(tails, 30, None, streams), 10) == {streams[1]}
+    await add(client, "b", 9, 3)
+    got, _, _ = await consumer.read([streams[0]], 5)  # a read of a named few: the cursor stays
+    assert got == []
+    assert await asyncio.wait_for(consumer.wait_for_new(tails, 30, None, streams), 10) == {streams[1]}
 
-        # Another list of streams (the worker builds a new one when its paused queues change) is not
-        # covered by the cursor: the wait is on the streams, in groups.
-        got, _, tails = await consumer.read(streams, 5, whole=True)
-        assert [d.job_id for d in got] == [3]
-        fewer = streams[:2] + streams[2:]
-        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, fewer))
-        await wait_until_async(lambda: blocked(client, 2), 10, message="two groups of two and one")
-        waiting.cancel()
-        await asyncio.gather(waiting, return_exceptions=True)
-    finally:
-        await consumer.close()
+    # Another list of streams (the worker builds a new one when its paused queues change) is not
+    # covered by the cursor: the wait is on the streams, in groups.
+    got, _, tails = await consumer.read(streams, 5, whole=True)
+    assert [d.job_id for d in got] == [3]
+    fewer = streams[:2] + streams[2:]
+    waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, fewer))
+    await wait_until_async(lambda: blocked(client, 2), 10, message="two groups of two and one")
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
 
 
 async def test_entries_with_no_wake_up_entry_send_the_consumer_back_to_the_streams_for_a_while(
@@ -138,83 +158,59 @@ async def test_entries_with_no_wake_up_entry_send_the_consumer_back_to_the_strea
         assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()  # missed: the timeout
         got, _, tails = await consumer.read(streams, 5, whole=True)
         assert [d.job_id for d in got] == [1]
-        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
-        await wait_until_async(lambda: blocked(client, 2), 10, message="waits on the streams, in groups")
-        await add(client, "a", 1, 2, wake=False)
-        assert await asyncio.wait_for(waiting, 10) == {streams[2]}
+        assert await woken(consumer, client, tails, streams, ("a", 1, 2), blocked_clients=2, wake=False) == {streams[2]}
         got, _, tails = await consumer.read(streams, 5, whole=True)
         assert [d.job_id for d in got] == [2]
         await consumer.cancel_waits()
 
         clock.now += WAKE_OFF  # then the wake-up stream again, from the next drained whole read
         _, _, tails = await consumer.read(streams, 5, whole=True)
-        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
-        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked again")
-        await add(client, "b", 9, 3)
-        assert await asyncio.wait_for(waiting, 10) == {streams[1]}
+        assert await woken(consumer, client, tails, streams, ("b", 9, 3)) == {streams[1]}
     finally:
         await consumer.close()
 
 
 async def test_an_entry_found_after_a_timeout_with_its_wake_up_entry_keeps_the_wake_up_stream(
     client: aioredis.Redis,
+    consumer: Consumer,
 ) -> None:
     """Written between the timeout and the read after it, with its wake-up entry: not a missed wake-up."""
     streams = list(STREAMS)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, streams)
-        _, _, tails = await consumer.read(streams, 5, whole=True)
-        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
-        await add(client, "a", 9, 1)
-        got, _, tails = await consumer.read(streams, 5, whole=True)
-        assert [d.job_id for d in got] == [1]
-        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, streams))
-        await wait_until_async(lambda: blocked(client, 1), 10, message="still on the wake-up stream")
-        await add(client, "a", 1, 2)
-        assert await asyncio.wait_for(waiting, 10) == {streams[2]}
-    finally:
-        await consumer.close()
+    _, _, tails = await consumer.read(streams, 5, whole=True)
+    assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+    await add(client, "a", 9, 1)
+    got, _, tails = await consumer.read(streams, 5, whole=True)
+    assert [d.job_id for d in got] == [1]
+    assert await woken(consumer, client, tails, streams, ("a", 1, 2)) == {streams[2]}
 
 
 async def test_a_resumed_queues_entries_found_after_a_timeout_are_not_a_missed_wake_up(
     client: aioredis.Redis,
+    consumer: Consumer,
 ) -> None:
     """Entries written while the queue was paused came before the cursor: the new list of streams finds them."""
     streams = list(STREAMS)
     resumed = stream_key(PREFIX, "c", 5)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, [*streams, resumed])
-        await add(client, "c", 5, 1)  # queue c paused: not among the streams read
-        _, _, tails = await consumer.read(streams, 5, whole=True)
-        assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
-        with_resumed = [*streams, resumed]  # the worker's new list once c is resumed
-        got, _, tails = await consumer.read(with_resumed, 5, whole=True)
-        assert [d.job_id for d in got] == [1]
-        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, with_resumed))
-        await wait_until_async(lambda: blocked(client, 1), 10, message="still on the wake-up stream")
-        await add(client, "c", 5, 2)
-        assert await asyncio.wait_for(waiting, 10) == {resumed}
-    finally:
-        await consumer.close()
+    await ensure_groups(client, [*streams, resumed])
+    await add(client, "c", 5, 1)  # queue c paused: not among the streams read
+    _, _, tails = await consumer.read(streams, 5, whole=True)
+    assert await consumer.wait_for_new(tails, 0.2, None, streams) == set()
+    with_resumed = [*streams, resumed]  # the worker's new list once c is resumed
+    got, _, tails = await consumer.read(with_resumed, 5, whole=True)
+    assert [d.job_id for d in got] == [1]
+    assert await woken(consumer, client, tails, with_resumed, ("c", 5, 2)) == {resumed}
 
 
-async def test_a_stop_ends_a_wait_on_the_wake_up_stream_at_once(client: aioredis.Redis) -> None:
+async def test_a_stop_ends_a_wait_on_the_wake_up_stream_at_once(client: aioredis.Redis, consumer: Consumer) -> None:
     streams = list(STREAMS)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, streams)
-        _, _, tails = await consumer.read(streams, 5, whole=True)
-        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, stop, streams))
-        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
-        stop.set_result(None)
-        assert await asyncio.wait_for(waiting, 5) is None  # at once, not at the 30 s block
-        await consumer.cancel_waits()
-        await wait_until_async(lambda: blocked(client, 0), 10, message="the read ended")
-    finally:
-        await consumer.close()
+    _, _, tails = await consumer.read(streams, 5, whole=True)
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, stop, streams))
+    await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
+    stop.set_result(None)
+    assert await asyncio.wait_for(waiting, 5) is None  # at once, not at the 30 s block
+    await consumer.cancel_waits()
+    await wait_until_async(lambda: blocked(client, 0), 10, message="the read ended")
 
 
 async def test_the_relay_writes_one_wake_up_entry_per_write_naming_each_queue_once(client: aioredis.Redis) -> None:
@@ -236,64 +232,53 @@ async def test_the_relay_writes_one_wake_up_entry_per_write_naming_each_queue_on
 
 async def test_the_read_behind_the_wake_up_reads_the_named_streams_of_this_worker_in_priority_order(
     client: aioredis.Redis,
+    consumer: Consumer,
 ) -> None:
     streams = list(STREAMS)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, [*streams, stream_key(PREFIX, "c", 5)])
-        got, _, tails = await consumer.read(streams, 5, whole=True)
-        assert got == [] and consumer.reads_on_wake(streams)
-        waiting = asyncio.ensure_future(consumer.wait_then_read(tails, streams, 5, 30))
-        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
-        await add(client, "c", 5, 1)  # another worker's queue: woken, nothing read, wait again
-        assert await asyncio.wait_for(waiting, 10) == ([], [], tails)
-        assert await client.xlen(stream_key(PREFIX, "c", 5)) == 1
+    await ensure_groups(client, [*streams, stream_key(PREFIX, "c", 5)])
+    got, _, tails = await consumer.read(streams, 5, whole=True)
+    assert got == [] and consumer.reads_on_wake(streams)
+    waiting = asyncio.ensure_future(consumer.wait_then_read(tails, streams, 5, 30))
+    await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
+    await add(client, "c", 5, 1)  # another worker's queue: woken, nothing read, wait again
+    assert await asyncio.wait_for(waiting, 10) == ([], [], tails)
+    assert await client.xlen(stream_key(PREFIX, "c", 5)) == 1
 
-        await add(client, "a", 1, 2)
-        await add(client, "b", 9, 3)
-        await add(client, "a", 9, 4)
-        got, malformed, after = await consumer.wait_then_read(tails, streams, 2, 30)  # there already: at once
-        assert [(d.stream, d.job_id) for d in got] == [(streams[0], 4), (streams[1], 3)] and malformed == []
-        assert after == {}  # the count was reached: the worker reads every stream next
-        got, _, after = await consumer.read(streams, 5, whole=True)
-        assert [d.job_id for d in got] == [2] and after
+    await add(client, "a", 1, 2)
+    await add(client, "b", 9, 3)
+    await add(client, "a", 9, 4)
+    got, malformed, after = await consumer.wait_then_read(tails, streams, 2, 30)  # there already: at once
+    assert [(d.stream, d.job_id) for d in got] == [(streams[0], 4), (streams[1], 3)] and malformed == []
+    assert after == {}  # the count was reached: the worker reads every stream next
+    got, _, after = await consumer.read(streams, 5, whole=True)
+    assert [d.job_id for d in got] == [2] and after
 
-        await add(client, "a", 1, 5)
-        got, _, after = await consumer.wait_then_read(after, streams, 5, 30)
-        assert [d.job_id for d in got] == [5] and after  # drained: wait again
-    finally:
-        await consumer.close()
+    await add(client, "a", 1, 5)
+    got, _, after = await consumer.wait_then_read(after, streams, 5, 30)
+    assert [d.job_id for d in got] == [5] and after  # drained: wait again
 
 
-async def test_a_wake_up_read_that_times_out_sends_the_worker_to_every_stream(client: aioredis.Redis) -> None:
+async def test_a_wake_up_read_that_times_out_sends_the_worker_to_every_stream(
+    client: aioredis.Redis, consumer: Consumer
+) -> None:
     """No wake-up entry by the timeout: empty tails (read every stream); entries with none mean an old relay."""
     streams = list(STREAMS)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, streams)
-        _, _, tails = await consumer.read(streams, 5, whole=True)
-        await add(client, "b", 9, 1, wake=False)
-        assert await consumer.wait_then_read(tails, streams, 5, 0.2) == ([], [], {})
-        got, _, tails = await consumer.read(streams, 5, whole=True)
-        assert [d.job_id for d in got] == [1]
-        assert not consumer.reads_on_wake(streams)  # waits on the streams themselves now (more than one group)
-    finally:
-        await consumer.close()
+    _, _, tails = await consumer.read(streams, 5, whole=True)
+    await add(client, "b", 9, 1, wake=False)
+    assert await consumer.wait_then_read(tails, streams, 5, 0.2) == ([], [], {})
+    got, _, tails = await consumer.read(streams, 5, whole=True)
+    assert [d.job_id for d in got] == [1]
+    assert not consumer.reads_on_wake(streams)  # waits on the streams themselves now (more than one group)
 
 
-async def test_a_stop_ends_a_wake_up_read_at_once_and_loses_nothing(client: aioredis.Redis) -> None:
+async def test_a_stop_ends_a_wake_up_read_at_once_and_loses_nothing(client: aioredis.Redis, consumer: Consumer) -> None:
     streams = list(STREAMS)
-    consumer = Consumer(client, consumer="worker-c0ffee00", wake_prefix=PREFIX)
-    try:
-        await ensure_groups(client, streams)
-        _, _, tails = await consumer.read(streams, 5, whole=True)
-        stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiting = asyncio.ensure_future(consumer.wait_then_read_until(tails, streams, 5, 30, stop, 5))
-        await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
-        stop.set_result(None)
-        assert await asyncio.wait_for(waiting, 5) == ([], [], {})  # at once, not at the 30 s block
-        await add(client, "a", 9, 1)
-        got, _, _ = await consumer.read(streams, 5, whole=True)
-        assert [d.job_id for d in got] == [1]
-    finally:
-        await consumer.close()
+    _, _, tails = await consumer.read(streams, 5, whole=True)
+    stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(consumer.wait_then_read_until(tails, streams, 5, 30, stop, 5))
+    await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
+    stop.set_result(None)
+    assert await asyncio.wait_for(waiting, 5) == ([], [], {})  # at once, not at the 30 s block
+    await add(client, "a", 9, 1)
+    got, _, _ = await consumer.read(streams, 5, whole=True)
+    assert [d.job_id for d in got] == [1]
