@@ -60,8 +60,9 @@ def ready_key(prefix: str) -> str:
 
 def wake_key(prefix: str) -> str:
     """The wake-up stream (one server): after each batch of XADDs the relay adds an entry naming the
-    batch's streams (:func:`wake_entry`). A worker over more streams than one blocked XREAD should name
-    blocks on this one key instead (``postbox.worker.consumer``). Trimmed to about :data:`WAKE_MAXLEN`."""
+    batch's streams (:func:`wake_entry`). A worker of more streams than one blocked XREAD should name
+    (``postbox.worker.consumer.WAIT_GROUP``) blocks on this key instead. Trimmed to about
+    :data:`WAKE_MAXLEN` entries."""
     return f"{prefix}:wake"
 
 
