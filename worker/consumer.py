@@ -65,6 +65,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from postbox import redis_conn, resp
 from postbox.streams import GROUP, by_slot, parse_stream_key, parse_wake, wake_key
 from postbox.worker.delivery import Delivery, parse_delivery
+from postbox.worker.wake import WakeCursor
 
 log = logging.getLogger(__name__)
 
@@ -309,18 +310,10 @@ class Consumer:
         self._redis = redis
         self._cluster = redis_conn.is_cluster(redis)
         self._ready = None if self._cluster or ready is None else ready.encode()
-        self._monotonic = monotonic
         self._wake_prefix = None if self._cluster else wake_prefix
         self._wake = None if self._wake_prefix is None else wake_key(self._wake_prefix).encode()
-        # The wake-up stream's cursor: taken by a drained read of every stream (``whole``), in the same
-        # run of the script, then moved to each wake-up entry a wait takes. Every entry of those streams
-        # that came with a wake-up entry up to the cursor has been read; any later one wakes the wait.
-        self._wake_cursor: str | None = None
-        self._wake_for: Sequence[str] | None = None  # the streams (a list not modified) it covers
+        self._cursor = WakeCursor(off_for=WAKE_OFF, monotonic=monotonic)  # on the wake-up stream
         self._wake_wait: tuple[str, asyncio.Future[tuple[str | None, set[str]]]] | None = None
-        self._wake_timed_out = False  # the last wake-up wait ended at its timeout
-        self._found_after_timeout = 0  # entries whole reads found since then
-        self._wake_off_until = float("-inf")
         self._wake_script = redis.register_script(WAKE_READ_SCRIPT)
         self._wake_head: tuple[Sequence[str], tuple[int, bytes]] | None = None  # (streams, packed head)
         self._script = redis.register_script(READ_SCRIPT)
@@ -430,48 +423,29 @@ class Consumer:
         return read
 
     def _wake_wanted(self, streams: Sequence[str]) -> bool:
-        return self._wake is not None and len(streams) > WAIT_GROUP and self._monotonic() >= self._wake_off_until
+        return self._wake is not None and len(streams) > WAIT_GROUP and self._cursor.on()
 
-    def _wake_ready(self, streams: Sequence[str]) -> bool:
-        """Whether a wait over ``streams`` may block on the wake-up stream: its cursor covers that list."""
-        return streams is self._wake_for and self._wake_cursor is not None and self._wake_wanted(streams)
+    def _wake_cursor(self, streams: Sequence[str]) -> str | None:
+        """The cursor a wait over ``streams`` blocks on the wake-up stream after (None: wait on the streams)."""
+        return self._cursor.cursor_for(streams) if self._wake is not None and len(streams) > WAIT_GROUP else None
 
     def _whole_read(self, streams: Sequence[str], reply: Any, found: int, wake: bool) -> None:
-        """After a read of every stream: the wake-up stream's cursor, and the check for missed wake-ups.
-
-        After a wait that timed out, whole reads of the same streams that found
-        entries while the wake-up stream's newest entry is still the cursor found
-        entries that came with no wake-up entry (a relay of an earlier version):
-        this consumer waits on the streams themselves for :data:`WAKE_OFF` seconds.
-        """
-        if self._wake_timed_out:
-            self._found_after_timeout += found
-        if len(reply) < 3 or not int(reply[1]):
-            return  # the count was reached: the next read is a whole one again
-        tail = _text(reply[3]) if wake and len(reply) > 3 else None
-        missed = (
-            self._wake_timed_out
-            and self._found_after_timeout > 0
-            and tail == self._wake_cursor
-            and streams is self._wake_for  # (a queue resumed since: its entries came before the cursor)
-        )
-        self._wake_timed_out, self._found_after_timeout = False, 0
-        if missed:
+        """After a read of every stream: the wake-up stream's cursor, and the check for missed wake-ups."""
+        drained = bool(int(reply[1]))
+        tail = _text(reply[3]) if wake and drained and len(reply) > 3 else None
+        if self._cursor.read_every_stream(streams, found, drained, tail):
             log.warning(
                 "entries came with no wake-up entry (a relay of an earlier version?): "
                 "waiting on the streams themselves for %.0f s",
                 WAKE_OFF,
             )
-            self._wake_off_until = self._monotonic() + WAKE_OFF
-            tail = None
-        self._wake_cursor, self._wake_for = tail, (streams if tail is not None else None)
 
     def reads_on_wake(self, streams: Sequence[str]) -> bool:
         """Whether :meth:`wait_then_read` serves ``streams``: one server, one wait group or the wake-up
         stream, no wait blocked."""
         if self._cluster or self._blocked or self._wake_wait is not None or self._no_unblock:
             return False
-        return len(streams) <= WAIT_GROUP or self._wake_ready(streams)
+        return len(streams) <= WAIT_GROUP or self._wake_cursor(streams) is not None
 
     async def wait_then_read(self, tails: dict[str, str], streams: Sequence[str], count: int, block: float) -> Read:
         """Block until an entry newer than ``tails`` arrives (or ``block`` seconds pass), then read as :meth:`read`.
@@ -495,13 +469,13 @@ class Consumer:
         conn = await self._own_connection()
         if conn is None:  # no CLIENT ID here: nothing waited, nothing read; the caller waits apart from now on
             return [], [], dict(tails)
-        wake = self._wake_ready(streams)
-        if wake:
-            assert self._wake is not None and self._wake_cursor is not None
+        cursor = self._wake_cursor(streams)
+        if cursor is not None:
+            assert self._wake is not None
             payload = resp.command(
                 b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
-                self._wake, self._wake_cursor.encode(),
-            ) + self._wake_read_command(streams, count, self._wake_cursor)  # fmt: skip
+                self._wake, cursor.encode(),
+            ) + self._wake_read_command(streams, count, cursor)  # fmt: skip
         else:
             waited = list(tails)
             payload = resp.command(
@@ -515,17 +489,16 @@ class Consumer:
             self._waiting = None
         if isinstance(woke, ResponseError):
             log.warning("the wake-up read failed: %s", woke)  # the read behind it ran all the same
-        if wake and isinstance(reply, NoScriptError):  # loaded, and run again on its own: nothing else changes
+        if cursor is not None and isinstance(reply, NoScriptError):  # loaded, and run again alone: nothing else changes
             await self._redis.script_load(WAKE_READ_SCRIPT)
-            assert self._wake_cursor is not None
-            [reply] = await resp.exchange(conn, self._wake_read_command(streams, count, self._wake_cursor), 1)
+            [reply] = await resp.exchange(conn, self._wake_read_command(streams, count, cursor), 1)
         if isinstance(reply, NoScriptError) or (isinstance(reply, ResponseError) and is_nogroup(reply)):
             if isinstance(reply, NoScriptError):
                 await self._redis.script_load(READ_SCRIPT)
             return await self.read(streams, count, whole=True)  # recreates a lost group
         if isinstance(reply, ResponseError):
             raise reply
-        if wake:
+        if cursor is not None:
             return self._woken_read(reply, streams, tails)
         return self._parse(reply, streams)
 
@@ -547,9 +520,9 @@ class Consumer:
         deliveries, malformed, _ = self._parse([found, 0, []], streams)
         last = _text(last)
         if not last:  # no wake-up entry after the cursor: the wait timed out, or was ended
-            self._wake_timed_out, self._found_after_timeout = True, 0
+            self._cursor.timed_out()
             return deliveries, malformed, {}
-        self._wake_cursor = last
+        self._cursor.woke(last)
         return deliveries, malformed, dict(tails) if int(drained) else {}
 
     async def wait_then_read_until(
@@ -687,13 +660,8 @@ class Consumer:
         if self._cluster:
             await self._wait_per_queue(tails, block, stop)
             return None
-        if (
-            streams is not None
-            and streams is self._wake_for
-            and self._wake_cursor is not None
-            and self._wake_wanted(streams)
-        ):
-            return await self._wait_wake(tails, block, stop)
+        if streams is not None and self._wake_cursor(streams) is not None:
+            return await self._wait_wake(tails, streams, block, stop)
         await self._cancel_wake_wait()
         streams = list(tails)
         groups = [tuple(streams[i : i + WAIT_GROUP]) for i in range(0, len(streams), WAIT_GROUP)]
@@ -733,7 +701,7 @@ class Consumer:
             raise
 
     async def _wait_wake(
-        self, tails: dict[str, str], block: float, stop: asyncio.Future[Any] | None
+        self, tails: dict[str, str], streams: Sequence[str], block: float, stop: asyncio.Future[Any] | None
     ) -> set[str] | None:
         """:meth:`wait_for_new` on the wake-up stream: the streams of ``tails`` its new entries name."""
         if self._blocked:  # group waits of an earlier wait on the streams themselves
@@ -743,11 +711,11 @@ class Consumer:
         deadline = loop.time() + block
         try:
             while True:
-                cursor = self._wake_cursor
-                assert cursor is not None
+                cursor = self._wake_cursor(streams)
+                assert cursor is not None  # (only a read of every stream changes it)
                 remaining = deadline - loop.time()
                 if remaining <= 0.001:
-                    self._wake_timed_out, self._found_after_timeout = True, 0
+                    self._cursor.timed_out()
                     return set()
                 if self._wake_wait is not None and self._wake_wait[0] != cursor:
                     await self._cancel_wake_wait()
@@ -766,7 +734,7 @@ class Consumer:
                 last, named = wait.result()
                 if last is None:
                     continue  # its own block ran out: again until the deadline
-                self._wake_cursor = last
+                self._cursor.woke(last)
                 woken = {stream for stream in named if stream in tails}
                 if woken:
                     return woken
