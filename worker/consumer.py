@@ -427,7 +427,7 @@ class Consumer:
 
     def _wake_cursor(self, streams: Sequence[str]) -> str | None:
         """The cursor a wait over ``streams`` blocks on the wake-up stream after (None: wait on the streams)."""
-        return self._cursor.cursor_for(streams) if self._wake is not None and len(streams) > WAIT_GROUP else None
+        return self._cursor.cursor_for(streams) if self._wake_wanted(streams) else None
 
     def _whole_read(self, streams: Sequence[str], reply: Any, found: int, wake: bool) -> None:
         """After a read of every stream: the wake-up stream's cursor, and the check for missed wake-ups."""
