@@ -185,6 +185,9 @@ async def test_a_waiter_cancelled_while_it_removes_its_registration_still_closes
     still closes, and nothing is left for the garbage collector to warn about."""
     [job] = running_jobs(conn, 1)
     waiting = await waiter(conn, database_url, job)
+    # Past its registration's reply too: a cancel landing while that reply is read leaves no id to remove
+    # (the row then goes with its deadline), and this test is about the removal.
+    await wait_until_async(lambda: waiting_for_notifications(conn), 10, message="the waiter in its wait")
     with psycopg.connect(database_url) as holder:  # the registration row locked: its removal waits on it
         holder.execute("SELECT 1 FROM postbox.result_waiters WHERE job_id = %s FOR UPDATE", (job,))
         waiting.cancel()  # the first cancel ends the wait; the removal then waits on the lock
@@ -201,6 +204,16 @@ async def test_a_waiter_cancelled_while_it_removes_its_registration_still_closes
             gc.collect()
         holder.rollback()
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def waiting_for_notifications(conn: psycopg.Connection[Any]) -> bool:
+    """The one result waiter's session is idle after reading the job's state: in its wait for a notification."""
+    rows = conn.execute(
+        "SELECT state, query FROM pg_stat_activity"
+        " WHERE application_name = 'postbox-wait-result' AND datname = current_database()"
+    ).fetchall()
+    conn.commit()
+    return len(rows) == 1 and rows[0][0] == "idle" and "outbox" in str(rows[0][1])
 
 
 def session_states(conn: psycopg.Connection[Any]) -> list[tuple[str, str | None]]:
