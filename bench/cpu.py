@@ -26,7 +26,8 @@ With ``--floor`` the relay and worker are the delivery contract's shortest
 path (:mod:`postbox_bench.floor`, reading ``--concurrency`` entries at a time;
 with ``bench_effect``, its ``effect`` worker keeping as many jobs in flight)
 instead of postbox's: the same roles, for ``bench_noop`` and ``bench_effect``
-(``--driver asyncpg``: the effect worker's transactions on asyncpg).
+(``--driver asyncpg``: the effect worker's transactions on asyncpg; ``--handler-tasks``: the no-op
+floor's worker running each job's handler in a task of its own).
 
 Each line ends with the drain's rate (first to last finish) and how many cores
 all roles kept busy over it (their CPU seconds per second of the drain): a
@@ -113,7 +114,7 @@ def _start_floor(
         sessions = len(_backends(conn))
         conn.rollback()  # pg_stat_activity is read once per transaction
         # the relay's two and the worker's two, or its claims' and its transactions' (the effect worker)
-        return blocked and sessions >= (3 + min(batch, 20) if mode != "floor" else 4)
+        return blocked and sessions >= (4 if mode in ("floor", shortest.TASKS) else 3 + min(batch, 20))
 
     try:
         outbox.wait_until(reading, 60, check=kids.check_alive)
@@ -135,8 +136,13 @@ def measure(
     rate: float | None = None,
     floor: bool = False,
     driver: str = "psycopg",
+    handler_tasks: bool = False,
 ) -> list[dict[str, float]]:
-    """``repeat`` drains of ``jobs`` jobs: each a dict role -> µs of CPU per job."""
+    """``repeat`` drains of ``jobs`` jobs: each a dict role -> µs of CPU per job.
+
+    ``handler_tasks``: with ``floor`` and ``bench_noop``, the floor's worker that runs each job's handler in a
+    task of its own (:data:`postbox_bench.floor.TASKS`).
+    """
     database_url = os.environ["POSTBOX_DATABASE_URL"]
     redis_url = os.environ["POSTBOX_REDIS_URL"]
     results: list[dict[str, float]] = []
@@ -156,7 +162,7 @@ def measure(
                 with children(env) as kids:
                     if floor:
                         effect = shortest.EFFECT_ASYNCPG if driver == "asyncpg" else shortest.EFFECT
-                        mode = effect if task == "bench_effect" else "floor"
+                        mode = effect if task == "bench_effect" else shortest.TASKS if handler_tasks else "floor"
                         relay, worker = _start_floor(kids, conn, url, box.redis_url, box.prefix, concurrency, mode)
                     else:
                         relay = kids.python("relay", ["postbox.relay", "run"]).pid
@@ -220,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         "--floor", action="store_true", help="the contract's shortest path instead (bench_noop or bench_effect)"
     )
     p.add_argument(
+        "--handler-tasks",
+        action="store_true",
+        help="with --floor --task bench_noop: the floor's worker runs each job's no-op handler in a task of its own",
+    )
+    p.add_argument(
         "--driver",
         choices=("psycopg", "asyncpg"),
         default="psycopg",
@@ -228,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.floor and (args.task not in ("bench_noop", "bench_effect") or args.spread):
         p.error("--floor runs bench_noop or bench_effect on one queue (no --spread)")
+    if args.handler_tasks and not (args.floor and args.task == "bench_noop"):
+        p.error("--handler-tasks is the no-op floor's: it needs --floor --task bench_noop")
     if args.driver != "psycopg" and not (args.floor and args.task == "bench_effect"):
         p.error("--driver asyncpg is the floor's: it needs --floor --task bench_effect")
     worker_env = dict(item.split("=", 1) for item in args.worker_env)
@@ -244,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             rate=args.rate,
             floor=args.floor,
             driver=args.driver,
+            handler_tasks=args.handler_tasks,
         ),
         1,
     ):

@@ -25,6 +25,10 @@ probe line and the same statistic as ``bench latency``:
 :func:`drain` runs the ``floor`` pair on a prefilled outbox instead, the floor
 under ``bench worker``'s no-op drain (``postbox-bench worker --floor``): the
 worker reads as many entries per wake-up as postbox's worker runs at once.
+Its ``floor-tasks`` worker (:data:`TASKS`) also runs each claimed job's
+handler, a no-op coroutine as ``bench_noop`` is, in an asyncio task of its own
+and records the batch's successes once they have ended: the least a worker
+of concurrent async handlers does per job (PgQueuer's runs a task per job too).
 With ``bench_effect`` jobs (``postbox-bench exactly-once --floor``) the worker
 is the ``effect`` one: it keeps as many jobs in flight as postbox's
 concurrency, claims each read's batch under its own name, and runs each job's
@@ -76,6 +80,7 @@ from postbox_bench.worker import worker_argv
 MODES = ("floor", "floor-xread", "postbox", "postbox-relay")
 EFFECT = "effect"  # the worker of the exactly-once floor (bench_effect jobs), for drain() only
 EFFECT_ASYNCPG = "effect-asyncpg"  # the same on asyncpg connections
+TASKS = "floor-tasks"  # the drain's worker running each job's no-op handler in a task of its own, for drain() only
 GROUP = "floor"
 BATCH = 50
 MARK_EVERY = 0.025  # seconds between the marks of jobs sent from their notification (as postbox's held marks)
@@ -202,11 +207,14 @@ async def worker_main(
     wake_first: bool,
     on_postbox_stream: bool = False,
     batch: int = BATCH,
+    handler_tasks: bool = False,
 ) -> None:
     """Read (blocking), claim, probe, then succeed + acknowledge in the background.
 
     ``probe``: the file the start lines go to, or "" for none (a drain). ``on_postbox_stream``: read what
     postbox's relay publishes (``bench_probe``'s stream, postbox's group). ``batch``: entries per read.
+    ``handler_tasks``: each claimed job's handler (:func:`noop_handler`) runs in a task of its own, and the
+    batch's successes are recorded once every one has ended.
     """
     key = postbox_stream_key(prefix, QUEUE, 5) if on_postbox_stream else stream_key(prefix)
     group = POSTBOX_GROUP if on_postbox_stream else GROUP
@@ -247,6 +255,8 @@ async def worker_main(
             last = entries[-1][0].decode()
             ids = [job_id_of(fields) for _entry, fields in entries]
             claimed = [row[0] for row in await (await claims.execute(CLAIM, (ids,))).fetchall()]
+            if handler_tasks and claimed:
+                await asyncio.wait([asyncio.create_task(noop_handler(job_id)) for job_id in claimed])
             if fd >= 0:
                 now = time.time()
                 os.write(fd, "".join(f"{job_id} {now:.6f}\n" for job_id in claimed).encode())
@@ -262,6 +272,11 @@ async def worker_main(
         await outcomes.close()
         if fd >= 0:
             os.close(fd)
+
+
+async def noop_handler(job_id: int) -> None:
+    """The ``floor-tasks`` worker's handler: nothing, as ``bench_noop``."""
+    return None
 
 
 # The asyncpg floor's texts (effect_worker_main): postbox's processed row, made to fail when processed already.
@@ -469,8 +484,8 @@ def start_floor(
 ) -> tuple[int, int]:
     """The floor's relay and worker processes; pids.
 
-    ``mode`` "floor" or "floor-xread" (``probe`` "" for none), or :data:`EFFECT` (``probe`` "", ``batch`` the
-    jobs kept in flight).
+    ``mode`` "floor", "floor-xread" or :data:`TASKS` (``probe`` "" for none), or :data:`EFFECT` (``probe`` "",
+    ``batch`` the jobs kept in flight).
     """
     args = [database_url, redis_url, prefix]
     relay = kids.python("floor-relay", ["postbox_bench.floor", "relay", *args])
@@ -486,12 +501,14 @@ def drain(
     batch: int,
     task: str = "bench_noop",
     driver: str = "psycopg",
+    handler_tasks: bool = False,
 ) -> float:
     """The floor's drain of ``jobs`` rows of ``task``, committed first, then its relay and worker; jobs/s.
 
     ``task`` "bench_noop" (``bench worker --floor``: ``batch`` entries per read) or "bench_effect"
     (``bench exactly-once --floor``: the :data:`EFFECT` worker, ``batch`` jobs in flight, its jobs'
     transactions on ``driver``'s connections, psycopg or asyncpg; every job's effect row is checked).
+    ``handler_tasks``: the no-op drain's :data:`TASKS` worker (each job's handler in a task of its own).
     Timed as ``bench worker`` times postbox (:func:`postbox_bench.worker.drain`): by the rows'
     ``finished_at``, from the first outcome to the last, so process start-up is not counted.
     """
@@ -500,7 +517,9 @@ def drain(
     effect = task == "bench_effect"
     if driver not in ("psycopg", "asyncpg") or (driver == "asyncpg" and not effect):
         raise ValueError(f"the floor's {task} drain runs on psycopg{' or asyncpg' if effect else ''}, not {driver!r}")
-    mode = (EFFECT_ASYNCPG if driver == "asyncpg" else EFFECT) if effect else "floor"
+    if handler_tasks and effect:
+        raise ValueError("the floor's bench_effect worker runs each job's transaction already: no handler_tasks")
+    mode = (EFFECT_ASYNCPG if driver == "asyncpg" else EFFECT) if effect else (TASKS if handler_tasks else "floor")
     env = bench_env(database_url, redis_url, prefix)
     with psycopg.connect(database_url) as conn:
         outbox.reset(conn)
@@ -544,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
                 wake_first=argv[5] == "floor-xread",
                 batch=int(argv[6]),
                 on_postbox_stream=argv[7:] == ["postbox-stream"],
+                handler_tasks=argv[5] == TASKS,
             )
         )
         return 0

@@ -20,6 +20,7 @@ from postbox_bench.stats import Spread
 
 POSTBOX = "postbox"
 FLOOR = "floor"  # the delivery contract's shortest path (postbox_bench.floor), reported as a system of its own
+FLOOR_TASKS = "floor-tasks"  # the same with each job's handler in a task of its own (bench worker --floor)
 
 
 @dataclass(frozen=True)

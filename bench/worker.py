@@ -18,7 +18,8 @@ and server caches.  With peers, ``between(rep)`` runs each peer's repetition
 right after postbox's 1-process no-op run of the same repetition.  With
 ``--floor``, each of those runs is also followed by the delivery contract's
 shortest path draining as many jobs (:func:`postbox_bench.floor.drain`),
-reported as system ``floor``, paired.
+reported as system ``floor``, paired, and by the same path running each job's
+no-op handler in an asyncio task of its own, as system ``floor-tasks``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from postbox_bench.machine import peak_rss_mb
 from postbox_bench.params import Params
 from postbox_bench.procs import Children, bench_env, children
 from postbox_bench.progress import Progress
-from postbox_bench.report import FLOOR, Figure, Target
+from postbox_bench.report import FLOOR, FLOOR_TASKS, Figure, Target
 from postbox_bench.sandbox import Sandbox
 from postbox_bench.tasks import QUEUE
 
@@ -126,10 +127,11 @@ def run(
         target=Target("<=", 150),
         higher_is_better=False,
     )
-    floor: Figure | None = None
+    floors: list[tuple[Figure, bool]] = []  # (figure, handler tasks)
     if params.extra.get("floor"):  # the contract's shortest path, right after each 1-process no-op run
         noop = figures["worker.noop_1p"]
-        floor = Figure(SCENARIO, noop.key, noop.label, "jobs/s", system=FLOOR, paired=True)
+        for system, tasks in ((FLOOR, False), (FLOOR_TASKS, True)):
+            floors.append((Figure(SCENARIO, noop.key, noop.label, "jobs/s", system=system, paired=True), tasks))
     env = bench_env(database_url, box.redis_url, box.prefix)
     with psycopg.connect(database_url) as conn:
         drain_once(box, conn, env, chosen[0], params, min(WARMUP_JOBS, params.jobs))
@@ -148,18 +150,27 @@ def run(
                     f"worker rep {rep + 1}/{params.repeat} {variant.task} x{variant.processes}: "
                     f"{span.rate:,.0f} jobs/s" + (f", peak RSS {peak:.0f} MB" if peak is not None else "")
                 )
-                if variant.key == "worker.noop_1p" and floor is not None:
+                if variant.key == "worker.noop_1p":
                     from postbox_bench import floor as shortest  # it imports this module
 
-                    box.clean_redis_prefix()
-                    floor.values.append(
-                        shortest.drain(database_url, box.redis_url, box.prefix, params.jobs, params.concurrency)
-                    )
-                    progress.say(
-                        f"worker rep {rep + 1}/{params.repeat} the contract's floor: {floor.values[-1]:,.0f} jobs/s"
-                    )
+                    for floor, tasks in floors:
+                        box.clean_redis_prefix()
+                        floor.values.append(
+                            shortest.drain(
+                                database_url,
+                                box.redis_url,
+                                box.prefix,
+                                params.jobs,
+                                params.concurrency,
+                                handler_tasks=tasks,
+                            )
+                        )
+                        progress.say(
+                            f"worker rep {rep + 1}/{params.repeat} the contract's floor"
+                            f"{' with a task per handler' if tasks else ''}: {floor.values[-1]:,.0f} jobs/s"
+                        )
                 if variant.key == "worker.noop_1p" and between is not None:
                     between(rep)
         outbox.reset(conn)
     box.clean_redis_prefix()
-    return [*figures.values(), rss, *([floor] if floor is not None else [])]
+    return [*figures.values(), rss, *(floor for floor, _tasks in floors)]

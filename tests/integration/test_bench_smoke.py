@@ -27,7 +27,7 @@ from postbox_bench import rest as bench_rest
 from postbox_bench import worker as bench_worker
 from postbox_bench.params import Params
 from postbox_bench.progress import Progress
-from postbox_bench.report import FLOOR, Report, render
+from postbox_bench.report import FLOOR, FLOOR_TASKS, Report, render
 from postbox_bench.sandbox import sandbox
 from tests.harness.servers import Servers
 from tests.harness.wait import wait_until_async
@@ -118,16 +118,20 @@ def test_bench_worker_runs_each_peer_repetition_right_after_its_own_one_process_
 
 
 def test_bench_worker_with_floor_pairs_each_one_process_run_with_the_contracts_drain(servers: Servers) -> None:
-    """`--floor`: after each 1-process no-op run, the floor drains as many jobs (it raises unless all succeeded)."""
+    """`--floor`: after each 1-process no-op run, the floor drains as many jobs (it raises unless all succeeded),
+    then the floor running each job's handler in a task of its own does."""
     params = Params(jobs=200, repeat=2, batch=200, concurrency=10, extra={"floor": True})
     with sandbox(servers.database_url, servers.redis_url) as box:
         url = box.database()
         figures = bench_worker.run(box, url, params, Progress(quiet=True))
         with psycopg.connect(url) as conn:
             left = conn.execute("SELECT count(*) FROM postbox.outbox").fetchone()
-    floor = [f for f in figures if f.system == FLOOR]
-    assert [(f.key, f.paired, len(f.values)) for f in floor] == [("worker.noop_1p", True, 2)]
-    assert min(floor[0].values) > 0
+    floors = [f for f in figures if f.system in (FLOOR, FLOOR_TASKS)]
+    assert [(f.system, f.key, f.paired, len(f.values)) for f in floors] == [
+        (FLOOR, "worker.noop_1p", True, 2),
+        (FLOOR_TASKS, "worker.noop_1p", True, 2),
+    ]
+    assert min(floors[0].values) > 0 and min(floors[1].values) > 0
     assert left == (0,)  # the floor's run cleans up after itself, as postbox's do
 
 
@@ -174,6 +178,8 @@ def test_bench_floor_drains_only_the_tasks_it_has_a_worker_for() -> None:
         bench_floor.drain("postgresql://unused", "redis://unused", "x:", 10, 10, "bench_probe")
     with pytest.raises(ValueError, match="bench_noop drain runs on psycopg, not 'asyncpg'"):
         bench_floor.drain("postgresql://unused", "redis://unused", "x:", 10, 10, "bench_noop", "asyncpg")
+    with pytest.raises(ValueError, match="no handler_tasks"):
+        bench_floor.drain("postgresql://unused", "redis://unused", "x:", 10, 10, "bench_effect", handler_tasks=True)
 
 
 def test_bench_flow_measures_overhead_rate_and_concurrency_and_prints_them(
@@ -431,12 +437,18 @@ def test_bench_cpu_measures_the_contracts_floor_by_the_same_roles(
 
     monkeypatch.setenv("POSTBOX_DATABASE_URL", servers.database_url)
     monkeypatch.setenv("POSTBOX_REDIS_URL", servers.redis_url)
-    for task in ("bench_noop", "bench_effect"):  # the effect worker: bench_effect's transaction, as postbox's
-        rows = bench_cpu.measure(task, jobs=40, repeat=1, concurrency=10, worker_env={}, floor=True)
+    runs = [("bench_noop", False), ("bench_noop", True), ("bench_effect", False)]  # the effect worker: as postbox's
+    for task, tasks in runs:
+        rows = bench_cpu.measure(
+            task, jobs=40, repeat=1, concurrency=10, worker_env={}, floor=True, handler_tasks=tasks
+        )
         assert len(rows) == 1 and rows[0]["worker"] > 0 and rows[0]["pg"] > 0 and rows[0]["relay"] > 0
     with pytest.raises(SystemExit):
         bench_cpu.main(["--floor", "--task", "bench_probe"])
     assert "--floor runs bench_noop or bench_effect" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench_cpu.main(["--handler-tasks", "--task", "bench_noop"])
+    assert "--handler-tasks is the no-op floor's" in capsys.readouterr().err
 
 
 def test_bench_cpu_at_a_rate_over_many_queues(servers: Servers, monkeypatch: pytest.MonkeyPatch) -> None:
