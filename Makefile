@@ -59,6 +59,7 @@ test-unit: $(VENV)/.dev-$(DEPS) $(VENV)/.files-$(FILES)
 
 lint: $(VENV)/.dev-$(DEPS) $(VENV)/.files-$(FILES)
 	$(VENV)/bin/ruff check jobs relay worker app tests migrations examples bench
+	$(VENV)/bin/ruff format --check jobs relay worker app tests migrations examples bench
 	$(VENV)/bin/mypy
 
 soak: $(VENV)/.dev-$(DEPS) $(VENV)/.files-$(FILES)
