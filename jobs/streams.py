@@ -66,8 +66,10 @@ def wake_key(prefix: str) -> str:
     return f"{prefix}:wake"
 
 
-# Wake-up entries kept (approximately: MAXLEN ~). A worker only asks whether any came after the
-# last one it saw, so trimming never hides a newer one.
+# Wake-up entries kept (approximately: MAXLEN ~), every queue's batches together. A worker asks
+# for the entries after the last one it saw; one that comes back after the stream was trimmed
+# past that entry (it did not wait for a while) reads every stream instead (the wake-up read
+# script in postbox.worker.consumer checks that its cursor's entry is still there).
 WAKE_MAXLEN = 1000
 
 

@@ -63,7 +63,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 from postbox import redis_conn, resp
-from postbox.streams import GROUP, by_slot, parse_stream_key, parse_wake, wake_key
+from postbox.streams import GROUP, WAKE_MAXLEN, by_slot, parse_stream_key, parse_wake, wake_key
 from postbox.worker.delivery import Delivery, parse_delivery
 from postbox.worker.wake import WakeCursor
 
@@ -206,7 +206,13 @@ EMPTY_TAIL = "0-0"
 # Takes the wake-up entries after the cursor and reads the streams they name among the worker's
 # queues, highest priority first (then in the worker's queue order), up to count entries.
 # Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the count was
-# reached), and the last wake-up entry id taken ('' when there was none after the cursor).
+# reached, or when the cursor's own entry is gone), and the last wake-up entry id taken ('' when
+# there was none after the cursor). The cursor's entry is gone when the stream was trimmed past
+# it (MAXLEN ~ keeps about WAKE_MAXLEN entries of every queue's batches: a worker that did not
+# wait for a while, its capacity full, can come back to a cursor older than all of them) or lost
+# with Redis's data: entries after it may be gone too, and the streams they named unread, so the
+# read of every stream follows, as after a read that reached its count. A cursor of 0-0 (the
+# stream was empty when it was taken) counts as gone once the stream has grown to its bound.
 # The streams' keys are built here from the entries, not declared in KEYS: Redis allows that
 # on one server (a cluster never runs this script), and a worker of 1,000 streams would
 # otherwise name them all in each call (about 100 us of Redis, docs/benchmarks.md).
@@ -215,6 +221,12 @@ local n = #ARGV
 local want = tonumber(ARGV[n - 1])
 local got = redis.call('XRANGE', KEYS[1], '(' .. ARGV[n], '+', 'COUNT', ARGV[4])
 if #got == 0 then return {{}, 1, ''} end
+local intact
+if ARGV[n] == '0-0' then  -- (the stream was empty then: nothing trimmed since unless it grew to its bound)
+    intact = redis.call('XLEN', KEYS[1]) < WAKE_MAXLEN
+else
+    intact = #redis.call('XRANGE', KEYS[1], ARGV[n], ARGV[n]) > 0
+end
 local rank = {}
 for i = 5, n - 2 do rank[ARGV[i]] = i end
 local named, seen = {}, {}
@@ -253,8 +265,8 @@ for _, stream in ipairs(named) do
         end
     end
 end
-return {found, want > 0 and 1 or 0, got[#got][1]}
-"""
+return {found, (want > 0 and intact) and 1 or 0, got[#got][1]}
+""".replace("WAKE_MAXLEN", str(WAKE_MAXLEN))
 
 # Streams per blocked wake-up XREAD. Redis registers a blocked XREAD on each of
 # its keys and unregisters it from all of them when one answers: over 1,000

@@ -38,7 +38,11 @@ class WakeCursor:
         return at[1] if at is not None and at[0] is streams and self.on() else None
 
     def woke(self, last: str) -> None:
-        """A wait took wake-up entries up to ``last`` (and the streams they name are read)."""
+        """A wait took wake-up entries up to ``last`` (and the streams they name are read).
+
+        The wake-up stream is alive: a timeout before this wake-up says nothing about entries read after it.
+        """
+        self._timed_out, self._found = False, 0
         if self._at is not None:
             self._at = (self._at[0], last)
 

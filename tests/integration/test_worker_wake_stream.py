@@ -137,6 +137,7 @@ async def test_the_cursor_is_taken_with_the_drained_read_so_an_entry_written_aft
     # covered by the cursor: the wait is on the streams, in groups.
     got, _, tails = await consumer.read(streams, 5, whole=True)
     assert [d.job_id for d in got] == [3]
+    assert consumer.reads_on_wake(streams)  # a wake-up came after the timeout: no missed one, the cursor kept
     fewer = streams[:2] + streams[2:]
     waiting = asyncio.ensure_future(consumer.wait_for_new(tails, 30, None, fewer))
     await wait_until_async(lambda: blocked(client, 2), 10, message="two groups of two and one")
@@ -242,7 +243,7 @@ async def test_the_read_behind_the_wake_up_reads_the_named_streams_of_this_worke
     await wait_until_async(lambda: blocked(client, 1), 10, message="one read blocked")
     await add(client, "c", 5, 1)  # another worker's queue: woken, nothing read, wait again
     assert await asyncio.wait_for(waiting, 10) == ([], [], tails)
-    assert await client.xlen(stream_key(PREFIX, "c", 5)) == 1
+    assert (await client.xpending(stream_key(PREFIX, "c", 5), "postbox"))["pending"] == 0  # not read
 
     await add(client, "a", 1, 2)
     await add(client, "b", 9, 3)
@@ -258,6 +259,30 @@ async def test_the_read_behind_the_wake_up_reads_the_named_streams_of_this_worke
     assert [d.job_id for d in got] == [5] and after  # drained: wait again
 
 
+async def test_a_cursor_the_stream_was_trimmed_past_sends_the_worker_to_every_stream(
+    client: aioredis.Redis, consumer: Consumer
+) -> None:
+    """A worker that did not wait while the relays wrote over a thousand batches (its capacity full) comes
+    back to a cursor older than every wake-up entry kept: what the trimmed ones named is read all the same."""
+    streams = list(STREAMS)
+    await add(client, "b", 9, 1)
+    got, _, tails = await consumer.read(streams, 5, whole=True)  # the cursor: that wake-up entry
+    assert [d.job_id for d in got] == [1]
+    [(cursor, _)] = await client.xrange(wake_key(PREFIX), count=1)
+    await add(client, "a", 1, 2)  # its wake-up entry is trimmed below
+    for _ in range(12):  # other queues' batches, as their relays write them
+        async with client.pipeline(transaction=False) as pipe:
+            for _ in range(100):
+                parts = wake_entry([("c", 5)])
+                pipe.xadd(wake_key(PREFIX), dict(zip(parts[::2], parts[1::2], strict=True)), maxlen=1000)
+            await pipe.execute()
+    assert await client.xrange(wake_key(PREFIX), cursor, cursor) == []  # trimmed past the cursor
+    got, _, after = await consumer.wait_then_read(tails, streams, 5, 30)
+    assert got == [] and after == {}  # the streams named after the cursor held nothing: read every stream next
+    got, _, after = await consumer.read(streams, 5, whole=True)
+    assert [d.job_id for d in got] == [2] and after
+
+
 async def test_a_wake_up_read_that_times_out_sends_the_worker_to_every_stream(
     client: aioredis.Redis, consumer: Consumer
 ) -> None:
@@ -271,7 +296,9 @@ async def test_a_wake_up_read_that_times_out_sends_the_worker_to_every_stream(
     assert not consumer.reads_on_wake(streams)  # waits on the streams themselves now (more than one group)
 
 
-async def test_a_stop_ends_a_wake_up_read_at_once_and_loses_nothing(client: aioredis.Redis, consumer: Consumer) -> None:
+async def test_a_stop_ends_a_wake_up_read_at_once_and_the_next_read_goes_on(
+    client: aioredis.Redis, consumer: Consumer
+) -> None:
     streams = list(STREAMS)
     _, _, tails = await consumer.read(streams, 5, whole=True)
     stop: asyncio.Future[None] = asyncio.get_running_loop().create_future()

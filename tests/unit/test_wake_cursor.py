@@ -73,6 +73,16 @@ def test_a_timeout_is_judged_by_the_first_drained_read_after_it_only() -> None:
     assert cursor.read_every_stream(STREAMS, 2, drained=True, tail="5-0") is False  # no timeout before it
 
 
+def test_a_wake_up_after_a_timeout_clears_it() -> None:
+    """Entries found once a wake-up came (its streams read up to the cursor it moved to) are no missed wake-up."""
+    cursor = WakeCursor(off_for=300)
+    cursor.read_every_stream(STREAMS, 0, drained=True, tail="5-0")
+    cursor.timed_out()
+    cursor.woke("6-0")
+    assert cursor.read_every_stream(STREAMS, 1, drained=True, tail="6-0") is False
+    assert cursor.on() and cursor.cursor_for(STREAMS) == "6-0"
+
+
 def test_a_wake_up_entry_names_each_queue_once_with_its_priorities() -> None:
     fields = wake_entry([("mail", 9), ("mail", 5), ("sms", 0), ("mail", 9)])
     assert fields == [b"mail", b"95", b"sms", b"0"]
