@@ -32,9 +32,10 @@ instead, the wake-up stream the relay writes after each batch
 (:func:`postbox.streams.wake_key`): the drained read of every stream takes
 its cursor in the same script run, and the wake-up read script, sent behind
 the blocked XREAD, takes the entries after it and reads the streams they name.
-A consumer that finds entries no wake-up entry announced (a relay of an
-earlier version) waits on the streams, in groups, for :data:`WAKE_OFF`
-seconds (docs/worker.md, "Reading").
+A consumer that finds entries no wake-up entry announced, after two timeouts
+in a row (a relay of an earlier version), waits on the streams, in groups, for
+:data:`WAKE_OFF` seconds (docs/worker.md, "Reading"); one whose cursor the
+stream was trimmed past reads every stream.
 
 A group that vanished (Redis lost its data) is recreated from ``0`` once its
 stream holds an entry again (a read of an empty stream never asks for it).

@@ -11,6 +11,12 @@ that found entries while the wake-up stream's newest id was still the cursor
 means entries came with no wake-up entry (a relay of an earlier version). The
 consumer (:mod:`postbox.worker.consumer`) then waits on the streams themselves
 for ``off_for`` seconds.
+
+It takes two such timeouts in a row, with no wake-up between them. One can
+be a coincidence: a relay's batch is one send, but Redis reads a large send
+in parts and may run the consumer's read between the batch's entries and its
+wake-up entry, after a second in which nothing was written at all. A relay
+of an earlier version is found a second later than it would be with one.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class WakeCursor:
         self._at: tuple[Sequence[str], str] | None = None  # (the streams covered, a list not modified; the cursor)
         self._timed_out = False  # the last wait on the wake-up stream ended at its timeout
         self._found = 0  # entries the reads of every stream found since
+        self._suspect = False  # the last timeout judged looked like a missed wake-up (one is not enough)
         self._off_until = float("-inf")
 
     def on(self) -> bool:
@@ -42,7 +49,7 @@ class WakeCursor:
 
         The wake-up stream is alive: a timeout before this wake-up says nothing about entries read after it.
         """
-        self._timed_out, self._found = False, 0
+        self._timed_out, self._found, self._suspect = False, 0, False
         if self._at is not None:
             self._at = (self._at[0], last)
 
@@ -54,22 +61,27 @@ class WakeCursor:
         """A read of every stream of ``streams`` found ``found`` entries; ``drained``: fewer than it asked
         for, and then ``tail`` is the wake-up stream's newest id taken in the same run (None: not asked).
 
-        Takes ``tail`` as the cursor; True when the entries found after a timeout came with no
-        wake-up entry (then the cursor is dropped and the wake-up stream not trusted for ``off_for``).
+        Takes ``tail`` as the cursor; True when the entries found after this timeout and the one
+        judged before it (no wake-up between them) came with no wake-up entry: then the cursor is
+        dropped and the wake-up stream not trusted for ``off_for``.
         """
         if self._timed_out:
             self._found += found
         if not drained:
             return False  # the next read is one of every stream again
         at = self._at
-        missed = (
-            self._timed_out
+        judged = self._timed_out
+        looks_missed = (
+            judged
             and self._found > 0
             and at is not None
             and at[0] is streams  # (a queue resumed since: its entries came before the cursor)
             and tail == at[1]
         )
         self._timed_out, self._found = False, 0
+        missed = looks_missed and self._suspect
+        if judged:
+            self._suspect = looks_missed and not missed
         if missed:
             self._off_until = self._monotonic() + self._off_for
             tail = None

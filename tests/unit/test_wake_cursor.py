@@ -38,8 +38,11 @@ def test_entries_found_after_a_timeout_with_no_new_wake_up_entry_turn_the_stream
     cursor = WakeCursor(off_for=300, monotonic=clock)
     cursor.read_every_stream(STREAMS, 0, drained=True, tail="5-0")
     cursor.timed_out()
+    assert cursor.read_every_stream(STREAMS, 1, drained=True, tail="5-0") is False  # once: maybe a coincidence
+    assert cursor.on() and cursor.cursor_for(STREAMS) == "5-0"
+    cursor.timed_out()
     assert cursor.read_every_stream(STREAMS, 50, drained=False, tail=None) is False  # counted, not judged yet
-    assert cursor.read_every_stream(STREAMS, 1, drained=True, tail="5-0") is True
+    assert cursor.read_every_stream(STREAMS, 1, drained=True, tail="5-0") is True  # twice in a row
     assert not cursor.on() and cursor.cursor_for(STREAMS) is None
     clock.now += 299
     assert cursor.read_every_stream(STREAMS, 0, drained=True, tail="6-0") is False
@@ -71,6 +74,24 @@ def test_a_timeout_is_judged_by_the_first_drained_read_after_it_only() -> None:
     cursor.timed_out()
     cursor.read_every_stream(STREAMS, 0, drained=True, tail="5-0")  # found nothing: the timeout is judged
     assert cursor.read_every_stream(STREAMS, 2, drained=True, tail="5-0") is False  # no timeout before it
+
+
+@pytest.mark.parametrize("between", ["a wake-up", "a clean timeout"])
+def test_two_suspect_timeouts_count_only_in_a_row(between: str) -> None:
+    """A wake-up, or a timeout after which nothing came with no wake-up entry, clears the first suspicion."""
+    cursor = WakeCursor(off_for=300)
+    cursor.read_every_stream(STREAMS, 0, drained=True, tail="5-0")
+    cursor.timed_out()
+    assert cursor.read_every_stream(STREAMS, 1, drained=True, tail="5-0") is False
+    if between == "a wake-up":
+        cursor.woke("6-0")
+    else:
+        cursor.timed_out()
+        assert cursor.read_every_stream(STREAMS, 0, drained=True, tail="5-0") is False
+    tail = cursor.cursor_for(STREAMS)
+    cursor.timed_out()
+    assert cursor.read_every_stream(STREAMS, 1, drained=True, tail=tail) is False  # the first again, not the second
+    assert cursor.on()
 
 
 def test_a_wake_up_after_a_timeout_clears_it() -> None:
