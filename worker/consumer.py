@@ -342,7 +342,7 @@ class Consumer:
         self._wait_conn: Connection | None = None
         self._wait_client: int | None = None
         self._waiting: int | None = None
-        self._no_unblock = False  # CLIENT ID or CLIENT UNBLOCK refused (an ACL): wait and read apart
+        self._no_unblock = False  # CLIENT ID, CLIENT UNBLOCK or the wait's XREAD refused (an ACL): wait and read apart
 
     async def _run_script(self, streams: Sequence[str], count: int, wake: bool = False) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
@@ -501,7 +501,10 @@ class Consumer:
         finally:
             self._waiting = None
         if isinstance(woke, ResponseError):
-            log.warning("the wake-up read failed: %s", woke)  # the read behind it ran all the same
+            # The read behind it ran all the same, at once: waiting this way again would spin. From now
+            # on the wait is sent apart (wait_for_new), where a refusal is an error the caller backs off on.
+            log.warning("the wait's XREAD was refused (%s): this worker waits for entries and then reads them", woke)
+            self._no_unblock = True
         if cursor is not None and isinstance(reply, NoScriptError):  # loaded, and run again alone: nothing else changes
             await self._redis.script_load(WAKE_READ_SCRIPT)
             [reply] = await resp.exchange(conn, self._wake_read_command(streams, count, cursor), 1)

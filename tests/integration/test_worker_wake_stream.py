@@ -290,6 +290,28 @@ async def test_a_cursor_the_stream_was_trimmed_past_sends_the_worker_to_every_st
     assert [d.job_id for d in got] == [2] and after
 
 
+async def test_a_wait_whose_xread_is_refused_still_reads_and_is_not_sent_that_way_again(
+    client: aioredis.Redis, private_redis: RedisServer
+) -> None:
+    """A Redis user that may not XREAD (an ACL): the read behind the refused wait runs at once; sending the
+    same pair again would spin, so the consumer waits apart from then on (where a refusal is an error)."""
+    await client.execute_command("ACL", "SETUSER", "nowait", "on", ">pw", "~*", "&*", "+@all", "-xread")
+    limited = aioredis.Redis.from_url(private_redis.url.replace("redis://", "redis://nowait:pw@"), socket_timeout=5)
+    consumer = Consumer(limited, consumer="worker-c0ffee01", wake_prefix=PREFIX)
+    try:
+        streams = list(STREAMS)
+        await ensure_groups(limited, streams)
+        _, _, tails = await consumer.read(streams, 5, whole=True)
+        assert consumer.reads_on_wake(streams)
+        await add(client, "a", 9, 1)
+        got, _, _ = await asyncio.wait_for(consumer.wait_then_read(tails, streams, 5, 30), 10)
+        assert [d.job_id for d in got] == [1]
+        assert not consumer.reads_on_wake(streams)
+    finally:
+        await consumer.close()
+        await limited.aclose()
+
+
 async def test_a_wake_up_read_that_times_out_sends_the_worker_to_every_stream(
     client: aioredis.Redis, consumer: Consumer
 ) -> None:
