@@ -223,7 +223,7 @@ class Publisher:
                 if isinstance(woke := results.pop(), BaseException):
                     log.warning("XADD to the wake-up stream refused; workers over many queues wait longer: %s", woke)
                 if isinstance(ready := results.pop(), BaseException):
-                    log.warning("SADD to the ready set refused; workers find the entries in a slower walk: %s", ready)
+                    log.warning("SADD to the ready set refused; workers find the entries within a second: %s", ready)
                 if isinstance(written, int) and self.written.answered(len(rows), written):
                     self.writes_lost = True
         step = 2 if emit else 1

@@ -76,7 +76,8 @@ Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 
 # KEYS: streams, highest priority first, then (when ARGV[4] is "1") the ready set,
 # then (when ARGV[5] is "1") the wake-up stream.
-# ARGV: group, consumer, count, whether there is the ready set, whether there is the wake-up stream.
+# ARGV: group, consumer, count, whether there is the ready set, whether there is the wake-up stream,
+# whether to put back into the set every stream holding entries outside it first.
 # Returns {{stream, entries}...}, 1 when fewer than count were found (0 when the
 # count was reached), and then the newest entry id of each stream holding any,
 # as {index, id, ...} (the others are empty: '0-0' for the wake-up XREAD); with
@@ -100,7 +101,11 @@ Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 # A read that drains the set walks every stream as before: a non-empty stream
 # outside the set (its XADD's SADD not run yet, an older relay, a lost set) goes
 # into it and is read in that walk, so nothing waits on the set; the walk also
-# gives the tails for the wake-up.
+# gives the tails for the wake-up. A read that keeps filling its count makes no
+# such walk, so once a second (ARGV[6], READY_CHECK_EVERY) a read of every
+# stream first puts back any stream holding entries outside the set: one whose
+# SADD was refused, an older relay's, a set lost in a failover would otherwise
+# wait behind the whole backlog of the set's streams, whatever its priority.
 READ_SCRIPT = """
 local want = tonumber(ARGV[3])
 local n = #KEYS
@@ -129,6 +134,17 @@ local function take(i, key)
 end
 local held = {}  -- the streams holding entries, all of them once a walk of every stream ends with want > 0
 if set then
+    if ARGV[6] == '1' then
+        for first = 1, n, 1000 do  -- (unpack's limit is some 8,000 values)
+            local last = math.min(n, first + 999)
+            local member = redis.call('SMISMEMBER', set, unpack(KEYS, first, last))
+            for i = first, last do
+                if member[i - first + 1] == 0 and redis.call('XLEN', KEYS[i]) > 0 then
+                    redis.call('SADD', set, KEYS[i])
+                end
+            end
+        end
+    end
     -- The set's members among the next 64 streams at a time: a read that fills its count
     -- near the top asks about a few streams, not all of them.
     local gone = {}
@@ -277,6 +293,9 @@ return {found, (want > 0 and intact) and 1 or 0, got[#got][1]}
 # that answered is registered again.
 WAIT_GROUP = 100
 
+# Seconds between the ready set's checks by a worker whose reads keep filling their count (READ_SCRIPT).
+READY_CHECK_EVERY = 1.0
+
 # Entries one wake-up XREAD takes from the wake-up stream (more wait for the next one, at once).
 WAKE_COUNT = 100
 # Seconds a consumer waits on the streams themselves after it found entries that came with no
@@ -326,6 +345,8 @@ class Consumer:
         self._wake_prefix = None if self._cluster else wake_prefix
         self._wake = None if self._wake_prefix is None else wake_key(self._wake_prefix).encode()
         self._cursor = WakeCursor(off_for=WAKE_OFF, monotonic=monotonic)  # on the wake-up stream
+        self._monotonic = monotonic
+        self._set_checked_at = -float("inf")  # the last read that walked every stream (READY_CHECK_EVERY)
         self._wake_wait: tuple[str, asyncio.Future[tuple[str | None, set[str]]]] | None = None
         self._wake_script = redis.register_script(WAKE_READ_SCRIPT)
         self._wake_head: tuple[Sequence[str], tuple[int, bytes]] | None = None  # (streams, packed head)
@@ -344,7 +365,7 @@ class Consumer:
         self._waiting: int | None = None
         self._no_unblock = False  # CLIENT ID, CLIENT UNBLOCK or the wait's XREAD refused (an ACL): wait and read apart
 
-    async def _run_script(self, streams: Sequence[str], count: int, wake: bool = False) -> Any:
+    async def _run_script(self, streams: Sequence[str], count: int, wake: bool = False, check: bool = False) -> Any:
         """EVALSHA of the read script, encoded and sent as one raw command (jobs/resp.py).
 
         redis-py's Script call packs the command generically and reads the
@@ -354,7 +375,7 @@ class Consumer:
         """
         if self._cluster:
             return await self._run_script_per_queue(streams, count)
-        payload = self._read_command(streams, count, wake)
+        payload = self._read_command(streams, count, wake, check)
         for attempt in (1, 2):
             [reply] = await resp.send_batch(cast(Redis, self._redis), payload, 1)  # one server here
             if not isinstance(reply, ResponseError):
@@ -364,10 +385,11 @@ class Consumer:
                 continue
             raise reply
 
-    def _read_command(self, streams: Sequence[str], count: int, wake: bool = False) -> bytes:
+    def _read_command(self, streams: Sequence[str], count: int, wake: bool = False, check: bool = False) -> bytes:
         """The read script's EVALSHA over ``streams`` for ``count`` entries, RESP-encoded.
 
-        ``wake``: the wake-up stream is named too, and a drained read returns its newest entry id."""
+        ``wake``: the wake-up stream is named too, and a drained read returns its newest entry id.
+        ``check``: first put back into the ready set every stream holding entries outside it."""
         read_for = self._read_for
         if read_for is None or read_for[0] is not streams or read_for[1] != wake:
             # packed once per list of streams (a read of every stream names 1,000)
@@ -382,8 +404,27 @@ class Consumer:
             )
             self._read_for = (streams, wake)
         return resp.with_tail(
-            self._read_head, b"%d" % count, b"0" if self._ready is None else b"1", b"1" if wake else b"0"
+            self._read_head,
+            b"%d" % count,
+            b"0" if self._ready is None else b"1",
+            b"1" if wake else b"0",
+            b"1" if check else b"0",
         )
+
+    def _set_check_due(self) -> bool:
+        """Whether a read of every stream should check the ready set now (then it counts as checked)."""
+        if self._ready is None:
+            return False
+        now = self._monotonic()
+        if now - self._set_checked_at < READY_CHECK_EVERY:
+            return False
+        self._set_checked_at = now
+        return True
+
+    def _walked(self, tails: dict[str, str]) -> None:
+        """A read of every stream drained them: its walk put back what the set lacked."""
+        if tails:
+            self._set_checked_at = self._monotonic()
 
     async def _run_script_per_queue(self, streams: Sequence[str], count: int) -> Any:
         """A cluster: the script once per queue (one slot each), merged into one reply of the same shape."""
@@ -422,17 +463,19 @@ class Consumer:
         takes the wake-up stream's cursor (:meth:`wait_for_new`).
         """
         wake = whole and self._wake_wanted(streams)
+        check = whole and self._set_check_due()
         try:
-            reply: Any = await self._run_script(streams, count, wake)
+            reply: Any = await self._run_script(streams, count, wake, check)
         except ResponseError as exc:
             if not is_nogroup(exc):
                 raise
             log.warning("consumer group missing (Redis lost data?); recreating it from 0")
             await ensure_groups(self._redis, streams)
-            reply = await self._run_script(streams, count, wake)
+            reply = await self._run_script(streams, count, wake, check)
         read = self._parse(reply, streams)
         if whole:
             self._whole_read(streams, reply, len(read[0]), wake)
+            self._walked(read[2])
         return read
 
     def _wake_wanted(self, streams: Sequence[str]) -> bool:
@@ -494,7 +537,7 @@ class Consumer:
             payload = resp.command(
                 b"XREAD", b"COUNT", b"1", b"BLOCK", b"%d" % max(1, int(block * 1000)), b"STREAMS",
                 *(self._key(stream) for stream in waited), *(tails[stream].encode() for stream in waited),
-            ) + self._read_command(streams, count)  # fmt: skip
+            ) + self._read_command(streams, count, check=self._set_check_due())  # fmt: skip
         self._waiting = self._wait_client
         try:
             [woke, reply] = await resp.exchange(conn, payload, 2, blocks=block)
@@ -516,7 +559,9 @@ class Consumer:
             raise reply
         if cursor is not None:
             return self._woken_read(reply, streams, tails)
-        return self._parse(reply, streams)
+        read = self._parse(reply, streams)
+        self._walked(read[2])
+        return read
 
     def _wake_read_command(self, streams: Sequence[str], count: int, cursor: str) -> bytes:
         """The wake-up read script's EVALSHA for this worker's ``streams``, RESP-encoded."""

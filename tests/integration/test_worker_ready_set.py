@@ -71,13 +71,13 @@ async def test_a_read_that_fills_its_count_looks_only_at_the_streams_in_the_set(
 
 async def test_a_stream_outside_the_set_is_read_in_the_same_call_in_priority_order(client: aioredis.Redis) -> None:
     high, low = STREAMS[0], STREAMS[150]
-    await add(client, low, 1, ready=True)
+    in_set = await add(client, low, 1, ready=True)
     newest = await add(client, high, 2, ready=False)  # its SADD has not run yet (or an older relay)
     consumer = Consumer(client, consumer=CONSUMER, ready=READY)
     got, _, tails = await consumer.read(STREAMS, 10)
     assert [(d.stream, d.job_id) for d in got] == [(high, 2), (low, 1)]  # one call, highest priority first
     assert await client.smembers(READY) == {high.encode(), low.encode()}
-    assert tails[high] == newest.decode() and set(tails) == set(STREAMS)
+    assert tails[high] == newest.decode() and tails[low] == in_set.decode() and tails[STREAMS[1]] == "0-0"
 
 
 async def test_a_stream_leaves_the_set_once_empty_and_stays_while_its_entries_are_in_flight(
@@ -126,3 +126,39 @@ async def test_a_deleted_stream_in_the_set_is_taken_out_without_an_error(client:
     got, _, _ = await consumer.read(STREAMS, 10)
     assert [d.job_id for d in got] == [2]
     assert await client.smembers(READY) == {kept.encode()} and not await client.exists(gone)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_stream_left_out_of_the_set_is_read_in_its_turn_within_a_second_under_a_backlog(
+    client: aioredis.Redis,
+) -> None:
+    """Reads that keep filling their count make no walk of every stream; once a second one checks the set
+    first, so an entry whose SADD never ran (refused, an older relay) waits at most that, whatever the backlog."""
+    high, low = STREAMS[0], STREAMS[150]
+    clock = Clock()
+    consumer = Consumer(client, consumer=CONSUMER, ready=READY, monotonic=clock)
+    for job_id in range(1, 9):
+        await add(client, low, job_id, ready=True)
+    got, _, _ = await consumer.read(STREAMS, 2, whole=True)
+    assert [d.job_id for d in got] == [1, 2]
+    await add(client, high, 100, ready=False)
+    clock.now += 0.5
+    got, _, _ = await consumer.read(STREAMS, 2, whole=True)
+    assert [d.job_id for d in got] == [3, 4]  # within the second: the set's streams only
+    clock.now += 0.5
+    await client.config_resetstat()
+    got, _, _ = await consumer.read(STREAMS, 2, whole=True)
+    assert [(d.stream, d.job_id) for d in got] == [(high, 100), (low, 5)]  # put back, and read in its turn
+    assert await client.sismember(READY, high)
+    assert await calls(client, "xlen") >= len(STREAMS) - 2  # the check's walk (the set's two members aside)
+    await client.config_resetstat()
+    got, _, _ = await consumer.read(STREAMS, 2, whole=True)
+    assert [d.job_id for d in got] == [6, 7]
+    assert await calls(client, "xlen") <= 2  # and not again within the second: the set's members only
