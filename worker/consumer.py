@@ -122,7 +122,14 @@ end
 local found = {}
 local order = {}  -- found's stream indexes, kept in step when the walk below reads a stream out of turn
 local function take(i, key)
-    local got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
+    local got = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
+    if type(got) == 'table' and got.err then
+        if not string.find(got.err, 'NOGROUP', 1, true) then error(got) end
+        -- The group is gone (Redis lost data; a deleted stream made again by a relay's XADD): made again
+        -- from the start, as ensure_groups() does, and read in this run, which still returns what it took.
+        redis.call('XGROUP', 'CREATE', key, ARGV[1], '0')
+        got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
+    end
     if got then
         local entries = got[1][2]
         want = want - #entries
@@ -275,7 +282,12 @@ local found = {}
 for _, stream in ipairs(named) do
     if want <= 0 then break end
     if redis.call('XLEN', stream[3]) > 0 then  -- (a deleted stream: never read without its group)
-        local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', stream[3], '>')
+        local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', stream[3], '>')
+        if type(r) == 'table' and r.err then  -- (its group gone: made again from the start, as by READ_SCRIPT)
+            if not string.find(r.err, 'NOGROUP', 1, true) then error(r) end
+            redis.call('XGROUP', 'CREATE', stream[3], ARGV[1], '0')
+            r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', stream[3], '>')
+        end
         if r then
             want = want - #r[1][2]
             found[#found + 1] = {stream[3], r[1][2]}

@@ -48,6 +48,32 @@ async def test_reads_highest_priority_first_up_to_count_then_reports_tails(priva
         await client.aclose()
 
 
+@pytest.mark.parametrize("ready", [False, True])
+async def test_a_group_lost_partway_through_a_read_does_not_strand_what_the_read_took_before_it(
+    private_redis: RedisServer, ready: bool
+) -> None:
+    """A lower priority's stream deleted and made again by a relay's XADD, without its group: the read takes the
+    higher one's entry, finds the group missing, makes it and reads on, and returns both (the entry taken first
+    would otherwise stay pending, delivered to nobody, until the visibility timeout)."""
+    client = aioredis.Redis.from_url(private_redis.url, socket_timeout=5)
+    high, low = stream_key("p", "q", 9), stream_key("p", "q", 1)
+    set_key = "p:ready"
+    try:
+        await ensure_groups(client, [high, low])
+        await add(client, high, 1, 9)
+        await client.delete(low)
+        await add(client, low, 2, 1)  # no group now
+        if ready:
+            await client.sadd(set_key, high, low)
+        consumer = Consumer(client, consumer="worker-c0ffee00", ready=set_key if ready else None)
+        got, _, _ = await consumer.read([high, low], 5, whole=True)
+        assert [(d.stream, d.job_id) for d in got] == [(high, 1), (low, 2)]
+        for key in (high, low):
+            assert (await client.xpending(key, "postbox"))["pending"] == 1  # each delivered once, to this read
+    finally:
+        await client.aclose()
+
+
 async def test_a_wake_up_names_the_streams_that_answered(private_redis: RedisServer) -> None:
     """The worker's next read looks only at the streams a wake-up named; at the timeout it names none."""
     for protocol in (2, 3):  # a map (RESP3, redis-py's default) or pairs (RESP2)

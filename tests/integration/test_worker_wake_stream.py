@@ -312,6 +312,21 @@ async def test_a_wait_whose_xread_is_refused_still_reads_and_is_not_sent_that_wa
         await limited.aclose()
 
 
+async def test_a_group_lost_partway_through_the_read_behind_a_wake_up_strands_nothing(
+    client: aioredis.Redis, consumer: Consumer
+) -> None:
+    """The second stream a wake-up names was deleted and made again without its group: the read makes the group
+    and returns both entries, the one it took before the loss too."""
+    streams = list(STREAMS)
+    _, _, tails = await consumer.read(streams, 5, whole=True)
+    await add(client, "a", 9, 1)
+    await client.delete(streams[1])
+    await add(client, "b", 9, 2)  # a relay's XADD makes the stream again, without the group
+    got, _, _ = await asyncio.wait_for(consumer.wait_then_read(tails, streams, 5, 30), 10)
+    assert [(d.stream, d.job_id) for d in got] == [(streams[0], 1), (streams[1], 2)]
+    assert (await client.xpending(streams[0], "postbox"))["pending"] == 1
+
+
 async def test_a_wake_up_read_that_times_out_sends_the_worker_to_every_stream(
     client: aioredis.Redis, consumer: Consumer
 ) -> None:
