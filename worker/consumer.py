@@ -74,6 +74,23 @@ log = logging.getLogger(__name__)
 # streams' tails when it drained them (empty when it reached its count).
 Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 
+# Both read scripts read a stream through this (ARGV[1], ARGV[2]: group, consumer). A missing
+# group (Redis lost data; a deleted stream made again by a relay's XADD) is made again from the
+# start, as ensure_groups() does, and the stream read in the same run: an error would end the run
+# with what it already took from earlier streams delivered to this consumer and returned to nobody
+# (Redis keeps what a script did before an error) until the visibility timeout.
+READ_GROUP = """
+local function read_group(key, count)
+    local got = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', key, '>')
+    if type(got) == 'table' and got.err then
+        if not string.find(got.err, 'NOGROUP', 1, true) then error(got) end
+        redis.call('XGROUP', 'CREATE', key, ARGV[1], '0')
+        got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count, 'STREAMS', key, '>')
+    end
+    return got
+end
+"""
+
 # KEYS: streams, highest priority first, then (when ARGV[4] is "1") the ready set,
 # then (when ARGV[5] is "1") the wake-up stream.
 # ARGV: group, consumer, count, whether there is the ready set, whether there is the wake-up stream,
@@ -106,7 +123,7 @@ Read = tuple[list[Delivery], list[tuple[str, bytes]], dict[str, str]]
 # stream first puts back any stream holding entries outside the set: one whose
 # SADD was refused, an older relay's, a set lost in a failover would otherwise
 # wait behind the whole backlog of the set's streams, whatever its priority.
-READ_SCRIPT = """
+_READ = """
 local want = tonumber(ARGV[3])
 local n = #KEYS
 local wake = nil
@@ -122,14 +139,7 @@ end
 local found = {}
 local order = {}  -- found's stream indexes, kept in step when the walk below reads a stream out of turn
 local function take(i, key)
-    local got = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
-    if type(got) == 'table' and got.err then
-        if not string.find(got.err, 'NOGROUP', 1, true) then error(got) end
-        -- The group is gone (Redis lost data; a deleted stream made again by a relay's XADD): made again
-        -- from the start, as ensure_groups() does, and read in this run, which still returns what it took.
-        redis.call('XGROUP', 'CREATE', key, ARGV[1], '0')
-        got = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', key, '>')
-    end
+    local got = read_group(key, want)
     if got then
         local entries = got[1][2]
         want = want - #entries
@@ -220,6 +230,7 @@ if wake then
 end
 return {found, 1, tails}
 """
+READ_SCRIPT = READ_GROUP + _READ
 
 EMPTY_TAIL = "0-0"
 
@@ -240,7 +251,7 @@ EMPTY_TAIL = "0-0"
 # The streams' keys are built here from the entries, not declared in KEYS: Redis allows that
 # on one server (a cluster never runs this script), and a worker of 1,000 streams would
 # otherwise name them all in each call (about 100 us of Redis, docs/benchmarks.md).
-WAKE_READ_SCRIPT = """
+_WAKE_READ = """
 local n = #ARGV
 local want = tonumber(ARGV[n - 1])
 local got = redis.call('XRANGE', KEYS[1], '(' .. ARGV[n], '+', 'COUNT', ARGV[4])
@@ -282,12 +293,7 @@ local found = {}
 for _, stream in ipairs(named) do
     if want <= 0 then break end
     if redis.call('XLEN', stream[3]) > 0 then  -- (a deleted stream: never read without its group)
-        local r = redis.pcall('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', stream[3], '>')
-        if type(r) == 'table' and r.err then  -- (its group gone: made again from the start, as by READ_SCRIPT)
-            if not string.find(r.err, 'NOGROUP', 1, true) then error(r) end
-            redis.call('XGROUP', 'CREATE', stream[3], ARGV[1], '0')
-            r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', want, 'STREAMS', stream[3], '>')
-        end
+        local r = read_group(stream[3], want)
         if r then
             want = want - #r[1][2]
             found[#found + 1] = {stream[3], r[1][2]}
@@ -295,7 +301,8 @@ for _, stream in ipairs(named) do
     end
 end
 return {found, (want > 0 and intact) and 1 or 0, got[#got][1]}
-""".replace("WAKE_MAXLEN", str(WAKE_MAXLEN))
+"""
+WAKE_READ_SCRIPT = READ_GROUP + _WAKE_READ.replace("WAKE_MAXLEN", str(WAKE_MAXLEN))
 
 # Streams per blocked wake-up XREAD. Redis registers a blocked XREAD on each of
 # its keys and unregisters it from all of them when one answers: over 1,000
