@@ -20,7 +20,7 @@ from typing import Any
 from postbox import revision
 from postbox.errors import SchemaOutdatedError, SettingsError, TaskModuleError
 from postbox.settings import Settings
-from postbox.startup import process_settings, run_loop
+from postbox.startup import process_settings, run_loop, settle_collector
 
 
 def parser() -> argparse.ArgumentParser:
@@ -88,6 +88,7 @@ def serve_parsed(args: argparse.Namespace, prog: str, factory: Callable[[Setting
         root_path=root_path,
     )
     server = _server_class()(config)
+    settle_collector(settings.gc_threshold)
     server.run()
     return 0 if server.started else 1
 

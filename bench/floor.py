@@ -64,6 +64,7 @@ from psycopg import AsyncClientCursor
 from redis.exceptions import ResponseError
 
 from postbox import sql, startup
+from postbox.settings import Settings
 from postbox.relay.notifier import notified_rows
 from postbox.streams import GROUP as POSTBOX_GROUP
 from postbox.streams import split_meta
@@ -549,6 +550,9 @@ def drain(
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["relay"], ["worker"]):
+        # As postbox's own processes start (POSTBOX_GC_THRESHOLD): the floor keeps what postbox may do.
+        startup.settle_collector(Settings.model_fields["gc_threshold"].default)
     if argv[:1] == ["relay"]:
         startup.run_loop(relay_main(*argv[1:4]))
         return 0

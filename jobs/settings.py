@@ -64,6 +64,18 @@ class Settings(BaseSettings):
             "A refusal (a missing database, a wrong password) ends the wait at once."
         ),
     )
+    gc_threshold: int = Field(
+        default=10_000,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "The garbage collector's young-generation threshold in the relay, worker and API processes, set once "
+            "they have started, after the objects made at start are frozen out of the collector's passes "
+            "(CPython's default is 700; a job's allocations set it off every few dozen jobs, and nearly nothing "
+            "is collected: docs/benchmarks.md). 0 leaves the interpreter's collector as it is. Processes that "
+            "embed postbox are never changed."
+        ),
+    )
     schema_name: str = Field(
         default="postbox",
         validation_alias=AliasChoices("POSTBOX_SCHEMA", "schema_name"),

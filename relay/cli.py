@@ -24,7 +24,7 @@ from postbox.errors import SchemaOutdatedError, TaskModuleError
 from postbox.periodic import default_schedules
 from postbox.registry import default_registry, load_task_modules
 from postbox.settings import Settings
-from postbox.startup import process_settings, run_loop
+from postbox.startup import process_settings, run_loop, settle_collector
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ async def serve(settings: Settings, relay_id: str | None = None) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, relay.stop)
+    settle_collector(settings.gc_threshold)
     await relay.run()
     return 0
 

@@ -27,7 +27,7 @@ from postbox import encryption
 from postbox.errors import SchemaOutdatedError, SettingsError, TaskModuleError
 from postbox.registry import load_task_modules
 from postbox.settings import Settings
-from postbox.startup import process_settings, run_loop
+from postbox.startup import process_settings, run_loop, settle_collector
 
 
 def parser() -> argparse.ArgumentParser:
@@ -99,6 +99,7 @@ def main(argv: Sequence[str]) -> int:
         await schedule_store.sync_at_start(settings.require_database_url(), default_schedules, default_registry)
         if settings.worker_metrics_port:
             worker.metrics.serve(settings.worker_metrics_port)
+        settle_collector(settings.gc_threshold)
         await worker.run()  # the guard's deadline stands until the process has exited
 
     try:

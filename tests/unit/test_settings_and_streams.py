@@ -52,6 +52,8 @@ def test_lists_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
         ("POSTBOX_REDIS_URL", "http://x"),
         ("POSTBOX_LOG_LEVEL", "LOUD"),
         ("POSTBOX_REDIS_PREFIX", "has space"),
+        ("POSTBOX_GC_THRESHOLD", "-1"),
+        ("POSTBOX_GC_THRESHOLD", "often"),
     ],
 )
 def test_invalid_setting_is_named(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
