@@ -64,8 +64,8 @@ from psycopg import AsyncClientCursor
 from redis.exceptions import ResponseError
 
 from postbox import sql, startup
-from postbox.settings import Settings
 from postbox.relay.notifier import notified_rows
+from postbox.settings import Settings
 from postbox.streams import GROUP as POSTBOX_GROUP
 from postbox.streams import split_meta
 from postbox.streams import stream_key as postbox_stream_key
