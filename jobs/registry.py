@@ -99,7 +99,8 @@ class TaskSpec:
     def call_args(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Args as the handler receives them (validated, typed, defaults applied)."""
         try:
-            model = self.args_model.model_validate(args if type(args) is dict else dict(args))
+            # The model's validator itself: model_validate() is a Python wrapper around it, on every job.
+            model = self.args_model.__pydantic_validator__.validate_python(args if type(args) is dict else dict(args))
         except ValidationError as exc:
             raise InvalidArgsError(f"invalid args for task {self.name!r}: {exc.errors()[0]['msg']}") from None
         return dict(model.__dict__)  # the declared fields (extras live in __pydantic_extra__)

@@ -111,9 +111,10 @@ class Completer:
         self._events_checked = -1e9
 
     def add(self, item: Finished) -> None:
+        if not self._items:  # the first since the run loop took them: wake it (it clears the flag before taking)
+            self._idle.clear()
+            self._wake.set()
         self._items.append(item)
-        self._idle.clear()
-        self._wake.set()
 
     def publish(self, evt: dict[str, Any]) -> None:
         """Queue a lifecycle event for the next pipeline (best effort)."""

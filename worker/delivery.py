@@ -81,7 +81,7 @@ class Job:
     isolate: bool = False  # taken over from a lost run: run it alone (a crash then is its own)
     flow_slots: bool = False  # holds concurrency slots (worker/flow.py): released after its outcome
     task: asyncio.Task[None] | None = field(default=None, repr=False)
+    id: int = field(init=False)  # the delivery's job id, read several times per run
 
-    @property
-    def id(self) -> int:
-        return self.delivery.job_id
+    def __post_init__(self) -> None:
+        self.id = self.delivery.job_id

@@ -33,8 +33,9 @@ class Isolation:
 
     ``start`` starts a job's run (its task in ``job.task``); ``running`` is the
     worker's map of claimed attempts (a job no longer in it is not started).
-    The worker reports its runs' starts and ends (:meth:`run_started`,
-    :meth:`run_ended`) so this knows when nothing else runs.
+    The worker reports when its runs begin and end (:meth:`run_started` as the
+    first of them starts, :meth:`run_ended` as the last ends) so this knows when
+    nothing else runs.
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class Isolation:
             self._task = asyncio.create_task(self._run(), name="isolation")
 
     def run_started(self) -> None:
+        """A run started while none ran."""
         self._nothing_executing.clear()
 
     def run_ended(self, executing: int) -> None:

@@ -668,7 +668,7 @@ class Worker:
     def _on_start(self, job: Job) -> None:
         d = job.delivery
         self.metrics.count(d.queue, d.task, "started")
-        self.metrics.observe_latency(d.queue, d.task, max(0.0, time.time() - job.enq_ms / 1000))
+        self.metrics.latency.observe((d.queue, d.task), max(0.0, time.time() - job.enq_ms / 1000))
         if self._completer.events_maybe_wanted():
             self._completer.publish(
                 events.event(
@@ -699,7 +699,8 @@ class Worker:
     async def _execute(self, job: Job) -> None:
         started = time.monotonic()
         self.executing += 1
-        self._isolation.run_started()
+        if self.executing == 1:
+            self._isolation.run_started()
         try:
             try:
                 outcome = await self._executor.run(job)
@@ -719,9 +720,10 @@ class Worker:
         finally:
             self.capacity.release(1)
             self.executing -= 1
-            self._isolation.run_ended(self.executing)
+            if self.executing == 0:
+                self._isolation.run_ended(0)
         d = job.delivery
-        self.metrics.observe_duration(d.queue, d.task, time.monotonic() - started)
+        self.metrics.duration.observe((d.queue, d.task), time.monotonic() - started)
         self._completer.add(Finished(d, job, outcome))
 
     def _on_done(self, items: list[Finished]) -> None:
