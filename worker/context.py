@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -27,6 +28,9 @@ logger = logging.getLogger("postbox.job")  # a public name, not the module's: do
 __all__ = ["StaleAttempt", "WorkerJobContext"]  # StaleAttempt lives in postbox.fence (the ORM adapters raise it too)
 
 
+_NO_LINE = contextlib.nullcontext()
+
+
 class WorkerJobContext:
     """One run of one job. ``transaction()`` may be entered once per run."""
 
@@ -38,11 +42,13 @@ class WorkerJobContext:
         pool: AsyncConnectionPool[Any],
         registry: Registry,
         deadline: float | None,
+        transactions: asyncio.Semaphore | None = None,
         on_progress: Callable[[Job, Progress], None] | None = None,
     ) -> None:
         delivery = job.delivery
         self._job = job
         self._pool = pool
+        self._transactions: contextlib.AbstractAsyncContextManager[Any] = transactions or _NO_LINE
         self._registry = registry
         self._conn: AsyncConnection[Any] | None = None
         self._entered = False
@@ -116,7 +122,8 @@ class WorkerJobContext:
     async def _transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
         fence = self.job_fence()
         statements = fence.statements
-        async with self._pool.connection() as conn:
+        # In the worker's line for a handler's connection first (worker.handler_gate), if it has one.
+        async with self._transactions, self._pool.connection() as conn:
             # Two round trips besides the body's own statements, each one simple query
             # of two statements (client-side parameters: one send, one wait):
             # 1. BEGIN + the processed row. The row is inserted before the body runs: it

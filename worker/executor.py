@@ -45,6 +45,7 @@ class Executor:
         pool: AsyncConnectionPool[Any],
         worker_id: str,
         threads: HandlerThreads,
+        transactions: asyncio.Semaphore | None = None,
         on_start: Callable[[Job], None] | None = None,
         on_progress: Callable[[Job, Progress], None] | None = None,
         rand: Callable[[], float] = random.random,
@@ -52,6 +53,7 @@ class Executor:
         self._settings = settings
         self._registry = registry
         self._pool = pool
+        self._transactions = transactions
         self._worker_id = worker_id
         self._threads = threads
         self._on_start = on_start
@@ -146,6 +148,7 @@ class Executor:
             job,
             worker_id=self._worker_id,
             pool=self._pool,
+            transactions=self._transactions,
             registry=self._registry,
             deadline=time.monotonic() + timeout if timeout else None,
             on_progress=self._on_progress,

@@ -65,6 +65,10 @@ IDLE_BLOCK = 1.0  # seconds a drained consumer blocks before looking again
 UNBLOCK_GRACE = 5.0  # seconds a stopping worker waits for its ended wait's read to answer
 START_RETRY_SECONDS = 60.0  # how long the start-up writes are retried while the database is unavailable
 START_RETRY_INTERVAL = 0.5
+# The worker's pool: its own connections (claims, outcomes, control) and, above them, at most
+# HANDLER_CONNECTIONS for its handlers' ctx.transaction()s, fewer with a smaller concurrency.
+OWN_CONNECTIONS = 4
+HANDLER_CONNECTIONS = 20
 UNMARKED_FIRST_LOOK = 0.01  # seconds before looking again at a limited job read before its publish's mark
 
 
@@ -76,6 +80,21 @@ def _describe(limits: flow_limits.Limits) -> str:
 
 def new_worker_id() -> str:
     return f"worker-{secrets.token_hex(4)}"
+
+
+def handler_gate(concurrency: int) -> asyncio.Semaphore | None:
+    """The line a worker's ctx.transaction()s wait in for their connections; None when none ever waits.
+
+    With more jobs running at once than the pool has connections for handlers, a job's
+    transaction used to wait in psycopg_pool's own line for a connection: a lock, a
+    future and a timeout per checkout, about a tenth of the worker's CPU per
+    ``ctx.transaction()`` job at concurrency 50 (docs/benchmarks.md, twenty-first
+    round). The jobs now wait here, a semaphore as wide as the handlers' share of the
+    pool, and reach the pool only when a connection is free for them. This line has no
+    timeout of its own (the pool's still bounds a checkout from it): a job waits as long
+    as the jobs ahead of it hold theirs, and its own timeout bounds that wait.
+    """
+    return asyncio.Semaphore(HANDLER_CONNECTIONS) if concurrency > HANDLER_CONNECTIONS else None
 
 
 class Worker:
@@ -153,7 +172,7 @@ class Worker:
             s.require_database_url(),
             connection_class=socket_wait.Connection,  # one epoll registration per session, not per round trip
             min_size=2,
-            max_size=min(s.concurrency, 20) + 4,  # claims, outcomes, control + ctx.transaction()s
+            max_size=min(s.concurrency, HANDLER_CONNECTIONS) + OWN_CONNECTIONS,
             kwargs={"autocommit": True, "application_name": f"postbox-{self.id}"},
             configure=db.worker_bounds(s.visibility_timeout).configure,  # docs/operations.md#session-bounds
             open=False,
@@ -186,6 +205,7 @@ class Worker:
                 settings=s,
                 registry=self.registry,
                 pool=pool,
+                transactions=handler_gate(s.concurrency),
                 worker_id=self.id,
                 threads=threads,
                 on_start=self._on_start,

@@ -182,3 +182,20 @@ async def w_slow_in_transaction(ctx: Any, seconds: float) -> None:
     """Work ``seconds`` inside the job's transaction (its success is stamped when it commits)."""
     async with ctx.transaction():
         await asyncio.sleep(seconds)
+
+
+# w_held_in_transaction's jobs inside their transaction now, and what lets them out (a test sets it).
+held_inside: set[int] = set()
+held_release: asyncio.Event | None = None
+
+
+@task(queue=QUEUE, retry=FAST)
+async def w_held_in_transaction(ctx: Any) -> None:
+    """Hold the job's transaction open until the test sets ``held_release``."""
+    async with ctx.transaction():
+        held_inside.add(ctx.job_id)
+        try:
+            assert held_release is not None, "the test sets held_release first"
+            await held_release.wait()
+        finally:
+            held_inside.discard(ctx.job_id)
