@@ -37,6 +37,8 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, Field
 
 from postbox import sql
+from postbox.settings import Settings
+from postbox.startup import settle_collector
 
 ROWS_DDL: LiteralString = (
     "CREATE TABLE IF NOT EXISTS public.bench_api_rows"
@@ -121,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     pool_size = int(os.environ.get("POSTBOX_API_POOL_SIZE", "10"))
     app = create_app(os.environ["POSTBOX_DATABASE_URL"], pool_size, outbox=args.outbox)
+    # The collector as `postbox api run` sets it (POSTBOX_GC_THRESHOLD): a setting any FastAPI app can
+    # make, so the floor the REST figure is held to makes it too.
+    settle_collector(Settings.model_fields["gc_threshold"].default)
     uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, proxy_headers=False)
     return 0
 

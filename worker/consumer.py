@@ -65,7 +65,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from postbox import redis_conn, resp
 from postbox.streams import GROUP, WAKE_MAXLEN, by_slot, parse_stream_key, parse_wake, wake_key
-from postbox.worker.delivery import Delivery, parse_delivery
+from postbox.worker.delivery import Delivery, parse_entry
 from postbox.worker.wake import WakeCursor
 
 log = logging.getLogger(__name__)
@@ -694,9 +694,8 @@ class Consumer:
         for stream_raw, entries in found:
             stream = _text(stream_raw)
             for entry_id, flat in entries:
-                fields = dict(zip(flat[::2], flat[1::2], strict=True))
                 try:
-                    deliveries.append(parse_delivery(stream, entry_id, fields))
+                    deliveries.append(parse_entry(stream, entry_id, flat))
                 except ValueError:
                     malformed.append((stream, entry_id))
         tail_ids: dict[str, str] = {}

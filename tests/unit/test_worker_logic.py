@@ -12,7 +12,7 @@ import pytest
 from postbox.results import JobResult, _from_row
 from postbox.streams import decode_entry, encode_entry
 from postbox.worker.capacity import Capacity
-from postbox.worker.delivery import parse_delivery
+from postbox.worker.delivery import parse_delivery, parse_entry
 from postbox.worker.reclaimer import parse_autoclaim
 from postbox.worker.worker import new_worker_id
 
@@ -60,6 +60,46 @@ def test_the_envelope_round_trips_names_with_spaces_and_both_shapes_decode_alike
         "queue": "q 1 2", "priority": 7, "enq": 1_795_963_847_407, "pub": 1_795_963_847_499,
     }  # fmt: skip
     assert parse_delivery("p:{q 1 2}:p7", b"5-0", old) == got
+
+
+def flat(fields: dict[bytes, bytes]) -> list[bytes]:
+    """An entry's fields as a read returns them: field, value, field, value..."""
+    return [part for pair in fields.items() for part in pair]
+
+
+@pytest.mark.parametrize("headers", ["{}", '{"k": "v w"}'])
+def test_an_entry_read_in_place_is_the_delivery_its_fields_make(headers: str) -> None:
+    entry = dict(
+        job_id=9, task="shop.send mail", args='{"a": [1, 2]}', headers=headers, attempt=2,
+        queue="q 1 2", priority=7, enqueued_ms=1_795_963_847_407, published_ms=1_795_963_847_499,
+    )  # fmt: skip
+    fields = {k.encode(): v if isinstance(v, bytes) else v.encode() for k, v in encode_entry(**entry).items()}  # type: ignore[arg-type]
+    got = parse_entry("p:{q 1 2}:p7", b"5-0", flat(fields))
+    assert got == parse_delivery("p:{q 1 2}:p7", b"5-0", fields)
+    assert (got.job_id, got.task, got.args, got.headers, got.queue, got.priority, got.enq_ms) == (
+        9, "shop.send mail", '{"a": [1, 2]}', headers, "q 1 2", 7, 1_795_963_847_407,
+    )  # fmt: skip
+    # the same fields in another order, and the nine-field envelope: read through parse_delivery
+    reordered = {b"a": fields[b"a"], b"m": fields[b"m"], **({b"h": fields[b"h"]} if b"h" in fields else {})}
+    assert parse_entry("p:{q 1 2}:p7", b"5-0", flat(reordered)) == got
+    old = {b"id": b"3", b"task": b"t", b"queue": b"q", b"priority": b"5"}
+    assert parse_entry("p:{q}:p5", b"1-0", flat(old)) == parse_delivery("p:{q}:p5", b"1-0", old)
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [b"hello", b"world"],
+        [b"m", b"3 1 5 10", b"a", b"{}"],  # numbers missing
+        [b"m", b"3 1 5 10 11 9 q t", b"a", b"{}"],  # a queue longer than what follows
+        [b"m", b"x 1 5 10 11 1 qt", b"a", b"{}"],
+        [b"m", b"3 1 5 10 11 1 qt", b"a", b"\xff"],  # args that are not UTF-8
+        [b"m", b"3 1 5 10 11 1 qt", b"a"],  # a field without its value
+    ],
+)
+def test_parse_entry_refuses_entries_that_are_not_jobs(parts: list[bytes]) -> None:
+    with pytest.raises(ValueError):
+        parse_entry("p:{q}:p5", b"1-0", parts)
 
 
 async def test_capacity_never_hands_out_more_than_free() -> None:
