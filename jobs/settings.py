@@ -72,8 +72,9 @@ class Settings(BaseSettings):
             "The garbage collector's young-generation threshold in the relay, worker and API processes, set once "
             "they have started, after the objects made at start are frozen out of the collector's passes "
             "(CPython's default is 700; a job's allocations set it off every few dozen jobs, and nearly nothing "
-            "is collected: docs/benchmarks.md). 0 leaves the interpreter's collector as it is. Processes that "
-            "embed postbox are never changed."
+            "is collected: docs/benchmarks.md). 0 leaves the interpreter's collector as it is. Only those "
+            "commands change it (through manage.py too); a Worker or Relay run inside an application's own "
+            "process is never changed."
         ),
     )
     schema_name: str = Field(

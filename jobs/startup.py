@@ -200,11 +200,13 @@ def settle_collector(threshold: int) -> None:
     collection every few dozen jobs, each of which walked the jobs in flight and found
     next to nothing to free: about 6 % of a worker's CPU per no-op job
     (docs/benchmarks.md, twenty-first round). Cyclic garbage is still collected, later. 0
-    leaves the collector as it is. Only postbox's own processes call this; an application
-    that embeds postbox keeps its own collector settings.
+    leaves the collector as it is. Only the ``relay run``, ``worker run`` and ``api run``
+    commands call this (``manage.py postbox worker run`` too); an application that runs a
+    ``Worker`` or a ``Relay`` in a process of its own keeps its collector settings.
     """
     if threshold <= 0:
         return
+    gc.collect()  # garbage made at start is freed first, not frozen with the rest
     gc.freeze()
     _young, middle, old = gc.get_threshold()
     gc.set_threshold(threshold, middle, old)

@@ -122,7 +122,7 @@ class WorkerJobContext:
     async def _transaction(self) -> AsyncIterator[AsyncConnection[Any]]:
         fence = self.job_fence()
         statements = fence.statements
-        # In the worker's line for a handler's connection first (worker.handler_gate), if it has one.
+        # In the worker's line for a handler's connection first (worker.handler_gate).
         async with self._transactions, self._pool.connection() as conn:
             # Two round trips besides the body's own statements, each one simple query
             # of two statements (client-side parameters: one send, one wait):

@@ -82,19 +82,20 @@ def new_worker_id() -> str:
     return f"worker-{secrets.token_hex(4)}"
 
 
-def handler_gate(concurrency: int) -> asyncio.Semaphore | None:
-    """The line a worker's ctx.transaction()s wait in for their connections; None when none ever waits.
+def handler_gate(concurrency: int) -> asyncio.Semaphore:
+    """The line a worker's ctx.transaction()s wait in for their connections: as wide as the handlers' share.
 
-    With more jobs running at once than the pool has connections for handlers, a job's
-    transaction used to wait in psycopg_pool's own line for a connection: a lock, a
-    future and a timeout per checkout, about a tenth of the worker's CPU per
-    ``ctx.transaction()`` job at concurrency 50 (docs/benchmarks.md, twenty-first
-    round). The jobs now wait here, a semaphore as wide as the handlers' share of the
-    pool, and reach the pool only when a connection is free for them. This line has no
+    With more jobs running at once than the pool has connections for handlers (a
+    concurrency above 20, or takeovers run past the concurrency), a job's transaction
+    used to wait in psycopg_pool's own line for a connection, a lock, a future and a
+    timeout per checkout: about a tenth of the worker's CPU per ``ctx.transaction()``
+    job at concurrency 50 (docs/benchmarks.md, twenty-first round); and the jobs could
+    take the connections kept for the worker's claims and outcomes. They now wait here,
+    and reach the pool only when a connection is free for them. This line has no
     timeout of its own (the pool's still bounds a checkout from it): a job waits as long
-    as the jobs ahead of it hold theirs, and its own timeout bounds that wait.
+    as the jobs ahead of it hold theirs, and its task's timeout bounds that wait.
     """
-    return asyncio.Semaphore(HANDLER_CONNECTIONS) if concurrency > HANDLER_CONNECTIONS else None
+    return asyncio.Semaphore(min(concurrency, HANDLER_CONNECTIONS))
 
 
 class Worker:

@@ -22,12 +22,12 @@ def waiting(gate: asyncio.Semaphore) -> int:
     return len(getattr(gate, "_waiters", None) or ())
 
 
-def test_a_worker_whose_jobs_never_outnumber_the_handlers_connections_has_no_line() -> None:
-    assert handler_gate(HANDLER_CONNECTIONS) is None
-    assert handler_gate(1) is None
-    gate = handler_gate(HANDLER_CONNECTIONS + 1)
-    assert gate is not None
-    assert not gate.locked()
+async def test_the_line_is_as_wide_as_the_handlers_share_of_the_pool() -> None:
+    for concurrency, width in ((1, 1), (HANDLER_CONNECTIONS, HANDLER_CONNECTIONS), (500, HANDLER_CONNECTIONS)):
+        gate = handler_gate(concurrency)
+        for _ in range(width):
+            await gate.acquire()
+        assert gate.locked(), concurrency
 
 
 @pytest.fixture
