@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(os.environ["POSTBOX_DATABASE_URL"], pool_size, outbox=args.outbox)
     # The collector as `postbox api run` sets it (POSTBOX_GC_THRESHOLD): a setting any FastAPI app can
     # make, so the floor the REST figure is held to makes it too.
-    settle_collector(int(os.environ.get("POSTBOX_GC_THRESHOLD", Settings.model_fields["gc_threshold"].default)))
+    settle_collector(Settings().gc_threshold)
     uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, proxy_headers=False)
     return 0
 

@@ -552,9 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["relay"], ["worker"]):
         # As postbox's own processes start (POSTBOX_GC_THRESHOLD): the floor keeps what postbox may do.
-        startup.settle_collector(
-            int(os.environ.get("POSTBOX_GC_THRESHOLD", Settings.model_fields["gc_threshold"].default))
-        )
+        startup.settle_collector(Settings().gc_threshold)
     if argv[:1] == ["relay"]:
         startup.run_loop(relay_main(*argv[1:4]))
         return 0
