@@ -35,18 +35,19 @@ each republish re-reads the state right before its XADD.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
 
 from postbox import sql
-from postbox.redis_conn import AnyRedis
+from postbox.redis_conn import AnyRedis, is_cluster
 from postbox.relay.publisher import Publisher, Row, check_term
 from postbox.relay.stream_check import LOOK_SLICE, StreamCheck, StreamReport
 from postbox.streams import decode_entry, epoch_key, stream_key
@@ -113,6 +114,8 @@ class Reconciler:
         clock: Callable[[], float] = time.monotonic,
         on_republished: Callable[[list[int]], None] | None = None,
         on_loss: Callable[[], None] | None = None,
+        on_finding: Callable[[], None] | None = None,
+        before_look: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.redis = redis
         self.key = epoch_key(prefix)
@@ -138,6 +141,12 @@ class Reconciler:
         self._look_after: str | None = None  # where the next slice of the stream check starts
         self._streams = 0  # streams the last look had to look at
         self.stream_check = StreamCheck(redis)
+        # One server: looks run beside the publishing (check()); this wakes the publishing loop
+        # when one found a loss or failed.
+        self._background = not is_cluster(redis)
+        self._behind: asyncio.Task[tuple[str | None, StreamReport]] | None = None
+        self.on_finding = on_finding
+        self.before_look = before_look  # test hook: awaited as a look beside the publishing begins
 
     @property
     def recovering(self) -> bool:
@@ -150,8 +159,17 @@ class Reconciler:
     def wait_hint(self) -> float | None:
         return self.limiter.wait_time() if self.recovering else None
 
-    async def check(self, conn: AsyncConnection[Any]) -> bool:
-        """Look for Redis data loss; start a recovery if found. Returns True when a loss was found."""
+    async def check(self, conn: AsyncConnection[Any], *, due: bool = True) -> bool:
+        """Look for Redis data loss; start a recovery if found. Returns True when a loss was found.
+
+        On one server, once this term's epoch is known, the look at the streams runs
+        in the background (:meth:`landed`): this call judges the look that finished
+        since the last one, if any, and (``due``) starts the next. Its round trips
+        and Redis's time then no longer hold back the publishing of jobs committed
+        meanwhile. A first look, a recovery's and a cluster's are awaited here.
+        """
+        if self._background and self.token is not None and not self.publisher.writes_lost:
+            return await self._check_behind(conn, due)
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
         if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
@@ -160,16 +178,7 @@ class Reconciler:
                 log.warning("Redis lost the newest entries of streams (a failover?)", extra=found_by)
                 await self._start_recovery(conn, "writes lost")
                 return True
-            found = await self._look(sliced=True)
-            if found.missing:
-                log.warning("Redis lost streams the relay created", extra={"count": len(found.missing)})
-                await self._start_recovery(conn, "missing streams")
-                return True
-            if found.lost:
-                log.warning("Redis lost the newest entries of streams (a failover?)", extra={"count": len(found.lost)})
-                await self._start_recovery(conn, "stream tail lost")
-                return True
-            return False
+            return await self._judge(conn, current, await self._look(sliced=True))
         if current is not None and self.token is None and not current.startswith(RECOVERING):
             self.token = current  # a new term, and Redis kept its data: adopt the epoch
             # ...unless it lost the tail of a stream before this term (the leader died with it).
@@ -180,9 +189,70 @@ class Reconciler:
                 await self._start_recovery(conn, "stream tail lost")
                 return True
             return False
+        return await self._judge(conn, current, None)
+
+    async def _judge(self, conn: AsyncConnection[Any], current: str | None, found: StreamReport | None) -> bool:
+        """Start a recovery if the epoch key (``current``) or the look (``found``) says Redis lost data."""
+        if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
+            if found is None:
+                return False
+            if found.missing:
+                log.warning("Redis lost streams the relay created", extra={"count": len(found.missing)})
+                await self._start_recovery(conn, "missing streams")
+                return True
+            if found.lost:
+                log.warning("Redis lost the newest entries of streams (a failover?)", extra={"count": len(found.lost)})
+                await self._start_recovery(conn, "stream tail lost")
+                return True
+            return False
         reason = "epoch key missing" if current is None else "epoch changed or recovery unfinished"
         await self._start_recovery(conn, reason)
         return True
+
+    def landed(self) -> bool:
+        """Whether a look started in the background has finished and waits for :meth:`check`."""
+        return self._behind is not None and self._behind.done()
+
+    async def _check_behind(self, conn: AsyncConnection[Any], due: bool) -> bool:
+        behind, found = self._behind, False
+        if behind is not None and behind.done():
+            self._behind = None
+            current, report = behind.result()  # its Redis error, if any, is the caller's (Redis is down)
+            found = await self._judge(conn, current, report)
+        if due and not found and self._behind is None:
+            self._behind = asyncio.create_task(self._look_behind(), name="stream-look")
+        return found
+
+    async def _look_behind(self) -> tuple[str | None, StreamReport]:
+        """The epoch key and the next slice of the streams, read beside the publishing.
+
+        On one server only: a failover whose newest writes a look misses because
+        the relay wrote to those streams first (their ids come from the clock, newer
+        than the lost ones) is found by the written counter of that very write
+        (relay/watermark.py, WriteCount). The calls go one at a time, so that Redis
+        serves the relay's and the workers' commands between them. Wakes the
+        publishing loop (``on_finding``) when there is something to act on.
+        """
+        try:
+            if self.before_look is not None:
+                await self.before_look()
+            value = await self.redis.get(self.key)
+            current = value.decode() if isinstance(value, bytes) else value
+            found = await self._look(sliced=True, one_at_a_time=True)
+        except Exception:
+            if self.on_finding is not None:
+                self.on_finding()
+            raise
+        fine = current is not None and self.token is not None and current in (self.token, RECOVERING + self.token)
+        if (not fine or found.missing or found.lost) and self.on_finding is not None:
+            self.on_finding()
+        return current, found
+
+    def close(self) -> None:
+        """The term ended: a look still under way is dropped."""
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            behind.cancel()
 
     async def _seed_marks(self, conn: AsyncConnection[Any]) -> None:
         """High-water marks from the entries PostgreSQL recorded for the newest in-flight rows."""
@@ -195,16 +265,21 @@ class Reconciler:
         """How often to check so that the slices look at every stream once per ``interval``."""
         return interval / max(1, math.ceil(self._streams / LOOK_SLICE))
 
-    async def _look(self, *, sliced: bool = False) -> StreamReport:
+    async def _look(self, *, sliced: bool = False, one_at_a_time: bool = False) -> StreamReport:
         """Which streams the relay created are gone, and which lost entries it wrote (relay/stream_check.py).
 
         ``sliced``: the next slice of the streams, after the one the previous look ended
-        with (a check once per term looks at them all).
+        with (a check once per term looks at them all). ``one_at_a_time``: a queue's
+        streams per round trip.
         """
         expected = self.publisher.high_water.snapshot()  # before asking: every mark in it was applied
         if sliced:
             found = await self.stream_check.look(
-                self.publisher.known_groups, expected, after=self._look_after, limit=LOOK_SLICE
+                self.publisher.known_groups,
+                expected,
+                after=self._look_after,
+                limit=LOOK_SLICE,
+                one_at_a_time=one_at_a_time,
             )
             self._look_after = found.resume_after
         else:
@@ -218,6 +293,7 @@ class Reconciler:
         return found
 
     async def _start_recovery(self, conn: AsyncConnection[Any], reason: str) -> None:
+        self.close()  # a look begun before the loss knows nothing the recovery does not redo
         first_check = self.token is None
         self.token = uuid.uuid4().hex
         await self.redis.set(self.key, RECOVERING + self.token)

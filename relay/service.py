@@ -72,6 +72,7 @@ class RelaySignals:
     idle: asyncio.Event | None = None  # the leader's loop went to wait, nothing in hand and no wake-up pending
     stopped: asyncio.Event | None = None
     before_mark: Callable[[list[int]], Awaitable[None]] | None = None  # awaited between XADD and mark
+    before_look: Callable[[], Awaitable[None]] | None = None  # awaited as a look beside the publishing begins
 
     @classmethod
     def all(cls) -> RelaySignals:
@@ -346,6 +347,8 @@ class Relay:
             sweep_min_age=self.sweep_min_age,
             on_republished=self._on_republished,
             on_loss=lambda: _fire(self.signals.redis_loss),
+            on_finding=wake.set,  # a look beside this loop found a loss (or failed): act on it now
+            before_look=self.signals.before_look,
         )
         self.reconciler = reconciler
         # Retention: the leader runs bounded pruning rounds on a connection of its own
@@ -373,10 +376,14 @@ class Relay:
                 try:
                     # Redis-loss check first (so a loss is never mistaken for our own fresh
                     # entries), then publish, then the other chores.
+                    # On one server the look at the streams runs beside this loop (Reconciler.check):
+                    # a look that finished is judged here, at the turn after it.
                     now = time.monotonic()
-                    if now >= next_check or publisher.writes_lost:
-                        await reconciler.check(conn)
-                        next_check = now + reconciler.check_every(self.epoch_check_interval)
+                    check_due = now >= next_check
+                    if check_due or publisher.writes_lost or reconciler.landed():
+                        await reconciler.check(conn, due=check_due)
+                        if check_due:
+                            next_check = now + reconciler.check_every(self.epoch_check_interval)
                     carried_all, batch = False, None
                     if payloads and session.looks_alive():  # sent before any select, which skips them as held
                         carried = notified_rows(payloads, self.settings.schema_name)
@@ -448,6 +455,7 @@ class Relay:
             await publisher.flush_marks(conn)  # stopping: what was sent is marked, not sent again
         finally:
             self._wake = None
+            reconciler.close()
             await prune.stop()
             await cancel_all([listener, forwarder])  # a connect under way can lose one cancel
             self.notifier = None

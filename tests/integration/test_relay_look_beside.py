@@ -1,0 +1,94 @@
+"""On one server the leader's look at its streams runs beside the publishing (relay/reconciler.py, check).
+
+A look held open (the ``before_look`` test hook) must not hold back jobs committed
+meanwhile, and a loss the look finds must be acted on at once, not at the next
+due check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+import redis.asyncio as aioredis
+
+from postbox.relay.scheduler import ScheduleDuty
+from postbox.relay.service import RelaySignals
+from postbox.settings import Settings
+from postbox.streams import stream_key
+from tests.harness.relay import enqueue_sql, running_relay
+from tests.harness.wait import wait_event, wait_until_async
+from tests.integration.test_relay_lost_tail import forget_first_check, lose_tail
+
+
+class HeldLooks:
+    """``before_look``: each look waits until released; ``begun`` counts the looks that started."""
+
+    def __init__(self) -> None:
+        self.begun = 0
+        self.release = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.begun += 1
+        await self.release.wait()
+
+
+def signals_with(looks: HeldLooks) -> RelaySignals:
+    signals = RelaySignals.all()
+    signals.before_look = looks
+    return signals
+
+
+async def test_jobs_are_published_while_a_look_at_the_streams_is_under_way(
+    settings: Settings, conn: psycopg.Connection[Any]
+) -> None:
+    looks = HeldLooks()
+    options = {"epoch_check_interval": 0.05, "sweep_interval": 3600, "sweep_min_age": 3600}
+    async with running_relay(settings, signals=signals_with(looks), **options) as (relay, _signals):
+        enqueue_sql(conn, 2)
+        await wait_until_async(lambda: relay.published_total == 2, 10, message="2 published")
+        await wait_until_async(lambda: looks.begun >= 1, 10, message="a look under way")
+        for expected in (5, 8):  # the look stays held the whole time: it is not in the publishing's way
+            enqueue_sql(conn, 3)
+            await wait_until_async(lambda n=expected: relay.published_total == n, 10, message=f"{expected} published")
+        assert looks.begun == 1  # no second look while the first is under way
+        assert relay.reconciler is not None and relay.reconciler.landed() is False
+        looks.release.set()
+        await wait_until_async(lambda: looks.begun >= 2, 10, message="the next look, once the first was judged")
+
+
+async def test_a_loss_a_look_beside_the_publishing_finds_is_acted_on_at_once(
+    settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing else wakes the loop for half a minute (no poll, no heartbeat, no periodic schedules' look,
+    the next check a minute away): the look that found the loss does."""
+    monkeypatch.setattr(ScheduleDuty, "wait_hint", lambda _self: None)
+    prefix = settings.redis_prefix
+    looks = HeldLooks()
+    looks.release.set()
+    quiet = settings.model_copy(update={"poll_interval": 30.0, "relay_session_timeout": 120.0})
+    options = {"epoch_check_interval": 0.05, "heartbeat_interval": 30.0, "sweep_interval": 3600, "sweep_min_age": 3600}
+    async with running_relay(quiet, signals=signals_with(looks), **options) as (relay, signals):
+        ids = enqueue_sql(conn, 6)
+        await wait_until_async(lambda: relay.published_total == 6, 10, message="6 published")
+        forget_first_check(signals)
+        await wait_until_async(lambda: looks.begun >= 1, 10, message="looks beside the publishing")
+        looks.release.clear()
+        held = looks.begun
+        await wait_until_async(lambda: looks.begun == held + 1, 10, message="a look held")
+        relay.epoch_check_interval = 60.0  # the checks after this one are a minute apart
+        assert signals.idle is not None
+        signals.idle.clear()
+        await wait_event(signals.idle, 10)  # the loop went to wait with the new interval, the look still held
+        sids = [r[0] for r in conn.execute("SELECT stream_id FROM postbox.outbox ORDER BY id").fetchall()]
+        conn.commit()
+        await lose_tail(redis, stream_key(prefix, "default", 5), keep=sids[2])
+        looks.release.set()
+        await wait_event(signals.redis_loss, 5)
+        assert relay.reconciler is not None and relay.reconciler.check_every(relay.epoch_check_interval) == 60.0
+    conn.commit()
+    counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
+    # Nothing ran (no worker): every job queued when the loss was found is published again, once.
+    assert [counts[i] for i in ids] == [2] * 6, counts
