@@ -162,13 +162,15 @@ class Reconciler:
     async def check(self, conn: AsyncConnection[Any], *, due: bool = True) -> bool:
         """Look for Redis data loss; start a recovery if found. Returns True when a loss was found.
 
-        On one server, once this term's epoch is known, the look at the streams runs
-        in the background (:meth:`landed`): this call judges the look that finished
-        since the last one, if any, and (``due``) starts the next. Its round trips
-        and Redis's time then no longer hold back the publishing of jobs committed
-        meanwhile. A first look, a recovery's and a cluster's are awaited here.
+        On one server, once this term's epoch is known and the written counter
+        answers, the look at the streams runs in the background (:meth:`landed`):
+        this call judges the look that finished since the last one, if any, and
+        (``due``) starts the next. Its round trips and Redis's time then no longer
+        hold back the publishing of jobs committed meanwhile. A first look, a
+        recovery's, a cluster's and one on a server refusing the counter's
+        ``INCRBY`` are awaited here.
         """
-        if self._background and self.token is not None and not self.publisher.writes_lost:
+        if self._behind_allowed():
             return await self._check_behind(conn, due)
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
@@ -208,6 +210,16 @@ class Reconciler:
         reason = "epoch key missing" if current is None else "epoch changed or recovery unfinished"
         await self._start_recovery(conn, reason)
         return True
+
+    def _behind_allowed(self) -> bool:
+        """A look may run beside the publishing: one server, this term's epoch known, and the written counter
+        answering (it, not the look, finds a loss that the relay's own newer writes hide from the look)."""
+        return (
+            self._background
+            and self.token is not None
+            and not self.publisher.writes_lost
+            and self.publisher.written.counting
+        )
 
     def landed(self) -> bool:
         """Whether a look started in the background has finished and waits for :meth:`check`."""
@@ -249,9 +261,14 @@ class Reconciler:
         return current, found
 
     def close(self) -> None:
-        """The term ended: a look still under way is dropped."""
+        """The term ended (or a recovery began): a look still under way is dropped, a finished one forgotten."""
         behind, self._behind = self._behind, None
-        if behind is not None:
+        if behind is None:
+            return
+        if behind.done():
+            if not behind.cancelled():
+                behind.exception()  # retrieved: its error (Redis gone) was the term's, not news
+        else:
             behind.cancel()
 
     async def _seed_marks(self, conn: AsyncConnection[Any]) -> None:

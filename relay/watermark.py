@@ -74,6 +74,12 @@ class WriteCount:
         last, self._last = self._last, value
         return last is not None and value < last + added
 
+    @property
+    def counting(self) -> bool:
+        """Whether a batch's count was answered since the term began or the last recovery: a loss of
+        writes before the next batch shows in that batch's answer (a server refusing INCRBY: never)."""
+        return self._last is not None
+
     def forget(self) -> None:
         """A new term or a recovery: the next answer is the starting point."""
         self._last = None

@@ -92,3 +92,37 @@ async def test_a_loss_a_look_beside_the_publishing_finds_is_acted_on_at_once(
     counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
     # Nothing ran (no worker): every job queued when the loss was found is published again, once.
     assert [counts[i] for i in ids] == [2] * 6, counts
+
+
+async def test_a_server_refusing_the_written_counter_gets_its_looks_before_the_publishing(
+    settings: Settings, conn: psycopg.Connection[Any], private_redis: Any
+) -> None:
+    """Without the counter's INCRBY (an ACL) nothing would find a loss that the relay's own newer writes hide
+    from a look running beside them: the looks stay in the publishing loop, as on a cluster."""
+    admin = aioredis.Redis.from_url(private_redis.url, decode_responses=True)
+
+    async def xinfo_calls() -> int:
+        stats = await admin.info("commandstats")
+        return int(stats.get("cmdstat_xinfo|stream", stats.get("cmdstat_xinfo", {})).get("calls", 0))
+
+    looks = HeldLooks()
+    looks.release.set()
+    try:
+        await admin.execute_command("ACL", "SETUSER", "relay", "on", ">pw", "~*", "&*", "+@all", "-incrby")
+        limited = settings.model_copy(
+            update={"redis_url": private_redis.url.replace("redis://", "redis://relay:pw@", 1)}
+        )
+        options = {"epoch_check_interval": 0.05, "sweep_interval": 3600, "sweep_min_age": 3600}
+        async with running_relay(limited, signals=signals_with(looks), **options) as (relay, _signals):
+            enqueue_sql(conn, 3)
+            await wait_until_async(lambda: relay.published_total == 3, 10, message="3 published")
+            before = await xinfo_calls()
+
+            async def looked_again() -> bool:
+                return await xinfo_calls() >= before + 3
+
+            await wait_until_async(looked_again, 10, message="more looks at the streams, in the publishing loop")
+            assert relay.reconciler is not None and not relay.reconciler.publisher.written.counting
+        assert looks.begun == 0
+    finally:
+        await admin.aclose()

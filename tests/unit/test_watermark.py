@@ -38,3 +38,12 @@ def test_the_written_counter_tells_a_loss_only_by_an_answer_lower_than_the_last_
     count.forget()
     assert count.answered(5, 5) is False  # after a recovery (or in a new term): a fresh start, even from zero
     assert count.answered(1, 1) is True  # a server that restarted empty answers from zero again
+
+
+def test_the_written_counter_counts_once_a_batch_was_answered_and_until_it_is_forgotten() -> None:
+    count = WriteCount()
+    assert count.counting is False  # a new term: nothing answered yet (a look beside the publishing waits)
+    count.answered(2, 2)
+    assert count.counting is True
+    count.forget()
+    assert count.counting is False
