@@ -145,6 +145,7 @@ class Reconciler:
         # when one found a loss or failed.
         self._background = not is_cluster(redis)
         self._behind: asyncio.Task[tuple[str | None, StreamReport]] | None = None
+        self._awaited_next = False  # after a Redis error: the next check before publishing (redis_failed)
         self.on_finding = on_finding
         self.before_look = before_look  # test hook: awaited as a look beside the publishing begins
 
@@ -172,6 +173,7 @@ class Reconciler:
         """
         if self._behind_allowed():
             return await self._check_behind(conn, due)
+        self._awaited_next = False  # (a failure below sets it again: redis_failed)
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
         if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
@@ -216,10 +218,17 @@ class Reconciler:
         answering (it, not the look, finds a loss that the relay's own newer writes hide from the look)."""
         return (
             self._background
+            and not self._awaited_next
             and self.token is not None
             and not self.publisher.writes_lost
             and self.publisher.written.counting
         )
+
+    def redis_failed(self) -> None:
+        """A command to Redis failed: the next check is awaited before anything is published, as
+        Redis may come back without its data (a restart, a failover)."""
+        self._awaited_next = True
+        self.close()
 
     def landed(self) -> bool:
         """Whether a look started in the background has finished and waits for :meth:`check`."""

@@ -414,7 +414,8 @@ class Relay:
                     if not redis_down:
                         log.warning("Redis unavailable", extra={"relay_id": self.id, "error": str(exc)})
                     redis_down = True
-                    next_check = 0.0  # check the epoch as soon as Redis answers again
+                    next_check = 0.0  # check the epoch as soon as Redis answers again, before publishing
+                    reconciler.redis_failed()
                     await session.heartbeat()  # keep the lock session from going idle
                     await self._wait(wake, min(0.5, self.heartbeat_interval))
                     continue

@@ -8,6 +8,7 @@ due check.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 import psycopg
@@ -18,7 +19,7 @@ from postbox.relay.scheduler import ScheduleDuty
 from postbox.relay.service import RelaySignals
 from postbox.settings import Settings
 from postbox.streams import stream_key
-from tests.harness.relay import enqueue_sql, running_relay
+from tests.harness.relay import enqueue_sql, entries, running_relay
 from tests.harness.wait import wait_event, wait_until_async
 from tests.integration.test_relay_lost_tail import forget_first_check, lose_tail
 
@@ -126,3 +127,46 @@ async def test_a_server_refusing_the_written_counter_gets_its_looks_before_the_p
         assert looks.begun == 0
     finally:
         await admin.aclose()
+
+
+async def test_after_an_outage_redis_is_checked_before_anything_is_published(
+    settings: Settings, conn: psycopg.Connection[Any], private_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis comes back empty from an outage with a job waiting: the loss is found before that job goes out,
+    so it goes out once (a look beside the publishing would let it out first, into a stream with no group, and
+    the written counter's short answer would start a recovery that sends it again)."""
+    looks = HeldLooks()
+    looks.release.set()
+    on_private = settings.model_copy(update={"redis_url": private_redis.url})
+    options = {"epoch_check_interval": 0.05, "sweep_interval": 3600, "sweep_min_age": 3600}
+    async with running_relay(on_private, signals=signals_with(looks), **options) as (relay, signals):
+        first = enqueue_sql(conn, 3)
+        await wait_until_async(lambda: relay.published_total == 3, 10, message="3 published")
+        await wait_until_async(lambda: looks.begun >= 1, 10, message="looks beside the publishing")
+        assert signals.redis_loss is not None
+        signals.redis_loss.clear()  # the first start (empty Redis) counted as a loss
+        await asyncio.to_thread(private_redis.stop)
+        [waiting] = enqueue_sql(conn, 1)
+        await wait_until_async(
+            lambda: any(r.getMessage() == "Redis unavailable" for r in caplog.records),
+            10,
+            message="the relay found Redis down",
+        )
+        await asyncio.to_thread(private_redis.start)
+        await wait_event(signals.redis_loss, 10)
+        async with aioredis.Redis.from_url(private_redis.url) as redis:
+
+            async def sent() -> list[int]:
+                return [int(e["id"]) for e in await entries(redis, on_private.redis_prefix)]
+
+            await wait_until_async(lambda: _holds(sent(), waiting), 10, message="the waiting job published")
+            await wait_until_async(lambda: relay.reconciler is not None and not relay.reconciler.recovering, 10)
+            # The three unfinished ones republished by the recovery, the waiting one sent once, nothing twice.
+            assert sorted(await sent()) == sorted([*first, waiting])
+    conn.commit()
+    [(count,)] = conn.execute("SELECT publish_count FROM postbox.outbox WHERE id = %s", (waiting,)).fetchall()
+    assert count == 1
+
+
+async def _holds(ids: Awaitable[list[int]], job: int) -> bool:
+    return job in await ids
