@@ -25,6 +25,7 @@ import hiredis
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from postbox.streams import entry_meta
 
@@ -83,6 +84,12 @@ def publish(channel: bytes, message: bytes) -> bytes:
     return command(b"PUBLISH", channel, message)
 
 
+class ReplyTimeout(RedisTimeoutError, TimeoutError):
+    """No reply within an exchange's deadline: redis-py's ``TimeoutError`` (a ``RedisError``, what its own
+    commands raise, and what the relay and the worker treat as Redis unavailable) and Python's (what
+    ``asyncio.timeout`` raises)."""
+
+
 async def send_batch(redis: Redis, payload: bytes, replies: int) -> list[Any]:
     """Write ``payload`` (``replies`` encoded commands) and read every reply, in order.
 
@@ -114,7 +121,8 @@ async def exchange(conn: Connection, payload: bytes, replies: int, *, blocks: fl
 
     The caller owns ``conn`` (takes it from its pool and gives it back). A
     command of ``payload`` that blocks on the server for up to ``blocks``
-    seconds extends the connection's timeout by that much.
+    seconds extends the connection's timeout by that much. No reply within
+    the timeout raises :class:`ReplyTimeout`.
     """
     timeout = conn.socket_timeout
     limit = None if timeout is None else timeout + blocks
@@ -125,12 +133,15 @@ async def exchange(conn: Connection, payload: bytes, replies: int, *, blocks: fl
         # asyncio.timeout when the connection has a socket timeout, which was a
         # third of the relay's CPU; without one it reads straight from the parser.
         conn.socket_timeout = None
-        async with asyncio.timeout(limit):
-            for _ in range(replies):
-                try:
-                    results.append(await conn.read_response())
-                except ResponseError as exc:
-                    results.append(exc)
+        try:
+            async with asyncio.timeout(limit):
+                for _ in range(replies):
+                    try:
+                        results.append(await conn.read_response())
+                    except ResponseError as exc:
+                        results.append(exc)
+        except TimeoutError as exc:  # this deadline's own (an outer one arrives as a cancellation)
+            raise ReplyTimeout(f"no reply from Redis within {limit} s") from exc
         return results
     except BaseException:
         await conn.disconnect()

@@ -146,6 +146,7 @@ class Reconciler:
         self._background = not is_cluster(redis)
         self._behind: asyncio.Task[tuple[str | None, StreamReport]] | None = None
         self._awaited_next = False  # after a Redis error: the next check before publishing (redis_failed)
+        self._due_behind = False  # a look fell due while the previous one was under way
         self.on_finding = on_finding
         self.before_look = before_look  # test hook: awaited as a look beside the publishing begins
 
@@ -160,19 +161,27 @@ class Reconciler:
     def wait_hint(self) -> float | None:
         return self.limiter.wait_time() if self.recovering else None
 
-    async def check(self, conn: AsyncConnection[Any], *, due: bool = True) -> bool:
+    async def check(self, conn: AsyncConnection[Any], *, due: bool = True, awaited: bool = False) -> bool:
         """Look for Redis data loss; start a recovery if found. Returns True when a loss was found.
 
         On one server, once this term's epoch is known and the written counter
         answers, the look at the streams runs in the background (:meth:`landed`):
         this call judges the look that finished since the last one, if any, and
         (``due``) starts the next. Its round trips and Redis's time then no longer
-        hold back the publishing of jobs committed meanwhile. A first look, a
-        recovery's, a cluster's and one on a server refusing the counter's
-        ``INCRBY`` are awaited here.
+        hold back the publishing of jobs committed meanwhile. ``awaited``, a
+        first look, the first check after a Redis error, a cluster's and one on a
+        server refusing the counter's ``INCRBY`` look here, before returning.
         """
-        if self._behind_allowed():
-            return await self._check_behind(conn, due)
+        if await self._judge_landed(conn):
+            return True
+        if not awaited and self._behind_allowed():
+            if self._behind is None and (due or self._due_behind):
+                self._due_behind = False
+                self._behind = asyncio.create_task(self._look_behind(), name="stream-look")
+            elif due:
+                self._due_behind = True  # one is still under way: the next starts as soon as it is judged
+            return False
+        self.close()  # a look under way: this check looks itself
         self._awaited_next = False  # (a failure below sets it again: redis_failed)
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
@@ -226,23 +235,24 @@ class Reconciler:
 
     def redis_failed(self) -> None:
         """A command to Redis failed: the next check is awaited before anything is published, as
-        Redis may come back without its data (a restart, a failover)."""
+        Redis may come back without its data (a restart, a failover). A look under way is dropped;
+        one that finished is still judged (its slice is not looked at again)."""
         self._awaited_next = True
-        self.close()
+        if self._behind is not None and not self._behind.done():
+            self.close()
 
     def landed(self) -> bool:
         """Whether a look started in the background has finished and waits for :meth:`check`."""
         return self._behind is not None and self._behind.done()
 
-    async def _check_behind(self, conn: AsyncConnection[Any], due: bool) -> bool:
-        behind, found = self._behind, False
-        if behind is not None and behind.done():
-            self._behind = None
-            current, report = behind.result()  # its Redis error, if any, is the caller's (Redis is down)
-            found = await self._judge(conn, current, report)
-        if due and not found and self._behind is None:
-            self._behind = asyncio.create_task(self._look_behind(), name="stream-look")
-        return found
+    async def _judge_landed(self, conn: AsyncConnection[Any]) -> bool:
+        """Judge a look that finished beside the publishing, if one did (its Redis error is the caller's)."""
+        behind = self._behind
+        if behind is None or not behind.done():
+            return False
+        self._behind = None
+        current, report = behind.result()
+        return await self._judge(conn, current, report)
 
     async def _look_behind(self) -> tuple[str | None, StreamReport]:
         """The epoch key and the next slice of the streams, read beside the publishing.
@@ -265,20 +275,24 @@ class Reconciler:
                 self.on_finding()
             raise
         fine = current is not None and self.token is not None and current in (self.token, RECOVERING + self.token)
-        if (not fine or found.missing or found.lost) and self.on_finding is not None:
-            self.on_finding()
+        if (not fine or found.missing or found.lost or self._due_behind) and self.on_finding is not None:
+            self.on_finding()  # (or the next look fell due while this one ran)
         return current, found
 
-    def close(self) -> None:
-        """The term ended (or a recovery began): a look still under way is dropped, a finished one forgotten."""
+    def close(self) -> asyncio.Task[Any] | None:
+        """A recovery began, or the term ended: a look still under way is cancelled, a finished one
+        forgotten. Returns the cancelled look (await it at the term's end: it may be closing its
+        connection)."""
         behind, self._behind = self._behind, None
+        self._due_behind = False
         if behind is None:
-            return
+            return None
         if behind.done():
             if not behind.cancelled():
                 behind.exception()  # retrieved: its error (Redis gone) was the term's, not news
-        else:
-            behind.cancel()
+            return None
+        behind.cancel()
+        return behind
 
     async def _seed_marks(self, conn: AsyncConnection[Any]) -> None:
         """High-water marks from the entries PostgreSQL recorded for the newest in-flight rows."""
@@ -394,7 +408,7 @@ class Reconciler:
         missing = [row for row in rows if row[0] not in held]
         if not missing:
             return []
-        if await self.check(conn):
+        if await self.check(conn, awaited=True):  # (the epoch key read now, not by a look beside)
             return []  # not a lost entry: Redis lost everything, and the recovery now covers these rows
         granted = self.limiter.take(len(missing))
         if granted < len(missing):

@@ -431,6 +431,7 @@ class Relay:
                 prune.kick()
                 last = results[-1]
                 if last.failed and not last.published:
+                    reconciler.redis_failed()  # refused outright (READONLY, OOM...): look before the next try
                     await self._wait(wake, 0.5)
                     continue
                 if last.selected >= batch_size or reconciler.busy():
@@ -456,9 +457,10 @@ class Relay:
             await publisher.flush_marks(conn)  # stopping: what was sent is marked, not sent again
         finally:
             self._wake = None
-            reconciler.close()
+            look = reconciler.close()  # a look at the streams under way beside the loop
             await prune.stop()
-            await cancel_all([listener, forwarder])  # a connect under way can lose one cancel
+            # (a connect under way can lose one cancel)
+            await cancel_all([listener, forwarder] if look is None else [listener, forwarder, look])
             self.notifier = None
             self.workflow_events = None
 

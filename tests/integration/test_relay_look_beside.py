@@ -19,7 +19,7 @@ from postbox.relay.scheduler import ScheduleDuty
 from postbox.relay.service import RelaySignals
 from postbox.settings import Settings
 from postbox.streams import stream_key
-from tests.harness.relay import enqueue_sql, entries, running_relay
+from tests.harness.relay import enqueue_sql, entries, lose_prefix, running_relay
 from tests.harness.wait import wait_event, wait_until_async
 from tests.integration.test_relay_lost_tail import forget_first_check, lose_tail
 
@@ -170,3 +170,29 @@ async def test_after_an_outage_redis_is_checked_before_anything_is_published(
 
 async def _holds(ids: Awaitable[list[int]], job: int) -> bool:
     return job in await ids
+
+
+async def test_the_sweep_reads_the_epoch_itself_while_a_look_is_under_way(
+    settings: Settings, redis: aioredis.Redis, conn: psycopg.Connection[Any]
+) -> None:
+    """Redis loses everything while the relay is idle (no write for the counter to show it) and a look beside
+    the publishing is held: the sweep, finding the entries gone, must see the epoch gone too and leave the rows
+    to the recovery, not send them itself into streams with no group (the recovery would send them again)."""
+    looks = HeldLooks()
+    looks.release.set()
+    options = {"epoch_check_interval": 0.05, "sweep_interval": 0.2, "sweep_min_age": 0.3}
+    async with running_relay(settings, signals=signals_with(looks), **options) as (relay, signals):
+        ids = enqueue_sql(conn, 3)
+        await wait_until_async(lambda: relay.published_total == 3, 10, message="3 published")
+        forget_first_check(signals)
+        looks.release.clear()
+        held = looks.begun
+        await wait_until_async(lambda: looks.begun == held + 1, 10, message="a look held")
+        await lose_prefix(redis, settings.redis_prefix)
+        await wait_event(signals.redis_loss, 10)
+        await wait_until_async(lambda: relay.reconciler is not None and not relay.reconciler.recovering, 10)
+        sent = [int(e["id"]) for e in await entries(redis, settings.redis_prefix)]
+    conn.commit()
+    assert sorted(sent) == ids  # each once, by the recovery
+    counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
+    assert [counts[i] for i in ids] == [2, 2, 2], counts
