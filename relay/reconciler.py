@@ -147,6 +147,7 @@ class Reconciler:
         self._behind: asyncio.Task[tuple[str | None, StreamReport]] | None = None
         self._awaited_next = False  # after a Redis error: the next check before publishing (redis_failed)
         self._due_behind = False  # a look fell due while the previous one was under way
+        self._dropped: set[asyncio.Task[Any]] = set()  # cancelled looks not yet ended (close())
         self.on_finding = on_finding
         self.before_look = before_look  # test hook: awaited as a look beside the publishing begins
 
@@ -238,8 +239,13 @@ class Reconciler:
         Redis may come back without its data (a restart, a failover). A look under way is dropped;
         one that finished is still judged (its slice is not looked at again)."""
         self._awaited_next = True
-        if self._behind is not None and not self._behind.done():
-            self.close()
+        behind = self._behind
+        if behind is not None and (not behind.done() or behind.cancelled() or behind.exception() is not None):
+            self.close()  # (a look that failed too: its error is this one, and would only be raised again)
+
+    def must_check(self) -> bool:
+        """Whether the next turn must check before it publishes (after a Redis error or a refused batch)."""
+        return self._awaited_next
 
     def landed(self) -> bool:
         """Whether a look started in the background has finished and waits for :meth:`check`."""
@@ -279,20 +285,24 @@ class Reconciler:
             self.on_finding()  # (or the next look fell due while this one ran)
         return current, found
 
-    def close(self) -> asyncio.Task[Any] | None:
-        """A recovery began, or the term ended: a look still under way is cancelled, a finished one
-        forgotten. Returns the cancelled look (await it at the term's end: it may be closing its
-        connection)."""
+    def close(self) -> None:
+        """A recovery began, a check looks itself, or the term ended: a look still under way is cancelled
+        (kept until it ends: :meth:`dropped_looks`), a finished one forgotten."""
         behind, self._behind = self._behind, None
         self._due_behind = False
         if behind is None:
-            return None
+            return
         if behind.done():
             if not behind.cancelled():
                 behind.exception()  # retrieved: its error (Redis gone) was the term's, not news
-            return None
+            return
         behind.cancel()
-        return behind
+        self._dropped.add(behind)
+        behind.add_done_callback(self._dropped.discard)
+
+    def dropped_looks(self) -> list[asyncio.Task[Any]]:
+        """Looks cancelled and not yet ended (awaited at the term's end: each may be closing its connection)."""
+        return list(self._dropped)
 
     async def _seed_marks(self, conn: AsyncConnection[Any]) -> None:
         """High-water marks from the entries PostgreSQL recorded for the newest in-flight rows."""

@@ -380,7 +380,7 @@ class Relay:
                     # a look that finished is judged here, at the turn after it.
                     now = time.monotonic()
                     check_due = now >= next_check
-                    if check_due or publisher.writes_lost or reconciler.landed():
+                    if check_due or publisher.writes_lost or reconciler.landed() or reconciler.must_check():
                         await reconciler.check(conn, due=check_due)
                         if check_due:
                             next_check = now + reconciler.check_every(self.epoch_check_interval)
@@ -457,10 +457,10 @@ class Relay:
             await publisher.flush_marks(conn)  # stopping: what was sent is marked, not sent again
         finally:
             self._wake = None
-            look = reconciler.close()  # a look at the streams under way beside the loop
+            reconciler.close()  # a look at the streams under way beside the loop
             await prune.stop()
             # (a connect under way can lose one cancel)
-            await cancel_all([listener, forwarder] if look is None else [listener, forwarder, look])
+            await cancel_all([listener, forwarder, *reconciler.dropped_looks()])
             self.notifier = None
             self.workflow_events = None
 

@@ -196,3 +196,38 @@ async def test_the_sweep_reads_the_epoch_itself_while_a_look_is_under_way(
     assert sorted(sent) == ids  # each once, by the recovery
     counts = dict(conn.execute("SELECT id, publish_count FROM postbox.outbox").fetchall())
     assert [counts[i] for i in ids] == [2, 2, 2], counts
+
+
+async def test_after_a_refused_batch_redis_is_checked_before_the_next_try(
+    settings: Settings, conn: psycopg.Connection[Any], private_redis: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every XADD refused (out of memory), then Redis loses its data and takes writes again: the loss is found
+    before the refused job is tried again, so it goes out once. (The next due check is half a minute away.)"""
+    on_private = settings.model_copy(update={"redis_url": private_redis.url})
+    options = {"epoch_check_interval": 30.0, "sweep_interval": 3600, "sweep_min_age": 3600}
+    admin = private_redis.client()
+    async with running_relay(on_private, **options) as (relay, signals):
+        first = enqueue_sql(conn, 2)
+        await wait_until_async(lambda: relay.published_total == 2, 10, message="2 published")
+        assert signals.redis_loss is not None
+        signals.redis_loss.clear()  # the first start (empty Redis) counted as a loss
+        admin.config_set("maxmemory", "1")  # (noeviction: writes refused with OOM)
+        try:
+            [refused] = enqueue_sql(conn, 1)
+            await wait_until_async(
+                lambda: any(r.getMessage() == "XADD refused" for r in caplog.records),
+                10,
+                message="the XADD refused",
+            )
+            admin.flushall()
+        finally:
+            admin.config_set("maxmemory", "0")
+        await wait_event(signals.redis_loss, 10)
+        async with aioredis.Redis.from_url(private_redis.url) as redis:
+
+            async def sent() -> list[int]:
+                return [int(e["id"]) for e in await entries(redis, on_private.redis_prefix)]
+
+            await wait_until_async(lambda: _holds(sent(), refused), 10, message="the refused job published")
+            await wait_until_async(lambda: relay.reconciler is not None and not relay.reconciler.recovering, 10)
+            assert sorted(await sent()) == sorted([*first, refused])  # each once
