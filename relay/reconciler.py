@@ -235,9 +235,10 @@ class Reconciler:
         )
 
     def redis_failed(self) -> None:
-        """A command to Redis failed: the next check is awaited before anything is published, as
-        Redis may come back without its data (a restart, a failover). A look under way is dropped;
-        one that finished is still judged (its slice is not looked at again)."""
+        """A command to Redis failed (or a batch was refused): the next check is made before anything
+        is published, as Redis may come back without its data (a restart, a failover). A look under
+        way, or one that failed, is dropped; one that finished with a report is still judged (its
+        slice is not looked at again)."""
         self._awaited_next = True
         behind = self._behind
         if behind is not None and (not behind.done() or behind.cancelled() or behind.exception() is not None):
