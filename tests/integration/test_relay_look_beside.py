@@ -8,7 +8,6 @@ due check.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from typing import Any
 
 import psycopg
@@ -16,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from postbox.relay.scheduler import ScheduleDuty
-from postbox.relay.service import RelaySignals
+from postbox.relay.service import Relay, RelaySignals
 from postbox.settings import Settings
 from postbox.streams import stream_key
 from tests.harness.relay import enqueue_sql, entries, lose_prefix, running_relay
@@ -154,22 +153,29 @@ async def test_after_an_outage_redis_is_checked_before_anything_is_published(
         )
         await asyncio.to_thread(private_redis.start)
         await wait_event(signals.redis_loss, 10)
-        async with aioredis.Redis.from_url(private_redis.url) as redis:
-
-            async def sent() -> list[int]:
-                return [int(e["id"]) for e in await entries(redis, on_private.redis_prefix)]
-
-            await wait_until_async(lambda: _holds(sent(), waiting), 10, message="the waiting job published")
-            await wait_until_async(lambda: relay.reconciler is not None and not relay.reconciler.recovering, 10)
-            # The three unfinished ones republished by the recovery, the waiting one sent once, nothing twice.
-            assert sorted(await sent()) == sorted([*first, waiting])
+        sent = await sent_after_recovery(relay, private_redis.url, on_private.redis_prefix, waiting)
+        # The three unfinished ones republished by the recovery, the waiting one sent once, nothing twice.
+        assert sent == sorted([*first, waiting])
     conn.commit()
     [(count,)] = conn.execute("SELECT publish_count FROM postbox.outbox WHERE id = %s", (waiting,)).fetchall()
     assert count == 1
 
 
-async def _holds(ids: Awaitable[list[int]], job: int) -> bool:
-    return job in await ids
+async def sent_after_recovery(relay: Relay, url: str, prefix: str, job: int) -> list[int]:
+    """The ids of the jobs in the queue's streams, sorted, once ``job`` is among them and the recovery ended."""
+    async with aioredis.Redis.from_url(url) as redis:
+
+        async def sent() -> list[int]:
+            return sorted(int(e["id"]) for e in await entries(redis, prefix))
+
+        async def published() -> bool:
+            return job in await sent()
+
+        await wait_until_async(published, 10, message=f"job {job} published")
+        await wait_until_async(
+            lambda: relay.reconciler is not None and not relay.reconciler.recovering, 10, message="the recovery ended"
+        )
+        return await sent()
 
 
 async def test_the_sweep_reads_the_epoch_itself_while_a_look_is_under_way(
@@ -223,11 +229,5 @@ async def test_after_a_refused_batch_redis_is_checked_before_the_next_try(
         finally:
             admin.config_set("maxmemory", "0")
         await wait_event(signals.redis_loss, 10)
-        async with aioredis.Redis.from_url(private_redis.url) as redis:
-
-            async def sent() -> list[int]:
-                return [int(e["id"]) for e in await entries(redis, on_private.redis_prefix)]
-
-            await wait_until_async(lambda: _holds(sent(), refused), 10, message="the refused job published")
-            await wait_until_async(lambda: relay.reconciler is not None and not relay.reconciler.recovering, 10)
-            assert sorted(await sent()) == sorted([*first, refused])  # each once
+        sent = await sent_after_recovery(relay, private_redis.url, on_private.redis_prefix, refused)
+        assert sent == sorted([*first, refused])  # each once
