@@ -186,7 +186,7 @@ class Reconciler:
         self._awaited_next = False  # (a failure below sets it again: redis_failed)
         value = await self.redis.get(self.key)
         current = value.decode() if isinstance(value, bytes) else value
-        if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
+        if self._epoch_kept(current):
             if self.publisher.writes_lost:  # a batch's count came back short (relay/watermark.py, WriteCount)
                 found_by = {"found_by": "the written counter"}
                 log.warning("Redis lost the newest entries of streams (a failover?)", extra=found_by)
@@ -207,7 +207,7 @@ class Reconciler:
 
     async def _judge(self, conn: AsyncConnection[Any], current: str | None, found: StreamReport | None) -> bool:
         """Start a recovery if the epoch key (``current``) or the look (``found``) says Redis lost data."""
-        if current is not None and self.token is not None and current in (self.token, RECOVERING + self.token):
+        if self._epoch_kept(current):
             if found is None:
                 return False
             if found.missing:
@@ -222,6 +222,10 @@ class Reconciler:
         reason = "epoch key missing" if current is None else "epoch changed or recovery unfinished"
         await self._start_recovery(conn, reason)
         return True
+
+    def _epoch_kept(self, current: str | None) -> bool:
+        """Whether the epoch key's value (``current``) is this term's token (or its recovery's)."""
+        return current is not None and self.token is not None and current in (self.token, RECOVERING + self.token)
 
     def _behind_allowed(self) -> bool:
         """A look may run beside the publishing: one server, this term's epoch known, and the written counter
@@ -281,8 +285,9 @@ class Reconciler:
             if self.on_finding is not None:
                 self.on_finding()
             raise
-        fine = current is not None and self.token is not None and current in (self.token, RECOVERING + self.token)
-        if (not fine or found.missing or found.lost or self._due_behind) and self.on_finding is not None:
+        if (
+            not self._epoch_kept(current) or found.missing or found.lost or self._due_behind
+        ) and self.on_finding is not None:
             self.on_finding()  # (or the next look fell due while this one ran)
         return current, found
 
