@@ -57,6 +57,10 @@ from postbox.streams import (
 log = logging.getLogger(__name__)
 
 EVENTS_CHECK_INTERVAL = 1.0  # seconds between PUBSUB NUMSUB checks of the events channel
+# Stream keys the publisher keeps between batches (text and bytes, by queue and priority): computed
+# per row, they were a third of the relay's Python per row on one queue (docs/benchmarks.md,
+# "twenty-third round"). Past this many the kept ones are dropped and the count starts again.
+STREAM_NAMES_KEPT = 100_000
 STATISTICS_CHECK_INTERVAL = 30.0  # seconds between checks of the planner's backlog estimate (full batches only)
 
 # (id, queue, task, args, headers, priority, attempts, enq_ms, ...) as selected by sql.active().RELAY_SELECT_*
@@ -135,6 +139,7 @@ class Publisher:
         self.clock = clock
         self._recording = tracing.RecordingCheck(monotonic=monotonic)
         self.known_groups: set[str] = set()
+        self._names: dict[tuple[str, int], tuple[str, bytes]] = {}  # stream keys (_stream_names)
         self._ready_key = ready_key(prefix).encode()
         self._wake_key = wake_key(prefix).encode()
         self.high_water = HighWater()  # newest entry id per stream, checked for a lost tail (relay/reconciler.py)
@@ -181,16 +186,12 @@ class Publisher:
         new = sorted(set(keys) - self.known_groups)
         if not new:
             return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in new:
-                pipe.xgroup_create(key, GROUP, id="0", mkstream=True)
-            replies = await pipe.execute(raise_on_error=False)
         refused: list[BaseException] = []
-        for key, reply in zip(new, replies, strict=True):
-            if isinstance(reply, BaseException) and "BUSYGROUP" not in str(reply):
-                refused.append(reply)
-            else:
+        for key, error in zip(new, await redis_conn.create_groups(self.redis, new, GROUP), strict=True):
+            if error is None:
                 self.known_groups.add(key)
+            else:
+                refused.append(error)
         if refused:
             raise refused[0]
 
@@ -198,12 +199,17 @@ class Publisher:
         """XADD each row, all in one write (see :mod:`postbox.resp`). Returns (ids added, entry ids, ids refused)."""
         if not rows:
             return [], [], []
-        keys = [stream_key(self.prefix, row[1], row[5]) for row in rows]
-        await self.ensure_groups(keys)
+        pairs = [(row[1], row[5]) for row in rows]
+        streams = dict.fromkeys(pairs)  # the batch's (queue, priority) pairs, each once
+        names = self._stream_names(streams)
+        keys = [names[pair][0] for pair in pairs]
+        keys_encoded = [names[pair][1] for pair in pairs]
+        distinct = [names[pair] for pair in streams]  # (all taken before the first wait: names may be renewed)
+        await self.ensure_groups(key for key, _encoded in distinct)
         emit = await self.events_wanted()
         now_ms = int(self.clock() * 1000)
         with tracing.publish_span(rows, recorded=self._recording()):
-            chunks, routes = self._encode(rows, keys, emit, now_ms)
+            chunks, routes = self._encode(rows, keys, keys_encoded, emit, now_ms)
             if self.cluster:  # each node's share in parallel, one reply per command as on one server
                 results = await redis_conn.send_per_node(
                     cast(RedisCluster, self.redis), list(zip(routes, chunks, strict=True))
@@ -211,11 +217,11 @@ class Publisher:
             else:
                 # Then the batch's streams into the ready set (jobs/streams.py), after their XADDs: a
                 # read that runs between the two finds those streams in its walk of every stream.
-                chunks.append(resp.command(b"SADD", self._ready_key, *(key.encode() for key in set(keys))))
+                chunks.append(resp.command(b"SADD", self._ready_key, *(encoded for _key, encoded in distinct)))
                 # Then the wake-up entry naming the batch's streams (jobs/streams.py, wake_key), after
                 # the XADDs and the SADD: a worker woken by it finds both.
                 chunks.append(resp.command(b"XADD", self._wake_key, b"MAXLEN", b"~", b"%d" % WAKE_MAXLEN, b"*",
-                                           *wake_entry((row[1], row[5]) for row in rows)))  # fmt: skip
+                                           *wake_entry(streams)))  # fmt: skip
                 # Last, the batch's count (relay/watermark.py, WriteCount): a replica that has it has the XADDs.
                 chunks.append(resp.command(b"INCRBY", self._written_key, b"%d" % len(rows)))
                 results = await resp.send_batch(cast(Redis, self.redis), b"".join(chunks), len(chunks))
@@ -242,18 +248,32 @@ class Publisher:
         self.high_water.record(added, sids)
         return ids, sids, refused
 
-    def _encode(self, rows: Sequence[Row], keys: list[str], emit: bool, now_ms: int) -> tuple[list[bytes], list[str]]:
+    def _stream_names(self, pairs: Iterable[tuple[str, int]]) -> dict[tuple[str, int], tuple[str, bytes]]:
+        """The stream key of each (queue, priority), as text and bytes, kept from batch to batch."""
+        names = self._names
+        new = [pair for pair in pairs if pair not in names]
+        if new:
+            if len(names) >= STREAM_NAMES_KEPT:
+                names.clear()
+                new = list(pairs)
+            for pair in new:
+                key = stream_key(self.prefix, *pair)
+                names[pair] = (key, key.encode())
+        return names
+
+    def _encode(
+        self, rows: Sequence[Row], keys: list[str], keys_encoded: list[bytes], emit: bool, now_ms: int
+    ) -> tuple[list[bytes], list[str]]:
         """The batch's commands pre-encoded (:mod:`postbox.resp`), and the key each is routed by on a cluster."""
         channel_name = events_channel(self.prefix)
         channel = channel_name.encode()
-        key_bytes = {key: key.encode() for key in set(keys)}
         chunks: list[bytes] = []
         routes: list[str] = []
-        for row, key in zip(rows, keys, strict=True):
+        for row, key, key_encoded in zip(rows, keys, keys_encoded, strict=True):
             job_id, queue, task, args, headers, priority, attempts, enq_ms = row[:8]
             chunks.append(
                 resp.xadd_entry(
-                    key_bytes[key],
+                    key_encoded,
                     job_id=job_id,
                     task=task.encode(),
                     args=args.encode(),

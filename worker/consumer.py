@@ -327,14 +327,10 @@ def is_nogroup(exc: BaseException) -> bool:
 
 
 async def ensure_groups(redis: redis_conn.AnyRedis, streams: Sequence[str]) -> None:
-    """Create the consumer group on every stream (from 0, MKSTREAM); BUSYGROUP is fine."""
-    async with redis.pipeline(transaction=False) as pipe:
-        for key in streams:
-            pipe.xgroup_create(key, GROUP, id="0", mkstream=True)
-        replies = await pipe.execute(raise_on_error=False)
-    for reply in replies:
-        if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
-            raise reply
+    """Create the consumer group on every stream (from 0, MKSTREAM); BUSYGROUP is fine. Raises the first refusal."""
+    for error in await redis_conn.create_groups(redis, streams, GROUP):
+        if error is not None:
+            raise error
 
 
 def _text(value: bytes | str) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, MovedError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -339,10 +339,10 @@ class Worker:
     async def _ensure_groups_at_start(self, redis: redis_conn.AnyRedis) -> None:
         """The consumer groups of every stream this worker reads, retried while Redis is unavailable
         (a restart, or a cluster still settling a failover: a node answers CLUSTERDOWN until it learns
-        of the promotion)."""
+        of the promotion, and MOVED from a slot map read before it)."""
         await self._retry_at_start(
             lambda: ensure_groups(redis, all_streams(self._prefix, self.queues)),
-            (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, OSError),
+            (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, MovedError, AskError, OSError),
             "Redis",
         )
 

@@ -12,11 +12,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from postbox import sql
+from postbox import redis_conn, sql
+from postbox.relay import publisher as publisher_module
 from postbox.relay.publisher import Publisher
 from postbox.relay.service import run_until_published
 from postbox.settings import Settings
-from postbox.streams import GROUP, ready_key, stream_key
+from postbox.streams import GROUP, decode_entry, parse_wake, ready_key, stream_key, wake_key
 from tests.harness.relay import enqueue_sql, entries, entry_ids, running_relay, states
 from tests.harness.wait import next_item, wait_event, wait_until, wait_until_async
 
@@ -232,6 +233,55 @@ async def test_a_group_refused_is_raised_and_not_taken_as_known(settings: Settin
         await publisher.ensure_groups([good, bad])
     assert publisher.known_groups == {good}
     assert [g["name"] for g in await redis.xinfo_groups(good)] == [GROUP.encode()]
+
+
+async def test_batches_over_more_streams_than_the_publisher_keeps_names_of_go_to_their_own_streams(
+    settings: Settings, redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publisher keeps stream names between batches, up to a bound (here 3): batches of five streams
+    each, past it, still land each row in its (queue, priority) stream, name every stream in the ready
+    set and the wake-up entry, and create each stream's group."""
+    monkeypatch.setattr(publisher_module, "STREAM_NAMES_KEPT", 3)
+    prefix = settings.redis_prefix
+    publisher = Publisher(redis, prefix)
+    batches = [
+        [(1, "kept-a", 9), (2, "kept-b", 0), (3, "kept-a", 9), (4, "kept-c", 5), (5, "kept-d", 5), (6, "kept-e", 1)],
+        [(7, "kept-e", 1), (8, "kept-f", 2), (9, "kept-a", 9), (10, "kept-g", 3), (11, "kept-h", 4)],
+    ]
+    for batch in batches:
+        rows = [(job_id, queue, "t", "{}", "{}", priority, 0, 0) for job_id, queue, priority in batch]
+        ids, _sids, refused = await publisher.xadd_rows(rows)
+        assert (ids, refused) == ([job_id for job_id, _q, _p in batch], [])
+        assert len(publisher._names) <= 3 + len({(q, p) for _i, q, p in batch})
+    expected: dict[str, list[int]] = {}
+    for batch in batches:
+        for job_id, queue, priority in batch:
+            expected.setdefault(stream_key(prefix, queue, priority), []).append(job_id)
+    for key, job_ids in expected.items():
+        got = [decode_entry(fields)["id"] for _sid, fields in await redis.xrange(key)]
+        assert got == job_ids, key
+        assert [g["name"] for g in await redis.xinfo_groups(key)] == [GROUP.encode()]
+    assert {m.decode() for m in await redis.smembers(ready_key(prefix))} == set(expected)
+    named: set[str] = set()
+    for _sid, fields in await redis.xrange(wake_key(prefix)):
+        named |= parse_wake(prefix, [part for pair in fields.items() for part in pair])
+    assert named == set(expected)
+
+
+async def test_create_groups_answers_per_stream_made_already_there_or_refused(
+    settings: Settings, redis: aioredis.Redis
+) -> None:
+    made, there, refused = (stream_key(settings.redis_prefix, "groups", p) for p in (1, 2, 3))
+    await redis.xgroup_create(there, GROUP, id="0", mkstream=True)
+    await redis.xadd(there, {"m": "x"})
+    await redis.xreadgroup(GROUP, "c", {there: ">"})  # one entry pending in the group there
+    await redis.set(refused, "not a stream")
+    answers = await redis_conn.create_groups(redis, [made, there, refused], GROUP)
+    assert answers[:2] == [None, None]
+    assert isinstance(answers[2], ResponseError) and "WRONGTYPE" in str(answers[2])
+    assert [g["name"] for g in await redis.xinfo_groups(made)] == [GROUP.encode()]
+    assert (await redis.xpending(there, GROUP))["pending"] == 1  # the group there was left as it was
+    assert await redis.get(refused) == b"not a stream"
 
 
 async def test_the_relay_never_trims_streams(
