@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
@@ -206,12 +205,9 @@ class StreamCheck:
             resp.command(b"EVALSHA", self.sha, b"%d" % len(call.keys), *(k.encode() for k in call.keys), *call.args)
             for call in calls
         ]
-        if self.cluster:
-            routed = [(call.keys[0], payload) for call, payload in zip(calls, payloads, strict=True)]
-            return await redis_conn.send_per_node(cast(RedisCluster, self.redis), routed)
-        if one_at_a_time:
+        if one_at_a_time and not self.cluster:
             return [(await resp.send_batch(cast(Redis, self.redis), payload, 1))[0] for payload in payloads]
-        return await resp.send_batch(cast(Redis, self.redis), b"".join(payloads), len(payloads))
+        return await redis_conn.send(self.redis, [(call.keys[0], p) for call, p in zip(calls, payloads, strict=True)])
 
 
 __all__ = ["LOOK_SLICE", "SCRIPT", "Look", "StreamCheck", "StreamReport", "looks", "report", "sliced"]

@@ -15,13 +15,11 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from postbox import events, pgarray, redis_conn, resp, sql
@@ -82,7 +80,6 @@ class Completer:
     ) -> None:
         self._pool = pool
         self._redis = redis
-        self._cluster = redis_conn.is_cluster(redis)
         self._channel = events_channel(prefix)
         self._worker_id = worker_id
         self._result_ttl = result_ttl
@@ -355,12 +352,7 @@ class Completer:
         commands.extend(resp.publish(channel, payload) for payload in pending_events)
         routes += [self._channel] * len(pending_events)
         try:
-            if self._cluster:  # each node's share in parallel (jobs/redis_conn.py)
-                await redis_conn.send_per_node(
-                    cast(RedisCluster, self._redis), list(zip(routes, commands, strict=True))
-                )
-            else:
-                await resp.send_batch(cast(Redis, self._redis), b"".join(commands), len(commands))
+            await redis_conn.send(self._redis, list(zip(routes, commands, strict=True)))  # per node on a cluster
         except Exception:
             # The outcomes are committed; unacknowledged entries are reclaimed
             # later and skipped as finished. Nothing is lost.
