@@ -29,7 +29,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0019_mark_due"
+REQUIRED = "0020_outcome_notice"
 
 
 def order(revision: str) -> int | None:

@@ -630,7 +630,8 @@ class Statements(schema.Templates):
     # transaction's start. A snooze gives its attempt back (postbox.outcomes.snoozed).
     # The statement is the body of record_outcomes() (migration 0013), planned once per
     # connection as the claim is; its fence's state condition is wrapped in IS TRUE for
-    # the same reason.
+    # the same reason. Whom to notify is looked up only when an ended job belongs to a
+    # workflow, jobs are passed on in ``also_notify``, or any waiter is registered (0020).
     JOB_RECORD_OUTCOMES: LiteralString = """
     SELECT id, notified
       FROM {schema}.record_outcomes(

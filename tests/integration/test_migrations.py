@@ -828,3 +828,38 @@ def test_0019_marks_only_due_rows_and_downgrades_to_0018s_mark(empty_database_ur
         assert conn.execute(mark, (ids,)).fetchone() == (2,)  # 0018's mark: due or not
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
+
+
+def test_0020_keeps_the_outcomes_settings_and_downgrades_to_0019s_notice(empty_database_url: str) -> None:
+    """0020 replaces record_outcomes() (its notice looked for only where one can be owed); both ways the
+    function keeps 0017's settings, and 0019's version still looks on every call."""
+    settings = "SELECT proconfig FROM pg_proc WHERE proname = 'record_outcomes'"
+    running = (
+        "INSERT INTO postbox.outbox (queue, task, state, attempts, claimed_by, started_at)"
+        " VALUES ('q', 't', 'running', 1, 'w', now()) RETURNING id"
+    )
+    outcome = (
+        "SELECT id, notified FROM postbox.record_outcomes('w', %s::int8[], '{1}', '{succeeded}', '{succeeded}',"
+        " NULL, NULL, NULL, NULL, NULL, NULL, true, NULL)"
+    )
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    for revision_after in (None, "0019_mark_due"):
+        if revision_after is not None:
+            migrate.downgrade(empty_database_url, revision_after)
+            assert objects(empty_database_url) == everything
+        with psycopg.connect(empty_database_url, autocommit=True) as conn:
+            configured = ["plan_cache_mode=force_generic_plan", "random_page_cost=1.1"]
+            assert conn.execute(settings).fetchone() == (configured,)
+            [[job]] = conn.execute(running).fetchall()
+            conn.execute(
+                "INSERT INTO postbox.result_waiters (job_id, until) VALUES (%s, now() + interval '1 minute')", (job,)
+            )
+            assert conn.execute(outcome, ([job],)).fetchall() == [(job, 1)]  # a waiter: announced
+            [[plain]] = conn.execute(running).fetchall()
+            assert conn.execute(outcome, ([plain],)).fetchall() == [(plain, 0)]  # no waiter of its own: not
+            conn.execute("DELETE FROM postbox.result_waiters")
+            [[alone]] = conn.execute(running).fetchall()
+            assert conn.execute(outcome, ([alone],)).fetchall() == [(alone, 0)]  # no waiter anywhere
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything

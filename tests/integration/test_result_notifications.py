@@ -107,6 +107,47 @@ def test_a_waited_for_job_and_a_workflows_jobs_are_announced_together(
         assert heard(listener) == [",".join(map(str, sorted([waited, *in_workflow])))]
 
 
+def test_a_workflows_jobs_are_announced_with_no_waiter_registered_anywhere(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """The notice is looked for when an ended job belongs to a workflow (migration 0020), waiters or not."""
+    [plain] = running_jobs(conn, 1)
+    in_workflow = running_jobs(conn, 2, workflow=True)
+    assert conn.execute("SELECT count(*) FROM postbox.result_waiters").fetchone() == (0,)
+    with listening(database_url) as listener:
+        succeed(conn, [plain, *in_workflow])
+        assert heard(listener) == [",".join(map(str, sorted(in_workflow)))]
+
+
+def test_a_retry_of_a_workflows_job_is_not_announced(conn: psycopg.Connection[Any], database_url: str) -> None:
+    [job] = running_jobs(conn, 1, workflow=True)
+    items = [(Attempt(job), Outcome(state="retrying", kind="retry", delay=60.0))]
+    with listening(database_url) as listener:
+        rows = conn.execute(sql.active().JOB_RECORD_OUTCOMES, outcome_params(WORKER, items, lambda _j: 0.0)).fetchall()
+        conn.commit()
+        assert heard(listener) == []
+    assert rows == [(job, 0)]
+
+
+def test_jobs_passed_on_from_their_own_transactions_are_announced_with_a_plain_batch(
+    conn: psycopg.Connection[Any], database_url: str
+) -> None:
+    """A batch of plain jobs, no waiter anywhere, and a workflow's job whose success committed in its own
+    ctx.transaction() passed on (``also_notify``): that job is announced (migration 0020 looks for the
+    notice whenever jobs are passed on)."""
+    [plain] = running_jobs(conn, 1)
+    [own] = running_jobs(conn, 1, workflow=True)
+    conn.execute(sql.active().JOB_RECORD_SUCCESS, {"id": own, "worker": WORKER, "attempt": 1})
+    conn.commit()
+    items = [(Attempt(plain), Outcome(state="succeeded", kind="succeeded"))]
+    with listening(database_url) as listener:
+        params = outcome_params(WORKER, items, lambda _j: 0.0, also_notify=[own])
+        rows = conn.execute(sql.active().JOB_RECORD_OUTCOMES, params).fetchall()
+        conn.commit()
+        assert heard(listener) == [str(own)]
+    assert rows == [(plain, 1)]
+
+
 def test_jobs_that_committed_in_their_own_transaction_are_announced_only_if_waited_for(
     conn: psycopg.Connection[Any], database_url: str
 ) -> None:
