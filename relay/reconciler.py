@@ -184,8 +184,7 @@ class Reconciler:
             return False
         self.close()  # a look under way: this check looks itself
         self._awaited_next = False  # (a failure below sets it again: redis_failed)
-        value = await self.redis.get(self.key)
-        current = value.decode() if isinstance(value, bytes) else value
+        current = await self._epoch()
         if self._epoch_kept(current):
             if self.publisher.writes_lost:  # a batch's count came back short (relay/watermark.py, WriteCount)
                 found_by = {"found_by": "the written counter"}
@@ -222,6 +221,11 @@ class Reconciler:
         reason = "epoch key missing" if current is None else "epoch changed or recovery unfinished"
         await self._start_recovery(conn, reason)
         return True
+
+    async def _epoch(self) -> str | None:
+        """The epoch key's value now (None: the key is gone)."""
+        value = await self.redis.get(self.key)
+        return value.decode() if isinstance(value, bytes) else value
 
     def _epoch_kept(self, current: str | None) -> bool:
         """Whether the epoch key's value (``current``) is this term's token (or its recovery's)."""
@@ -278,8 +282,7 @@ class Reconciler:
         try:
             if self.before_look is not None:
                 await self.before_look()
-            value = await self.redis.get(self.key)
-            current = value.decode() if isinstance(value, bytes) else value
+            current = await self._epoch()
             found = await self._look(sliced=True, one_at_a_time=True)
         except Exception:
             if self.on_finding is not None:
