@@ -511,6 +511,37 @@ def test_bulk_requeue_of_dead_letters_changes_states_live_and_survives_an_api_re
         page.close()
 
 
+def test_a_page_showing_unfinished_jobs_follows_an_end_that_sent_no_event(
+    browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    # Events are best effort: a worker learns of a new listener within a second, a reconnect loses what
+    # passed. Here a job ends with no event at all (a plain UPDATE); the list and the job's own page still
+    # show the end, by the slow re-read a page makes while it shows unfinished jobs and hears nothing.
+    env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_INSECURE": "true"}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute(
+            "INSERT INTO postbox.outbox (queue, task, state) VALUES ('apiq', 'api_echo', 'queued') RETURNING id"
+        ).fetchone()
+    assert row is not None
+    job_id = row[0]
+    with api_process(env, tmp_path) as api:
+        jobs = browser.new_page()
+        jobs.set_default_timeout(TIMEOUT_MS)
+        _open(jobs, api.url + "/#/jobs?task=api_echo", "jobs")
+        expect(jobs.locator(f"tr[data-id='{job_id}'][data-state=queued]")).to_have_count(1)
+        expect(jobs.locator("#live")).to_have_text("live")
+        detail = browser.new_page()
+        detail.set_default_timeout(TIMEOUT_MS)
+        _open(detail, api.url + f"/#/jobs/{job_id}", "job")
+        expect(detail.locator("#job-cancel")).to_have_count(1)  # drawn as unfinished
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (job_id,))
+        expect(jobs.locator(f"tr[data-id='{job_id}'][data-state=succeeded]")).to_have_count(1)
+        expect(detail.locator("#job-cancel")).to_have_count(0)
+        jobs.close()
+        detail.close()
+
+
 def test_behind_a_reverse_proxy_under_a_path_prefix(
     browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:

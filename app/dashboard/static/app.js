@@ -178,7 +178,7 @@ function table(columns, rows, rowAttrs) {
 
 // ---- live updates: the events WebSocket, reconnecting --------------------------------
 
-const live = { socket: null, delay: 500, timer: null, pending: false };
+const live = { socket: null, delay: 500, timer: null, pending: false, heard: 0 };
 
 function connectLive() {
   const url = new URL("ws/events", window.location.href);
@@ -194,6 +194,7 @@ function connectLive() {
     scheduleRefresh(); // events may have been missed while away
   };
   socket.onmessage = (message) => {
+    live.heard = Date.now();
     let evt;
     try {
       evt = JSON.parse(message.data);
@@ -576,6 +577,7 @@ function jobListPage(kind, params) {
     onEvent: (evt) => {
       if (!filter.queue || evt.queue === filter.queue) scheduleRefresh();
     },
+    poll: () => rows.some((r) => !TERMINAL.has(r.state)),
   };
 }
 
@@ -666,10 +668,12 @@ function jobPage(id) {
     const toggled = (event) => (event.target.open ? opened.add(key) : opened.delete(key));
     return h("details", { class: "traceback", open: opened.has(key), ontoggle: toggled }, h("summary", {}, "traceback"), h("pre", { class: "traceback" }, a.traceback));
   }
+  let unfinished = false;
   async function refresh() {
     let job;
     try {
       job = await api(`api/v1/dashboard/jobs/${encodeURIComponent(id)}`);
+      unfinished = !TERMINAL.has(job.state);
     } catch (error) {
       body.replaceChildren(h("h1", {}, `Job ${id}`), h("p", { id: "job-error" }, error.message));
       return;
@@ -761,6 +765,7 @@ function jobPage(id) {
     onEvent: (evt) => {
       if (String(evt.job_id) === String(id)) scheduleRefresh();
     },
+    poll: () => unfinished,
   };
 }
 
@@ -1059,10 +1064,15 @@ function route() {
   });
 }
 
-// Workers have no events of their own: their page re-reads every few seconds.
+// Workers have no events of their own: their page re-reads every few seconds. Events are best effort (a
+// worker learns of a new listener within a second; a reconnect loses what passed meanwhile), so a page that
+// shows unfinished jobs also re-reads when no event has come for as long: it never stays stale.
+const POLL_MS = 3000;
 setInterval(() => {
-  if (current && current.poll && !document.hidden) current.refresh();
-}, 3000);
+  if (!current || !current.poll || document.hidden) return;
+  if (current.poll === true) current.refresh();
+  else if (Date.now() - live.heard >= POLL_MS && current.poll()) scheduleRefresh();
+}, POLL_MS);
 
 window.addEventListener("hashchange", route);
 document.getElementById("zone").textContent = `times in ${zoneName(VIEWER_ZONE)}`;
