@@ -515,8 +515,9 @@ def test_a_page_showing_unfinished_jobs_follows_an_end_that_sent_no_event(
     browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:
     # Events are best effort: a worker learns of a new listener within a second, a reconnect loses what
-    # passed. Here a job ends with no event at all (a plain UPDATE); the list and the job's own page still
-    # show the end, by the slow re-read a page makes while it shows unfinished jobs and hears nothing.
+    # passed. Here a job ends with no event at all (a plain UPDATE); the list, the job's own page and the
+    # overview still show the end, by the slow re-read a page makes while it shows unfinished jobs and
+    # hears nothing.
     env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_INSECURE": "true"}
     with psycopg.connect(database_url, autocommit=True) as conn:
         row = conn.execute(
@@ -529,17 +530,26 @@ def test_a_page_showing_unfinished_jobs_follows_an_end_that_sent_no_event(
         jobs.set_default_timeout(TIMEOUT_MS)
         _open(jobs, api.url + "/#/jobs?task=api_echo", "jobs")
         expect(jobs.locator(f"tr[data-id='{job_id}'][data-state=queued]")).to_have_count(1)
-        expect(jobs.locator("#live")).to_have_text("live")
         detail = browser.new_page()
         detail.set_default_timeout(TIMEOUT_MS)
         _open(detail, api.url + f"/#/jobs/{job_id}", "job")
         expect(detail.locator("#job-cancel")).to_have_count(1)  # drawn as unfinished
+        overview = browser.new_page()
+        overview.set_default_timeout(TIMEOUT_MS)
+        _open(overview, api.url + "/", "overview")
+        queued = overview.locator("tr[data-queue=apiq] td:nth-child(5)")  # the queue's "queued" count
+        expect(queued).to_have_text("1")
+        for page in (jobs, detail, overview):
+            # Connected, and the re-read a new connection schedules already made: what the page shows
+            # from here on comes from a later read.
+            page.wait_for_function("() => live.socket && live.socket.readyState === 1 && live.timer === null")
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (job_id,))
         expect(jobs.locator(f"tr[data-id='{job_id}'][data-state=succeeded]")).to_have_count(1)
         expect(detail.locator("#job-cancel")).to_have_count(0)
-        jobs.close()
-        detail.close()
+        expect(queued).to_have_text("0")
+        for page in (jobs, detail, overview):
+            page.close()
 
 
 def test_behind_a_reverse_proxy_under_a_path_prefix(

@@ -332,9 +332,11 @@ function card(label, value, id) {
 function overviewPage() {
   const body = h("div", {});
   main.replaceChildren(h("h1", {}, "Overview"), body);
+  let unfinished = false;
   async function refresh() {
     const data = await act("overview", () => api("api/v1/dashboard/overview"));
     if (!data) return;
+    unfinished = data.queues.some((q) => q.backlog || q.queued || q.in_flight || q.retrying);
     const leader = data.relays.find((r) => r.role === "leader");
     const done = data.last_hour.reduce((sum, m) => sum + m.succeeded + m.other, 0);
     const dead = data.last_hour.reduce((sum, m) => sum + m.dead, 0);
@@ -371,7 +373,7 @@ function overviewPage() {
       ),
     );
   }
-  return { name: "overview", refresh, onEvent: scheduleRefresh, every: 1500 };
+  return { name: "overview", refresh, onEvent: scheduleRefresh, every: 1500, poll: () => unfinished };
 }
 
 // ---- job lists (jobs and dead letters) ------------------------------------------------
