@@ -1068,12 +1068,13 @@ function route() {
 
 // Workers have no events of their own: their page re-reads every few seconds. Events are best effort (a
 // worker learns of a new listener within a second; a reconnect loses what passed meanwhile), so a page that
-// shows unfinished jobs also re-reads when no event has come for as long: it never stays stale.
+// shows unfinished jobs also re-reads when no event has come for as long: it never stays stale. (While
+// the socket is down the API is likely down too: the page re-reads once it reconnects.)
 const POLL_MS = 3000;
 setInterval(() => {
   if (!current || !current.poll || document.hidden) return;
   if (current.poll === true) current.refresh();
-  else if (Date.now() - live.heard >= POLL_MS && current.poll()) scheduleRefresh();
+  else if (live.socket && live.socket.readyState === WebSocket.OPEN && Date.now() - live.heard >= POLL_MS && current.poll()) scheduleRefresh();
 }, POLL_MS);
 
 window.addEventListener("hashchange", route);
