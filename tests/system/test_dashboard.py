@@ -515,39 +515,65 @@ def test_a_page_showing_unfinished_jobs_follows_an_end_that_sent_no_event(
     browser: Browser, child_env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:
     # Events are best effort: a worker learns of a new listener within a second, a reconnect loses what
-    # passed. Here a job ends with no event at all (a plain UPDATE); the list, the job's own page and the
-    # overview still show the end, by the slow re-read a page makes while it shows unfinished jobs and
-    # hears nothing.
+    # passed. Here jobs end with no event at all (a plain UPDATE): the list of their queue, a job's own page
+    # and the overview still show the end, by the slow re-read a page makes while it shows unfinished jobs
+    # and no event of its own has asked for one; another queue's events do not hold that re-read back.
     env = {**child_env, "POSTBOX_TASKS": "tests.harness.tasks.api", "POSTBOX_API_INSECURE": "true"}
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(
-            "INSERT INTO postbox.outbox (queue, task, state) VALUES ('apiq', 'api_echo', 'queued') RETURNING id"
-        ).fetchone()
-    assert row is not None
-    job_id = row[0]
+        first, second = (
+            row[0]
+            for row in conn.execute(
+                "INSERT INTO postbox.outbox (queue, task, state) VALUES ('apiq', 'api_echo', 'queued'),"
+                " ('apiq', 'api_echo', 'queued') RETURNING id"
+            ).fetchall()
+        )
+
+    def end(job_id: int) -> None:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (job_id,))
+
     with api_process(env, tmp_path) as api:
         jobs = browser.new_page()
         jobs.set_default_timeout(TIMEOUT_MS)
-        _open(jobs, api.url + "/#/jobs?task=api_echo", "jobs")
-        expect(jobs.locator(f"tr[data-id='{job_id}'][data-state=queued]")).to_have_count(1)
+        _open(jobs, api.url + "/#/jobs?queue=apiq", "jobs")
+        expect(jobs.locator("tr[data-state=queued]")).to_have_count(2)
         detail = browser.new_page()
         detail.set_default_timeout(TIMEOUT_MS)
-        _open(detail, api.url + f"/#/jobs/{job_id}", "job")
+        _open(detail, api.url + f"/#/jobs/{first}", "job")
         expect(detail.locator("#job-cancel")).to_have_count(1)  # drawn as unfinished
         overview = browser.new_page()
         overview.set_default_timeout(TIMEOUT_MS)
         _open(overview, api.url + "/", "overview")
         queued = overview.locator("tr[data-queue=apiq] td:nth-child(5)")  # the queue's "queued" count
-        expect(queued).to_have_text("1")
+        expect(queued).to_have_text("2")
         for page in (jobs, detail, overview):
             # Connected, and the re-read a new connection schedules already made: what the page shows
             # from here on comes from a later read.
             page.wait_for_function("() => live.socket && live.socket.readyState === 1 && live.timer === null")
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute("UPDATE postbox.outbox SET state = 'succeeded', finished_at = now() WHERE id = %s", (job_id,))
-        expect(jobs.locator(f"tr[data-id='{job_id}'][data-state=succeeded]")).to_have_count(1)
+
+        end(first)  # no event at all
+        expect(jobs.locator(f"tr[data-id='{first}'][data-state=succeeded]")).to_have_count(1)
         expect(detail.locator("#job-cancel")).to_have_count(0)
-        expect(queued).to_have_text("0")
+        expect(queued).to_have_text("1")
+
+        stop = threading.Event()
+
+        def other_queue_events() -> None:  # every 0.3 s, none about these jobs or their queue
+            with redis.Redis.from_url(env["POSTBOX_REDIS_URL"]) as client:
+                while not stop.wait(0.3):
+                    evt = events.event("started", job_id=second + 1_000_000, queue="otherq", task="api_echo")
+                    client.publish(events_channel(env["POSTBOX_REDIS_PREFIX"]), events.encode(evt))
+
+        jobs.evaluate("window.__heard = 0; live.socket.addEventListener('message', () => window.__heard++)")
+        chatter = threading.Thread(target=other_queue_events, daemon=True)
+        chatter.start()
+        try:
+            jobs.wait_for_function("() => window.__heard >= 3")  # the list hears them
+            end(second)
+            expect(jobs.locator(f"tr[data-id='{second}'][data-state=succeeded]")).to_have_count(1)
+        finally:
+            stop.set()
+            chatter.join(5)
         for page in (jobs, detail, overview):
             page.close()
 

@@ -178,7 +178,7 @@ function table(columns, rows, rowAttrs) {
 
 // ---- live updates: the events WebSocket, reconnecting --------------------------------
 
-const live = { socket: null, delay: 500, timer: null, pending: false, heard: 0 };
+const live = { socket: null, delay: 500, timer: null, pending: false, asked: 0 };
 
 function connectLive() {
   const url = new URL("ws/events", window.location.href);
@@ -194,7 +194,6 @@ function connectLive() {
     scheduleRefresh(); // events may have been missed while away
   };
   socket.onmessage = (message) => {
-    live.heard = Date.now();
     let evt;
     try {
       evt = JSON.parse(message.data);
@@ -213,6 +212,7 @@ function connectLive() {
 }
 
 function scheduleRefresh() {
+  live.asked = Date.now();
   if (live.timer) {
     live.pending = true;
     return;
@@ -1068,13 +1068,13 @@ function route() {
 
 // Workers have no events of their own: their page re-reads every few seconds. Events are best effort (a
 // worker learns of a new listener within a second; a reconnect loses what passed meanwhile), so a page that
-// shows unfinished jobs also re-reads when no event has come for as long: it never stays stale. (While
-// the socket is down the API is likely down too: the page re-reads once it reconnects.)
+// shows unfinished jobs also re-reads when no event of its own has asked for a re-read for as long: it never
+// stays stale. (While the socket is down the API is likely down too: the page re-reads once it reconnects.)
 const POLL_MS = 3000;
 setInterval(() => {
   if (!current || !current.poll || document.hidden) return;
   if (current.poll === true) current.refresh();
-  else if (live.socket && live.socket.readyState === WebSocket.OPEN && Date.now() - live.heard >= POLL_MS && current.poll()) scheduleRefresh();
+  else if (live.socket && live.socket.readyState === WebSocket.OPEN && Date.now() - live.asked >= POLL_MS && current.poll()) scheduleRefresh();
 }, POLL_MS);
 
 window.addEventListener("hashchange", route);
