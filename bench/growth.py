@@ -14,7 +14,8 @@
   streams — against the same worker on 1 queue at one priority: no-op jobs/s
   draining ``--jobs`` committed jobs, and commit-to-handler-start p50/p99 at
   the lowest ``--rate`` (default 200/s) for ``--duration`` seconds (the probe
-  of ``bench latency``). Ratios 1,000 streams / 1 stream.
+  of ``bench latency``). Ratios 1,000 streams / 1 stream (targets: jobs/s >= 0.9,
+  p99 <= 1.5).
 - ``steady``: ``--steady-rate`` (default 1,000) jobs/s, one per transaction,
   for ``--minutes`` (default 20) minutes, with retention running: the relay
   prunes every 10 s (``POSTBOX_PRUNE_INTERVAL``) what finished more than a
@@ -170,9 +171,17 @@ def _queues(box: Sandbox, url: str, params: Params, progress: Progress) -> list[
                 "ms",
                 higher_is_better=False,
             )
-    figures["ratio.rate"] = Figure(SCENARIO, "growth.queues_rate_ratio", f"jobs/s {streams} / 1 stream", "x")
+    # Issue 30's targets for many queues: throughput at least 0.9x one queue's, p99 at most 1.5x.
+    figures["ratio.rate"] = Figure(
+        SCENARIO, "growth.queues_rate_ratio", f"jobs/s {streams} / 1 stream", "x", target=Target(">=", 0.9)
+    )
     figures["ratio.p99"] = Figure(
-        SCENARIO, "growth.queues_p99_ratio", f"p99 {streams} / 1 stream", "x", higher_is_better=False
+        SCENARIO,
+        "growth.queues_p99_ratio",
+        f"p99 {streams} / 1 stream",
+        "x",
+        target=Target("<=", 1.5),
+        higher_is_better=False,
     )
     folder = Path(tempfile.mkdtemp(prefix="postbox-bench-growth-"))
     with psycopg.connect(url) as conn:
