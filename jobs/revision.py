@@ -5,7 +5,8 @@ functions for ``ctx.transaction()``, 0007's version of its success, stamped at
 commit time; the API reads 0008's dashboard sessions; 0009's triggers release a
 workflow's jobs and ``ctx.upstream()`` reads its edges; a run writes 0010's
 ``outbox.progress`` and debounced tasks need its ``unique_claim()``; claims and
-outcomes call 0013's functions), so a worker started on a database that was not
+outcomes call 0013's functions; the relay's select of due rows, highest
+priority first, needs 0021's index), so a worker started on a database that was not
 migrated that far would fail such jobs or time them wrongly. It checks at start, and
 refuses with :class:`postbox.errors.SchemaOutdatedError` instead; so do the
 relay and ``api run``. A statement that meets a missing postbox table or
@@ -29,7 +30,7 @@ from psycopg import AsyncConnection, OperationalError
 from postbox import schema, sql
 from postbox.errors import SchemaOutdatedError
 
-REQUIRED = "0020_outcome_notice"
+REQUIRED = "0021_publish_by_priority"
 
 
 def order(revision: str) -> int | None:

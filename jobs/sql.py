@@ -229,20 +229,23 @@ class Statements(schema.Templates):
     # Every statement the relay runs as leader runs on the leader's own session (the one
     # holding the advisory lock), so a lost session cannot mark anything.
 
-    # Due, unpublished rows in id order. Never a "last id" cursor: a transaction
-    # that commits late carries a lower id, and this scan still finds it. ``after``
-    # is 0 except inside one burst, where it skips the batch still being marked.
-    # A fair queue's rows leave this list once the relay gave them their key
-    # (JOB_SET_FAIR_KEY); the fair queue's window takes them (JOB_GET_FAIR_DUE).
-    # ``held``: rows already sent whose mark the relay holds back (relay/publisher.py).
+    # Due, unpublished rows, highest priority first, then in id order (0021's index).
+    # Never a "last id" cursor: a transaction that commits late carries a lower id,
+    # and this scan still finds it. Inside one burst the cursor (``after_priority``,
+    # ``after_id``: the last row of the batch still being marked) skips that batch;
+    # outside, it is (10, 0), above every priority. A fair queue's rows leave this
+    # list once the relay gave them their key (JOB_SET_FAIR_KEY); the fair queue's
+    # window takes them (JOB_GET_FAIR_DUE). ``held``: rows already sent whose mark
+    # the relay holds back (relay/publisher.py).
     JOB_GET_DUE_UNPUBLISHED: LiteralString = """
     SELECT id, queue, task, args::text, headers::text, priority, attempts,
            (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
            coalesce(expires_at < now(), false) AS expired
       FROM {schema}.outbox
      WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
-       AND fair_key IS NULL AND id > %(after)s AND id <> ALL(%(held)s::int8[])
-     ORDER BY id
+       AND fair_key IS NULL AND id <> ALL(%(held)s::int8[])
+       AND (priority < %(after_priority)s OR (priority = %(after_priority)s AND id > %(after_id)s))
+     ORDER BY priority DESC, id
      LIMIT %(limit)s
     """
 

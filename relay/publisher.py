@@ -45,6 +45,7 @@ from postbox.relay.leader import LeadershipLost
 from postbox.relay.watermark import HighWater, WriteCount
 from postbox.streams import (
     GROUP,
+    PRIORITIES,
     WAKE_MAXLEN,
     events_channel,
     ready_key,
@@ -65,6 +66,10 @@ STATISTICS_CHECK_INTERVAL = 30.0  # seconds between checks of the planner's back
 
 # (id, queue, task, args, headers, priority, attempts, enq_ms, ...) as selected by sql.active().RELAY_SELECT_*
 Row = tuple[Any, ...]
+# Where a select of due rows starts (JOB_GET_DUE_UNPUBLISHED): (priority, id) of the last row already
+# taken; FROM_THE_TOP is above every priority, so nothing is skipped.
+Cursor = tuple[int, int]
+FROM_THE_TOP: Cursor = (max(PRIORITIES) + 1, 0)
 
 
 @dataclass
@@ -292,15 +297,23 @@ class Publisher:
                 routes.append(channel_name)
         return chunks, routes
 
-    async def select_due(self, conn: AsyncConnection[Any], *, after: int = 0, limit: int | None = None) -> list[Row]:
-        """Due, unpublished rows in id order; ``after`` skips a batch still in flight (:meth:`publish_burst`)."""
+    async def select_due(
+        self, conn: AsyncConnection[Any], *, after: Cursor = FROM_THE_TOP, limit: int | None = None
+    ) -> list[Row]:
+        """Due, unpublished rows, highest priority first, then in id order; ``after`` (the last row's
+        priority and id) skips a batch still in flight (:meth:`publish_burst`)."""
         cur = await conn.execute(
             sql.active().JOB_GET_DUE_UNPUBLISHED,
-            {"after": after, "limit": limit or self.batch_size, "held": pgarray.ints(self._held_ids)},
+            {
+                "after_priority": after[0],
+                "after_id": after[1],
+                "limit": limit or self.batch_size,
+                "held": pgarray.ints(self._held_ids),
+            },
         )
         rows = await cur.fetchall()
         if rows:
-            self._seen(rows[-1][0])  # in id order
+            self._seen(max(row[0] for row in rows))
         if len(rows) >= self.batch_size:
             await self.check_statistics(conn)
         return rows
@@ -494,9 +507,11 @@ class Publisher:
         """Publish up to ``max_batches`` full batches back to back, marking one while sending the next.
 
         While PostgreSQL marks batch N, the relay already sends batch N+1 to Redis:
-        batch N+1 is selected before N is marked, skipping N by id (``after``). That
-        skip lives only as long as the burst; every burst starts from the lowest
-        unpublished id again, so a late commit is never passed over for good.
+        batch N+1 is selected before N is marked, skipping N by its last row's priority
+        and id (``after``). That skip lives only as long as the burst; every burst
+        starts from the top again (the highest priority, the lowest unpublished id),
+        so a late commit, or a job of a higher priority committed meanwhile, is never
+        passed over for good.
         Stops after a batch that was not full, or when ``keep_going()`` turns false
         (a stopping relay finishes the batch in hand only). ``on_batch`` sees each batch
         once it is marked (even if a later batch of the burst fails). Returns one result per batch.
@@ -515,7 +530,7 @@ class Publisher:
             results.append(result)
             more = len(rows) == self.batch_size and len(results) < max_batches and not result.failed
             more = more and (keep_going is None or keep_going())
-            next_rows = await self.select_due(conn, after=rows[-1][0]) if more else []
+            next_rows = await self.select_due(conn, after=cursor_after(rows)) if more else []
             if not next_rows and hold and self.mark_delay > 0 and ids:
                 self._hold(result, ids, sids, attempts, on_batch)
                 if len(self._held_ids) >= self.batch_size:  # a full batch's worth: no point waiting
@@ -536,6 +551,12 @@ class Publisher:
             if not next_rows:
                 return results
             rows, result = next_rows, next_result
+
+
+def cursor_after(rows: Sequence[Row]) -> Cursor:
+    """The cursor past ``rows`` (in the select's order: the last one is where the next select starts)."""
+    last = rows[-1]
+    return (int(last[5]), int(last[0]))
 
 
 async def publish_once(

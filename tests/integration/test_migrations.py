@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from postbox import enqueue, migrate, schema
+from postbox import enqueue, migrate, schema, sql
 from postbox.settings import libpq_url
 from tests.harness import databases
 from tests.harness.servers import Servers
@@ -92,6 +92,9 @@ WAITER_OBJECTS = {
     ("postbox", "notify_results", "function"),
 }
 
+# What migration 0021 creates: the relay's list of due rows, highest priority first.
+PRIORITY_OBJECTS = {("postbox", "outbox_unpublished_priority", "i")}
+
 # What migration 0011 creates (outbox_unpublished_id is rebuilt under its own name).
 FAIR_OBJECTS = {
     ("postbox", "fair_queues", "r"),
@@ -137,7 +140,7 @@ def test_0002_schedules_downgrades_to_0001_dropping_only_its_own_tables(empty_da
     migrate.downgrade(empty_database_url, "0001_postbox")
     assert everything - objects(
         empty_database_url
-    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | {
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | PRIORITY_OBJECTS | {
         ("postbox", "schedules", "r"),
         ("postbox", "schedules_pkey", "i"),
         ("postbox", "schedules_due", "i"),
@@ -168,7 +171,7 @@ def test_0005_downgrades_to_0004_dropping_only_its_function(empty_database_url: 
     migrate.downgrade(empty_database_url, "0004_unique_jobs")
     assert everything - objects(
         empty_database_url
-    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | {
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | PRIORITY_OBJECTS | {
         ("postbox", "require_current_attempt", "function"),
         ("postbox", "begin_processed", "function"),  # 0006's, which calls it
         ("postbox", "record_success", "function"),
@@ -190,7 +193,7 @@ def test_0006_downgrades_to_0005_dropping_only_its_functions(empty_database_url:
     migrate.downgrade(empty_database_url, "0005_fenced_success")
     assert everything - objects(
         empty_database_url
-    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | {
+    ) == SESSION_OBJECTS | WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | PRIORITY_OBJECTS | {
         ("postbox", "begin_processed", "function"),
         ("postbox", "record_success", "function"),
     }
@@ -270,7 +273,9 @@ def test_0009_downgrades_to_0008_dropping_only_the_workflow_objects(empty_databa
             " VALUES ('q', 't', 'waiting', 1, 1)"
         )
     migrate.downgrade(empty_database_url, "0008_sessions")
-    assert everything - objects(empty_database_url) == WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS
+    assert everything - objects(empty_database_url) == (
+        WORKFLOW_OBJECTS | FAIR_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | PRIORITY_OBJECTS
+    )
     assert objects(empty_database_url) - everything == set()
     with psycopg.connect(empty_database_url) as conn:
         # a waiting job has no meaning without workflows: cancelled, saying why
@@ -304,7 +309,7 @@ def test_0010_downgrades_to_0009_dropping_the_progress_column_and_the_debounce(e
     assert state(empty_database_url) == (False, False, False)
     assert (
         objects(empty_database_url)
-        == everything - FAIR_OBJECTS - WORKFLOW_EVENT_OBJECTS - PLAN_OBJECTS - WAITER_OBJECTS
+        == everything - FAIR_OBJECTS - WORKFLOW_EVENT_OBJECTS - PLAN_OBJECTS - WAITER_OBJECTS - PRIORITY_OBJECTS
     )  # 0011-0014's go too
     with psycopg.connect(empty_database_url) as conn:  # 0004's functions again: a plain unique rule still works
         conn.execute(
@@ -366,6 +371,7 @@ def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: s
     assert set(indexes) == {
         "outbox_pkey",
         "outbox_unpublished_id",
+        "outbox_unpublished_priority",
         "outbox_unpublished_due",
         "outbox_inflight",
         "outbox_dedup",
@@ -382,6 +388,14 @@ def test_the_outbox_indexes_include_the_unfinished_rows_by_state(database_url: s
     }
     # fair queues' keyed rows leave the relay's id-ordered list (0011)
     assert indexes["outbox_unpublished_id"].endswith("AND (fair_key IS NULL))")
+    # the relay's list since 0021: the same rows, highest priority first
+    assert indexes["outbox_unpublished_priority"].startswith(
+        "CREATE INDEX outbox_unpublished_priority ON postbox.outbox USING btree (priority DESC, id) WHERE"
+    )
+    assert (
+        indexes["outbox_unpublished_priority"].split(" WHERE ")[1]
+        == indexes["outbox_unpublished_id"].split(" WHERE ")[1]
+    )
     assert indexes["outbox_live_state"] == (
         "CREATE INDEX outbox_live_state ON postbox.outbox USING btree (state, queue) WHERE (state = ANY "
         "(ARRAY['pending'::text, 'queued'::text, 'running'::text, 'retrying'::text, 'dead'::text]))"
@@ -695,7 +709,9 @@ def test_0012_downgrades_to_0011_dropping_the_workflow_events_trigger_and_ended_
     before = objects(empty_database_url)
     migrate.upgrade(empty_database_url)
     assert state(empty_database_url) == (1, 1)
-    assert objects(empty_database_url) - before == WORKFLOW_EVENT_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS
+    assert objects(empty_database_url) - before == (
+        WORKFLOW_EVENT_OBJECTS | PLAN_OBJECTS | WAITER_OBJECTS | PRIORITY_OBJECTS
+    )
     with psycopg.connect(empty_database_url) as conn:  # the ended one is not announced by the first relay
         ended = conn.execute("SELECT name, ended_at IS NOT NULL FROM postbox.workflows ORDER BY id").fetchall()
     assert ended == [("old", True), ("open", False)]
@@ -717,7 +733,7 @@ def test_0013_downgrades_to_0012_dropping_only_its_functions(empty_database_url:
         for name in ("claim_attempts", "mark_published", "record_outcomes")
     ]
     migrate.downgrade(empty_database_url, "0012_workflow_events")
-    assert everything - objects(empty_database_url) == PLAN_OBJECTS | WAITER_OBJECTS
+    assert everything - objects(empty_database_url) == PLAN_OBJECTS | WAITER_OBJECTS | PRIORITY_OBJECTS
     assert objects(empty_database_url) - everything == set()
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything
@@ -729,7 +745,7 @@ def test_0014_downgrades_to_0013_dropping_only_the_waiters_and_notifying_every_e
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0013_generic_plans")
-    assert everything - objects(empty_database_url) == WAITER_OBJECTS
+    assert everything - objects(empty_database_url) == WAITER_OBJECTS | PRIORITY_OBJECTS
     assert objects(empty_database_url) - everything == set()
     with psycopg.connect(empty_database_url, autocommit=True) as conn:  # 0013's outcome: every end is heard
         [job] = conn.execute(
@@ -759,7 +775,8 @@ def test_0015_marks_only_the_attempt_it_sent_and_downgrades_to_0014s_mark(empty_
         states = conn.execute("SELECT state FROM postbox.outbox ORDER BY id").fetchall()
     assert states == [("queued",), ("pending",)]
     migrate.downgrade(empty_database_url, "0014_result_waiters")
-    assert objects(empty_database_url) == everything  # the same function, by name, with 0013's arguments
+    # the same function, by name, with 0013's arguments
+    assert objects(empty_database_url) == everything - PRIORITY_OBJECTS
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         marked = conn.execute("SELECT marked FROM postbox.mark_published(%s::int8[], '{1-2}', NULL)", (ids[1:],))
         assert marked.fetchone() == (1,)
@@ -771,7 +788,7 @@ def test_0016_downgrades_to_0015s_success_that_announces_nothing(empty_database_
     migrate.upgrade(empty_database_url)
     everything = objects(empty_database_url)
     migrate.downgrade(empty_database_url, "0015_mark_attempts")
-    assert objects(empty_database_url) == everything  # the same function, 0007's body
+    assert objects(empty_database_url) == everything - PRIORITY_OBJECTS  # the same function, 0007's body
     with psycopg.connect(empty_database_url) as conn:
         body = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'record_success'").fetchone()
     assert body is not None and "pg_notify" not in body[0]
@@ -797,7 +814,7 @@ def test_0017_sets_the_key_lookups_inside_the_functions_only_and_downgrades_to_0
     with psycopg.connect(empty_database_url) as conn:
         assert conn.execute(success).fetchone() == (["random_page_cost=1.1"], True)
     migrate.downgrade(empty_database_url, "0016_success_notice")
-    assert objects(empty_database_url) == everything
+    assert objects(empty_database_url) == everything - PRIORITY_OBJECTS
     with psycopg.connect(empty_database_url) as conn:
         assert conn.execute(settings).fetchall() == [(name, ["plan_cache_mode=force_generic_plan"]) for name in names]
         assert conn.execute(success).fetchone() == (None, False)  # 0016's function, as it was
@@ -820,7 +837,7 @@ def test_0019_marks_only_due_rows_and_downgrades_to_0018s_mark(empty_database_ur
         assert conn.execute("SELECT state FROM postbox.outbox ORDER BY id").fetchall() == [("queued",), ("pending",)]
         assert conn.execute(settings).fetchone() == (["plan_cache_mode=force_generic_plan", "random_page_cost=1.1"],)
     migrate.downgrade(empty_database_url, "0018_notify_payload")
-    assert objects(empty_database_url) == everything
+    assert objects(empty_database_url) == everything - PRIORITY_OBJECTS
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         assert conn.execute(settings).fetchone() == (["plan_cache_mode=force_generic_plan", "random_page_cost=1.1"],)
         conn.execute("DELETE FROM postbox.outbox")
@@ -847,7 +864,7 @@ def test_0020_keeps_the_outcomes_settings_and_downgrades_to_0019s_notice(empty_d
     for revision_after in (None, "0019_mark_due"):
         if revision_after is not None:
             migrate.downgrade(empty_database_url, revision_after)
-            assert objects(empty_database_url) == everything
+            assert objects(empty_database_url) == everything - PRIORITY_OBJECTS
         with psycopg.connect(empty_database_url, autocommit=True) as conn:
             configured = ["plan_cache_mode=force_generic_plan", "random_page_cost=1.1"]
             assert conn.execute(settings).fetchone() == (configured,)
@@ -861,5 +878,30 @@ def test_0020_keeps_the_outcomes_settings_and_downgrades_to_0019s_notice(empty_d
             conn.execute("DELETE FROM postbox.result_waiters")
             [[alone]] = conn.execute(running).fetchall()
             assert conn.execute(outcome, ([alone],)).fetchall() == [(alone, 0)]  # no waiter anywhere
+    migrate.upgrade(empty_database_url)
+    assert objects(empty_database_url) == everything
+
+
+def test_0021_lists_due_rows_by_priority_through_its_index_and_downgrades_to_0020(empty_database_url: str) -> None:
+    """0021 adds the relay's list of due rows, highest priority first; the select of a backlog walks it
+    (no sort of the backlog per batch), and 0020 is 0021 without it."""
+    migrate.upgrade(empty_database_url)
+    everything = objects(empty_database_url)
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO postbox.outbox (queue, task, priority)"
+            " SELECT 'q', 't', g % 10 FROM generate_series(1, 20000) g"
+        )
+        conn.execute("ANALYZE postbox.outbox")
+        params = {"after_priority": 10, "after_id": 0, "limit": 1000, "held": "{}"}
+        plan = conn.execute("EXPLAIN " + sql.active().JOB_GET_DUE_UNPUBLISHED, params).fetchall()
+        text = "\n".join(line for (line,) in plan)
+        assert "outbox_unpublished_priority" in text and "Sort" not in text, text
+        rows = conn.execute(sql.active().JOB_GET_DUE_UNPUBLISHED, params).fetchall()
+        first = conn.execute("SELECT id FROM postbox.outbox WHERE priority = 9 ORDER BY id LIMIT 1000").fetchall()
+        assert [(r[5], r[0]) for r in rows] == [(9, i) for (i,) in first]
+    migrate.downgrade(empty_database_url, "0020_outcome_notice")
+    assert everything - objects(empty_database_url) == PRIORITY_OBJECTS
+    assert objects(empty_database_url) - everything == set()
     migrate.upgrade(empty_database_url)
     assert objects(empty_database_url) == everything

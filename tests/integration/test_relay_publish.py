@@ -14,7 +14,7 @@ from redis.exceptions import ResponseError
 
 from postbox import redis_conn, sql
 from postbox.relay import publisher as publisher_module
-from postbox.relay.publisher import Publisher
+from postbox.relay.publisher import Publisher, cursor_after
 from postbox.relay.service import run_until_published
 from postbox.settings import Settings
 from postbox.streams import GROUP, decode_entry, parse_wake, ready_key, stream_key, wake_key
@@ -68,6 +68,56 @@ async def test_backlog_is_published_in_batches_in_id_order(
     assert set(states(conn).values()) == {("queued", 1)}
 
 
+async def test_a_backlog_goes_out_highest_priority_first_then_in_id_order(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
+) -> None:
+    """Strict priority from the outbox on: jobs of priority 9 committed behind a backlog of priority 0 and 5
+    are published in the relay's first batch, not after everything older."""
+    low = enqueue_sql(conn, 12, priority=0)
+    middle = enqueue_sql(conn, 6, priority=5, commit=False) + enqueue_sql(conn, 2, priority=0)  # one commit
+    high = enqueue_sql(conn, 5, priority=9)
+    batches: list[list[int]] = []
+    async with running_relay(settings.model_copy(update={"relay_batch_size": 10})) as (_relay, signals):
+        assert signals.published is not None
+        while sum(len(b) for b in batches) < 25:
+            batches.append(await next_item(signals.published, 5))
+    assert batches == [high + middle[:5], [middle[5], *low[:9]], [*low[9:], *middle[6:]]]
+    found = await entries(redis, settings.redis_prefix)  # highest priority's stream first, each in XADD order
+    assert [int(e["id"]) for e in found] == high + middle[:6] + low + middle[6:]
+    assert set(states(conn).values()) == {("queued", 1)}
+
+
+async def test_a_burst_skips_only_the_batch_in_flight_and_the_next_burst_takes_what_came_above_it(
+    settings: Settings,
+    conn: psycopg.Connection[Any],
+    database_url: str,
+    redis: aioredis.Redis,
+    aconn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The burst's cursor is the last row's (priority, id): a job of a higher priority committed while the
+    burst runs, and one of the same priority with a lower id (a late commit), are published by the next
+    burst, not lost behind the cursor."""
+    await aconn.set_autocommit(True)
+    publisher = Publisher(redis, settings.redis_prefix, batch_size=10)
+    with psycopg.connect(database_url) as tx_a:
+        row = tx_a.execute("SELECT postbox.enqueue('noop', '{}'::jsonb, 'default', 5)").fetchone()
+        assert row is not None
+        late = row[0]  # a lower id than every row below, committed after the first burst
+        ids = enqueue_sql(conn, 15, priority=5)
+        first = await publisher.select_due(aconn)
+        assert [r[0] for r in first] == ids[:10]
+        assert cursor_after(first) == (5, ids[9])
+        urgent = enqueue_sql(conn, 1, priority=8)
+        following = await publisher.select_due(aconn, after=cursor_after(first))
+        assert [r[0] for r in following] == ids[10:]  # the cursor is past priority 8: left for the next burst
+        results = await publisher.publish_burst(aconn)
+        assert [r.published for r in results] == [urgent + ids[:9], ids[9:]]
+        tx_a.commit()
+    again = await publisher.publish_burst(aconn)
+    assert [r.published for r in again] == [[late]]
+    assert states(conn) == {i: ("queued", 1) for i in [late, *urgent, *ids]}
+
+
 async def test_notify_wakes_the_relay_long_before_the_poll(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
 ) -> None:
@@ -105,7 +155,9 @@ async def test_a_row_claimed_before_the_mark_is_left_alone(
     [job] = enqueue_sql(conn, 1)
     await aconn.set_autocommit(True)
     publisher = Publisher(redis, settings.redis_prefix)
-    cur = await aconn.execute(sql.active().JOB_GET_DUE_UNPUBLISHED, {"after": 0, "limit": 10, "held": "{}"})
+    cur = await aconn.execute(
+        sql.active().JOB_GET_DUE_UNPUBLISHED, {"after_priority": 10, "after_id": 0, "limit": 10, "held": "{}"}
+    )
     ids, sids, refused = await publisher.xadd_rows(await cur.fetchall())
     assert (ids, refused) == ([job], [])
     conn.execute(
