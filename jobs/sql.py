@@ -241,31 +241,31 @@ class Statements(schema.Templates):
     # A fair queue's rows leave this list once the relay gave them their key
     # (JOB_SET_FAIR_KEY); the fair queue's window takes them (JOB_GET_FAIR_DUE).
     # ``held``: rows already sent whose mark the relay holds back (relay/publisher.py).
-    JOB_GET_DUE_UNPUBLISHED: LiteralString = """
-    SELECT * FROM (
-        (SELECT id, queue, task, args::text, headers::text, priority, attempts,
-                (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
-                coalesce(expires_at < now(), false) AS expired
-           FROM {schema}.outbox
-          WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
-            AND fair_key IS NULL AND id <> ALL(%(held)s::int8[])
-            AND priority = %(after_priority)s AND id > %(after_id)s
-          ORDER BY priority DESC, id
-          LIMIT %(limit)s)
-        UNION ALL
-        (SELECT id, queue, task, args::text, headers::text, priority, attempts,
-                (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
-                coalesce(expires_at < now(), false) AS expired
-           FROM {schema}.outbox
-          WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
-            AND fair_key IS NULL AND id <> ALL(%(held)s::int8[])
-            AND priority < %(after_priority)s
-          ORDER BY priority DESC, id
-          LIMIT %(limit)s)
+    _DUE_UNPUBLISHED: LiteralString = """
+        SELECT id, queue, task, args::text, headers::text, priority, attempts,
+               (extract(epoch FROM created_at) * 1000)::int8 AS enq_ms,
+               coalesce(expires_at < now(), false) AS expired
+          FROM {schema}.outbox
+         WHERE published_at IS NULL AND state IN ('pending', 'retrying') AND available_at <= now()
+           AND fair_key IS NULL AND id <> ALL(%(held)s::int8[])"""
+    JOB_GET_DUE_UNPUBLISHED: LiteralString = (
+        "SELECT * FROM (("
+        + _DUE_UNPUBLISHED
+        + """
+           AND priority = %(after_priority)s AND id > %(after_id)s
+         ORDER BY priority DESC, id
+         LIMIT %(limit)s)
+        UNION ALL ("""
+        + _DUE_UNPUBLISHED
+        + """
+           AND priority < %(after_priority)s
+         ORDER BY priority DESC, id
+         LIMIT %(limit)s)
     ) AS due
      ORDER BY priority DESC, id
      LIMIT %(limit)s
     """
+    )
 
     # One statement for the whole batch; a row a worker already claimed (it set
     # published_at) is left alone. The term is checked first, in the same statement:
