@@ -118,6 +118,21 @@ async def test_a_burst_skips_only_the_batch_in_flight_and_the_next_burst_takes_w
     assert states(conn) == {i: ("queued", 1) for i in [late, *urgent, *ids]}
 
 
+async def test_a_row_a_select_returned_is_not_sent_again_from_its_notification(
+    settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis, aconn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A select's rows are no longer in id order: the highest id it returned, not its last row's, bounds
+    what a notification may still send (publish_notified), or a job would be published twice."""
+    await aconn.set_autocommit(True)
+    low = enqueue_sql(conn, 2, priority=0)
+    high = enqueue_sql(conn, 1, priority=9)
+    publisher = Publisher(redis, settings.redis_prefix, batch_size=10)
+    rows = await publisher.select_due(aconn)
+    assert [r[0] for r in rows] == high + low  # the highest id first
+    assert await publisher.publish_notified(aconn, [rows[0]]) == (None, False)  # left to the select
+    assert publisher.notified_published == 0 and await entry_ids(redis, settings.redis_prefix) == []
+
+
 async def test_notify_wakes_the_relay_long_before_the_poll(
     settings: Settings, conn: psycopg.Connection[Any], redis: aioredis.Redis
 ) -> None:
